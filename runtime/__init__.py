@@ -1,0 +1,1 @@
+"""kvagent.runtime (see ../shared/DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""kvagent.scheduler (see ../shared/DESIGN.md)."""

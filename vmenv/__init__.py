@@ -1,0 +1,1 @@
+"""kvagent.vmenv (see ../shared/DESIGN.md)."""
