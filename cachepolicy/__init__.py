@@ -1,0 +1,18 @@
+"""kvagent.cachepolicy: the llama.cpp engine, checkpoints, images and (later) cache policies.
+
+Importing this package does not load llama.cpp; import ``cachepolicy.engine`` for that.
+"""
+
+from cachepolicy.checkpoint import Checkpoint, CheckpointKind, ModelKind, Run, RunKind
+from cachepolicy.errors import (
+    ContextFullError, DecodeError, EngineError, ImageError, KvagentCacheError, ModelLoadError,
+    NoVisionError, RestoreError, SingleTokenPrefillError, UnsafeEditError,
+)
+from cachepolicy.sampling import SamplingParams
+
+__all__ = [
+    "Checkpoint", "CheckpointKind", "ContextFullError", "DecodeError", "EngineError",
+    "ImageError", "KvagentCacheError", "ModelKind", "ModelLoadError", "NoVisionError",
+    "RestoreError", "Run", "RunKind", "SamplingParams", "SingleTokenPrefillError",
+    "UnsafeEditError",
+]

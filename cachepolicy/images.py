@@ -1,0 +1,167 @@
+"""Screenshots as data: PNG validation, pixel identity, encoded embeddings and their cache.
+
+An image's identity is a hash of its decoded pixels (not of the PNG bytes: two encoders of the
+same screen give different bytes but the same pixels, and the model sees pixels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+from collections import OrderedDict
+
+import attrs
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from cachepolicy.errors import ImageError
+
+MAX_IMAGE_SIDE = 16384  # refuse absurd sizes before they allocate gigabytes
+
+
+@attrs.frozen
+class DecodedImage:
+    """An RGB image decoded from PNG bytes, with its pixel identity."""
+
+    rgb: bytes = attrs.field(repr=False)  # width * height * 3 bytes, row-major
+    width: int
+    height: int
+    image_id: str  # blake2b of (width, height, rgb)
+
+
+def decode_png(data: bytes) -> DecodedImage:
+    """Decode and fully verify a PNG (or any image pillow reads) into RGB pixels.
+
+    Raises ``ImageError`` for empty, corrupt or truncated input instead of crashing later in
+    the vision encoder.
+    """
+    if not data:
+        raise ImageError("empty image data")
+    try:
+        with Image.open(io.BytesIO(data)) as probe:
+            probe.verify()  # checks chunk CRCs without decoding the pixels
+        with Image.open(io.BytesIO(data)) as img:
+            if max(img.size) > MAX_IMAGE_SIDE:
+                raise ImageError(f"image too large: {img.size[0]}x{img.size[1]}")
+            rgb_img = img.convert("RGB")
+            rgb_img.load()
+    except ImageError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise ImageError(f"corrupt or truncated image: {exc}") from exc
+    rgb = rgb_img.tobytes()
+    return DecodedImage(rgb=rgb, width=rgb_img.width, height=rgb_img.height,
+                        image_id=pixel_hash(rgb, rgb_img.width, rgb_img.height))
+
+
+def pixel_hash(rgb: bytes, width: int, height: int) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{width}x{height}:".encode())
+    h.update(rgb)
+    return h.hexdigest()
+
+
+@attrs.frozen(eq=False)
+class EncodedImage:
+    """A screenshot turned into decoder inputs by the vision projector.
+
+    ``positions0`` are the decoder positions for a start position of 0, shape
+    ``(n_pos_per_embd, n_tokens)`` (section-major, as llama.cpp wants them);
+    the positions at start ``p`` are ``positions0 + p * pos_step[:, None]`` (checked affine
+    when encoded).  ``prefix_tokens`` / ``suffix_tokens`` are the marker tokens the projector
+    expects around the image (e.g. ``<|vision_start|>`` / ``<|vision_end|>``).
+    """
+
+    image_id: str
+    width: int
+    height: int
+    embeddings: np.ndarray = attrs.field(repr=False)  # float32 (n_tokens, n_embd)
+    positions0: np.ndarray = attrs.field(repr=False)  # int32 (n_pos_per_embd, n_tokens)
+    pos_step: np.ndarray = attrs.field(repr=False)  # int32 (n_pos_per_embd,)
+    n_pos: int
+    non_causal: bool
+    prefix_tokens: tuple[int, ...]
+    suffix_tokens: tuple[int, ...]
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.embeddings.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.embeddings.nbytes + self.positions0.nbytes)
+
+    def positions_at(self, pos0: int) -> np.ndarray:
+        return (self.positions0 + np.int32(pos0) * self.pos_step[:, None]).astype(np.int32)
+
+
+class EmbeddingCache:
+    """Bounded LRU of encoded images keyed by pixel identity; its bytes are counted.
+
+    Not thread-safe by itself: the engine calls it under its own lock.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, EncodedImage] = OrderedDict()
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, image_id: str) -> EncodedImage | None:
+        item = self._items.get(image_id)
+        if item is None:
+            self.misses += 1
+            return None
+        self._items.move_to_end(image_id)
+        self.hits += 1
+        return item
+
+    def put(self, item: EncodedImage) -> None:
+        if item.image_id in self._items or item.nbytes > self.max_bytes:
+            return
+        self._items[item.image_id] = item
+        self.nbytes += item.nbytes
+        while self.nbytes > self.max_bytes:
+            self.evict_one()
+
+    def evict_one(self) -> int:
+        """Drop the least recently used entry; returns the bytes freed (0 when empty)."""
+        if not self._items:
+            return 0
+        _, old = self._items.popitem(last=False)
+        self.nbytes -= old.nbytes
+        self.evictions += 1
+        return old.nbytes
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.nbytes = 0
+
+
+def grid_for_tokens(target_tokens: int, aspect: float = 16 / 9) -> tuple[int, int]:
+    """A (columns, rows) token grid near ``aspect`` whose product is close to the target."""
+    if target_tokens < 1:
+        raise ValueError("target_tokens must be >= 1")
+    rows = max(1, round(math.sqrt(target_tokens / aspect)))
+    cols = max(1, round(target_tokens / rows))
+    return cols, rows
+
+
+def resolution_for_tokens(target_tokens: int, *, patch_size: int, merge: int,
+                          aspect: float = 16 / 9) -> tuple[int, int]:
+    """Pixel size (width, height) of a screenshot that costs about ``target_tokens`` tokens.
+
+    For dynamic-resolution projectors (Qwen-VL family) one token covers a
+    ``(patch_size * merge)`` pixel square, so the grid maps straight to pixels.
+    """
+    cols, rows = grid_for_tokens(target_tokens, aspect)
+    cell = patch_size * merge
+    return cols * cell, rows * cell

@@ -1,0 +1,191 @@
+"""The exactness oracle: does checkpoint / restore / truncate reproduce a from-scratch prefill?
+
+Each check compares the last-position logits of an edited path with those of one uninterrupted
+prefill of the same content, and passes only on bitwise equality.  The refusal checks pass when
+the engine raises ``UnsafeEditError`` *and* the sequence is left exactly as it was.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import attrs
+import numpy as np
+from PIL import Image, ImageDraw
+
+from cachepolicy.checkpoint import CheckpointKind
+from cachepolicy.engine import Engine
+from cachepolicy.errors import UnsafeEditError
+
+TEXT_A = ("You are a GUI agent. The screen shows a desktop with a file manager, a terminal and "
+          "a browser. Step 1: click(120, 340). Step 2: type('report.txt'). ")
+TEXT_B = "Now press enter and wait for the dialog to close."
+TEXT_C = "A detour that will be cut away again before the real continuation."
+
+
+@attrs.frozen
+class CheckResult:
+    name: str
+    bitwise: bool
+    max_abs_diff: float
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        diff = self.max_abs_diff if np.isfinite(self.max_abs_diff) else None  # JSON has no inf
+        return {"name": self.name, "bitwise": self.bitwise, "max_abs_diff": diff}
+
+
+def _compare(name: str, ref: np.ndarray, got: np.ndarray | None, detail: str = "") -> CheckResult:
+    if got is None or got.shape != ref.shape:
+        return CheckResult(name, False, float("inf"), detail or "no logits")
+    diff = float(np.max(np.abs(ref.astype(np.float64) - got.astype(np.float64))))
+    return CheckResult(name, bool(np.array_equal(ref, got)), diff, detail)
+
+
+def oracle_screenshot(width: int = 128, height: int = 96) -> bytes:
+    """A deterministic synthetic screenshot (PNG bytes) for the image checks."""
+    img = Image.new("RGB", (width, height), (236, 236, 240))
+    draw = ImageDraw.Draw(img)
+    draw.rectangle([0, 0, width, height // 8], fill=(40, 60, 120))
+    draw.rectangle([width // 6, height // 4, width * 5 // 6, height * 3 // 4],
+                   outline=(20, 20, 20), fill=(250, 250, 250))
+    draw.rectangle([width // 2, height * 3 // 5, width * 3 // 4, height * 7 // 10],
+                   fill=(30, 140, 60))
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+class _Oracle:
+    def __init__(self, engine: Engine) -> None:
+        if engine.config.n_seq_max < 2:
+            raise ValueError("the oracle needs an engine with n_seq_max >= 2")
+        self.e = engine
+        # Make A longer than one batch so one-call and split prefills chunk differently.
+        self.a = self._text_at_least(TEXT_A, engine.config.n_batch + 7)
+        self.b = engine.tokenize(TEXT_B)
+        self.c = engine.tokenize(TEXT_C)
+        self.results: list[CheckResult] = []
+
+    def _text_at_least(self, text: str, n: int) -> tuple[int, ...]:
+        toks = self.e.tokenize(text)
+        while len(toks) < n:
+            toks += self.e.tokenize(text)
+        return toks
+
+    def _fresh(self) -> None:
+        for s in range(self.e.config.n_seq_max):
+            self.e.clear(s)
+
+    def reference(self, *pieces: tuple[int, ...]) -> np.ndarray:
+        self._fresh()
+        logits = self.e.prefill_tokens(0, tuple(t for p in pieces for t in p))
+        assert logits is not None
+        self._fresh()
+        return logits
+
+    def run(self) -> list[CheckResult]:
+        ref = self.reference(self.a, self.b)
+        self._text_checks(ref)
+        if self.e.kind.has_recurrent_state:
+            self._hybrid_checks(ref)
+        else:
+            self._attention_checks(ref)
+        if self.e.has_vision:
+            self._image_checks()
+        self._fresh()
+        return self.results
+
+    def _text_checks(self, ref: np.ndarray) -> None:
+        e = self.e
+        e.prefill_tokens(0, self.a, logits=False)
+        self.results.append(_compare("split_prefill", ref, e.prefill_tokens(0, self.b)))
+        self._fresh()
+        e.prefill_tokens(0, self.a, logits=False)
+        ckpt = e.checkpoint(0)
+        for seq, name in ((0, "restore_same_seq"), (1, "restore_other_seq")):
+            self._fresh()
+            e.restore(seq, ckpt)
+            self.results.append(_compare(name, ref, e.prefill_tokens(seq, self.b),
+                                         f"checkpoint {ckpt.nbytes} bytes"))
+
+    def _attention_checks(self, ref: np.ndarray) -> None:
+        e = self.e
+        self._fresh()
+        e.prefill_tokens(0, self.a, logits=False)
+        e.prefill_tokens(0, self.c, logits=False)
+        e.truncate(0, len(self.a))
+        self.results.append(_compare("tail_trim", ref, e.prefill_tokens(0, self.b)))
+
+    def _hybrid_checks(self, ref: np.ndarray) -> None:
+        e = self.e
+        self._fresh()
+        e.prefill_tokens(0, self.a, logits=False)
+        partial = e.checkpoint(0, CheckpointKind.PARTIAL_ONLY)
+        e.prefill_tokens(0, self.c, logits=False)
+        e.truncate(0, len(self.a), via=partial)
+        self.results.append(_compare("partial_only_truncate", ref, e.prefill_tokens(0, self.b),
+                                     f"partial checkpoint {partial.nbytes} bytes"))
+        self._refusal("middle_removal_refused", ref,
+                      lambda: e.remove_range(0, len(self.a) // 3, len(self.a) // 2))
+        self._refusal("tail_trim_without_checkpoint_refused", ref,
+                      lambda: e.truncate(0, len(self.a) // 2))
+
+    def _refusal(self, name: str, ref: np.ndarray, edit: Callable[[], None]) -> None:
+        """Pass iff the edit raises UnsafeEditError and the sequence still continues exactly."""
+        e = self.e
+        self._fresh()
+        e.prefill_tokens(0, self.a, logits=False)
+        try:
+            edit()
+        except UnsafeEditError as exc:
+            self.results.append(_compare(name, ref, e.prefill_tokens(0, self.b), str(exc)))
+            return
+        self.results.append(CheckResult(name, False, float("inf"), "edit was not refused"))
+
+    def _image_checks(self) -> None:
+        e = self.e
+        img = e.encode_image(oracle_screenshot())
+        head = self.e.tokenize(TEXT_A) + img.prefix_tokens
+        tail = img.suffix_tokens + self.b
+
+        def prefix_and_image(seq: int) -> None:
+            e.prefill_tokens(seq, head, logits=False)
+            e.prefill_image(seq, img)
+
+        self._fresh()
+        prefix_and_image(0)
+        ref = e.prefill_tokens(0, tail)
+        assert ref is not None
+        self._fresh()
+        e.prefill_tokens(0, head, logits=False)
+        before = e.checkpoint(0)
+        e.prefill_image(0, img)
+        after = e.checkpoint(0)
+        self._fresh()
+        e.restore(1, before)
+        e.prefill_image(1, img)
+        self.results.append(_compare("image_restore_before_image", ref, e.prefill_tokens(1, tail),
+                                     f"{img.n_tokens} image tokens, {img.n_pos} positions"))
+        self._fresh()
+        e.restore(1, after)
+        self.results.append(_compare("image_restore_after_image", ref, e.prefill_tokens(1, tail)))
+        self._fresh()
+        prefix_and_image(0)
+        if e.kind.has_recurrent_state:
+            partial = e.checkpoint(0, CheckpointKind.PARTIAL_ONLY)
+            e.prefill_tokens(0, self.c, logits=False)
+            e.truncate(0, partial.pos, via=partial)
+            name = "image_partial_only_truncate"
+        else:
+            pos = e.seq_info(0).next_pos
+            e.prefill_tokens(0, self.c, logits=False)
+            e.truncate(0, pos)
+            name = "image_tail_trim"
+        self.results.append(_compare(name, ref, e.prefill_tokens(0, tail)))
+
+
+def run_checks(engine: Engine) -> list[CheckResult]:
+    """Run every check that applies to the engine's model kind (and vision, if loaded)."""
+    return _Oracle(engine).run()

@@ -1,0 +1,41 @@
+"""The ``kvagent`` command line: one sub-command per module in ``runtime/commands``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from runtime.commands import check_exact, demo, forge
+from runtime.logs import configure_logging
+
+COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvagent",
+        description="Exact, bounded KV/recurrent caching for screenshot-driven GUI agents "
+                    "on llama.cpp.")
+    parser.add_argument("--log-level", default="warning",
+                        choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``kvagent`` CLI; each module has HELP, add_arguments(p) and run(args)."""

@@ -1,0 +1,94 @@
+"""``kvagent demo``: one screenshot step on the embedded tiny model, cached and restored.
+
+Forges (once, cached) the tiny qwen35 vision model unless a model is given, prefills
+``[preamble][screenshot][generation prompt]``, checkpoints at the start of the screenshot
+region, generates an action, then rolls back to the checkpoint and replays the window to show
+the output is token-for-token identical while only the window is re-prefilled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+HELP = "run one cached screenshot step on the embedded tiny model and print what happened"
+
+SYSTEM = "You are a GUI agent. Reply with one pyautogui action."
+INSTRUCTION = "Open the terminal and type ls."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, help="GGUF model (default: forge the tiny qwen35)")
+    p.add_argument("--mmproj", type=Path, help="vision projector GGUF for --model")
+    p.add_argument("--arch", default="qwen35", choices=["llama", "qwen35", "qwen35moe"],
+                   help="arch of the forged model when no --model is given")
+    p.add_argument("--tokens", type=int, default=12, help="tokens to generate")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+
+
+def _model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    if args.model is not None:
+        return args.model, args.mmproj
+    from cachepolicy.forge import forge_cached
+    forged = forge_cached(args.arch, "tiny", vision=True)
+    print(f"using the forged tiny {args.arch} model with vision (random weights: the output "
+          f"is valid tokens, not intelligence): {forged.model_path.parent}")
+    return forged.model_path, forged.mmproj_path
+
+
+def run(args: argparse.Namespace) -> int:
+    from cachepolicy.checkpoint import CheckpointKind
+    from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.oracle import oracle_screenshot
+
+    model, mmproj = _model_paths(args)
+    config = EngineConfig(n_ctx_per_seq=4096, n_seq_max=2, n_threads=args.threads)
+    with Engine(model, mmproj, config) as engine:
+        print(f"loaded {model.name}: {engine.kind.value} model, {engine.n_params / 1e6:.2f}M "
+              f"params, KV {engine.kv_bytes_per_token} B/token, recurrent state "
+              f"{engine.recurrent_bytes_per_seq} B/sequence")
+        if not engine.has_vision:
+            print("no mmproj: the demo needs a vision projector (--mmproj)")
+            return 2
+        t0 = time.perf_counter()
+        shot = engine.encode_image(oracle_screenshot(256, 160))
+        print(f"encoded a 256x160 screenshot: {shot.n_tokens} image tokens at {shot.n_pos} "
+              f"positions in {time.perf_counter() - t0:.3f} s")
+        preamble = engine.tokenize(
+            f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{INSTRUCTION}\n"
+        ) + shot.prefix_tokens
+        gen_prompt = shot.suffix_tokens + engine.tokenize("<|im_end|>\n<|im_start|>assistant\n")
+        engine.prefill_tokens(0, preamble, logits=False)
+        kind = (CheckpointKind.PARTIAL_ONLY if engine.kind.has_recurrent_state
+                else CheckpointKind.FULL)
+        ckpt = engine.checkpoint(0, kind)
+        print(f"prefilled the preamble ({len(preamble)} tokens); {kind.value} checkpoint at "
+              f"position {ckpt.pos}: {ckpt.nbytes} bytes")
+
+        def window_and_generate() -> list[int]:
+            engine.prefill_image(0, shot)
+            logits = engine.prefill_tokens(0, gen_prompt)
+            assert logits is not None
+            return engine.generate(0, logits, args.tokens)
+
+        t0 = time.perf_counter()
+        first = window_and_generate()
+        t1 = time.perf_counter()
+        print(f"step 1: prefilled the window ({shot.n_tokens + len(gen_prompt)} tokens) and "
+              f"generated {len(first)} tokens in {t1 - t0:.3f} s: {engine.detokenize(first)!r}")
+        engine.truncate(0, ckpt.pos, via=ckpt if engine.kind.has_recurrent_state else None)
+        print(f"rolled sequence 0 back to the checkpoint (position {ckpt.pos})")
+        t0 = time.perf_counter()
+        second = window_and_generate()
+        t1 = time.perf_counter()
+        print(f"step 2: re-prefilled only the window and generated {len(second)} tokens in "
+              f"{t1 - t0:.3f} s")
+        same = first == second
+        print(f"outputs identical token for token: {'yes' if same else 'NO'}")
+        mem = engine.memory()
+        print(f"engine holds {mem.total_held} bytes: sequences {mem.seq_state_bytes}, "
+              f"{mem.live_checkpoints} checkpoint(s) {mem.live_checkpoint_bytes} B, image cache "
+              f"{mem.image_cache_bytes} B ({engine.image_cache.hits} hit(s))")
+        return 0 if same else 1
