@@ -95,6 +95,9 @@ class EngineConfig:
     n_threads: int = attrs.field(factory=lambda: max(1, os.cpu_count() or 1))
     image_cache_bytes: int = 256 * 2**20
     verbose: bool = False
+    # Only for demonstrating what the oracle catches: with flash attention on, a split prefill
+    # is no longer bitwise equal to a one-call prefill.
+    flash_attn: bool = False
 
 
 @attrs.frozen
@@ -162,7 +165,7 @@ class Engine:
         cparams.n_batch = cparams.n_ubatch = config.n_batch
         cparams.n_seq_max = config.n_seq_max
         cparams.n_threads = cparams.n_threads_batch = config.n_threads
-        cparams.flash_attn_type = 0  # off: split prefill == one-call prefill, bitwise
+        cparams.flash_attn_type = 1 if config.flash_attn else 0  # off: split == one-call, bitwise
         cparams.kv_unified = False  # one KV stream per sequence: cell placement is reproducible
         cparams.no_perf = True
         self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)

@@ -1,0 +1,47 @@
+"""Shared fixtures: tiny models forged once per test session into a temporary cache."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from cachepolicy.forge import ForgedModel, forge_cached
+
+
+@pytest.fixture(scope="session")
+def forged(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., ForgedModel]:
+    """``forged(arch, vision=True, size="tiny")`` → a ForgedModel, forged at most once."""
+    cache = tmp_path_factory.mktemp("models")
+
+    def get(arch: str, vision: bool = True, size: str = "tiny") -> ForgedModel:
+        return forge_cached(arch, size, vision=vision, cache_dir=cache)
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def engines(forged: Callable[..., ForgedModel]) -> Iterator[Callable[..., object]]:
+    """``engines(arch, vision=True)`` → a shared Engine (n_seq_max=3, n_batch=32).
+
+    A small n_batch makes every prefill of more than 32 rows split into several batches, so
+    the tests exercise chunking.  Tests must leave the sequences they use cleared.
+    """
+    from cachepolicy.engine import Engine, EngineConfig
+
+    made: dict[tuple[str, bool], Engine] = {}
+
+    def get(arch: str, vision: bool = True) -> Engine:
+        key = (arch, vision)
+        if key not in made:
+            m = forged(arch, vision)
+            made[key] = Engine(m.model_path, m.mmproj_path,
+                               EngineConfig(n_ctx_per_seq=2048, n_seq_max=3, n_batch=32,
+                                            n_threads=1))
+        for s in range(3):
+            made[key].clear(s)
+        return made[key]
+
+    yield get
+    for e in made.values():
+        e.close()
