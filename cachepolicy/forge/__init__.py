@@ -1,0 +1,38 @@
+"""The model forge: deterministic random-weight GGUF models that llama.cpp loads and runs.
+
+Arches: "llama" (attention only), "qwen35" (Gated DeltaNet + attention hybrid with
+multi-section RoPE), "qwen35moe" (the hybrid with a mixture-of-experts FFN). Sizes: "tiny"
+(unit tests), "S" (≈10 M params), "M" (≈50 M), "L" (≈150 M). With vision=True an mmproj is
+written too: LLaVA "mlp" for llama, "qwen3vl_merger" for qwen35*.
+
+    forged = forge_cached("qwen35", "tiny", vision=True)
+    forged.model_path, forged.mmproj_path
+"""
+
+from __future__ import annotations
+
+from .build import MMPROJ_FILE, MODEL_FILE, ForgedModel, forge
+from .cache import default_cache_dir, entry_name, forge_cached
+from .errors import ForgeError
+from .specs import ARCHES, FORGE_VERSION, SIZES, TextSpec, VisionSpec, text_spec, vision_spec
+from .tokenizer import CHAT_TEMPLATE, MEDIA_MARKER
+
+__all__ = [
+    "ARCHES",
+    "CHAT_TEMPLATE",
+    "FORGE_VERSION",
+    "MEDIA_MARKER",
+    "MMPROJ_FILE",
+    "MODEL_FILE",
+    "SIZES",
+    "ForgeError",
+    "ForgedModel",
+    "TextSpec",
+    "VisionSpec",
+    "default_cache_dir",
+    "entry_name",
+    "forge",
+    "forge_cached",
+    "text_spec",
+    "vision_spec",
+]

@@ -1,0 +1,184 @@
+"""Size tables: the hyper-parameters of every forgeable text model and vision projector.
+
+All numbers are chosen so that llama.cpp accepts the model (see the shape rules in
+text_model.py / mmproj.py) and so that the parameter counts land near the targets:
+tiny ≈ 0.2-0.4 M (unit tests), S ≈ 10 M, M ≈ 50 M, L ≈ 150 M.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import ForgeError
+
+ARCHES: tuple[str, ...] = ("llama", "qwen35", "qwen35moe")
+SIZES: tuple[str, ...] = ("tiny", "S", "M", "L")
+
+#: Bump whenever the bytes a given (arch, size, vision, seed) produce change, so caches
+#: keyed by it never serve a stale model.
+FORGE_VERSION = "f1"
+
+
+@attrs.frozen
+class TextSpec:
+    """Hyper-parameters of one text model (dims in llama.cpp terms)."""
+
+    arch: str
+    size: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_ctx_train: int = 32768
+    rope_freq_base: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    # hybrid (qwen35*): layer i is attention iff (i + 1) % full_attention_interval == 0
+    full_attention_interval: int = 1
+    ssm_state: int = 0  # head dim of the delta-net keys/values (ds)
+    ssm_groups: int = 0  # key heads (nk)
+    ssm_v_heads: int = 0  # value heads (nv), a multiple of nk
+    ssm_conv_kernel: int = 4
+    # mixture of experts (qwen35moe)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.arch in ("qwen35", "qwen35moe")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
+
+    def is_attention(self, il: int) -> bool:
+        """True if block `il` is a (full) attention block, False if recurrent."""
+        if not self.is_hybrid:
+            return True
+        return (il + 1) % self.full_attention_interval == 0
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layer) if self.is_attention(i))
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layer) if not self.is_attention(i))
+
+    @property
+    def rope_dims(self) -> int:
+        # Qwen3.5 rotates only a quarter of each head (partial_rotary_factor 0.25).
+        return self.head_dim // 4 if self.is_hybrid else self.head_dim
+
+    @property
+    def rope_sections(self) -> tuple[int, int, int, int]:
+        """Multi-section RoPE split (t, y, x, unused) in rotary pairs; sums to rope_dims/2."""
+        s = self.rope_dims // 2
+        third = s // 3
+        return (s - 2 * third, third, third, 0)
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        return 2 * self.ssm_state * self.ssm_groups + self.ssm_state * self.ssm_v_heads
+
+    @property
+    def ssm_inner(self) -> int:
+        return self.ssm_state * self.ssm_v_heads
+
+
+@attrs.frozen
+class VisionSpec:
+    """Hyper-parameters of one vision projector (mmproj)."""
+
+    projector: str  # "mlp" (LLaVA, pairs with llama) or "qwen3vl_merger" (pairs with qwen35*)
+    image_size: int
+    patch_size: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    projection_dim: int  # = text n_embd
+    pos_side: int  # learned position grid is pos_side x pos_side (qwen3vl) / n_patch+1 rows (mlp)
+    spatial_merge: int = 2
+    eps: float = 1e-6
+
+
+# Shared "shape" per size: (vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff).
+_BASE: dict[str, tuple[int, int, int, int, int, int, int]] = {
+    "tiny": (512, 64, 4, 2, 1, 32, 128),
+    "S": (4096, 256, 12, 4, 2, 64, 640),
+    "M": (8192, 512, 12, 8, 4, 64, 1792),
+    "L": (8192, 768, 20, 12, 4, 64, 2304),
+}
+
+# Hybrid extras per size: (full_attention_interval, ssm_state, ssm_groups, ssm_v_heads).
+_HYBRID: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (2, 16, 2, 4),
+    "S": (4, 64, 2, 4),
+    "M": (4, 64, 4, 8),
+    "L": (4, 64, 4, 12),
+}
+
+# MoE extras per size: (n_expert, n_expert_used, n_ff_exp, n_ff_shexp).
+_MOE: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (4, 2, 64, 64),
+    "S": (8, 2, 64, 64),
+    "M": (8, 2, 192, 192),
+    "L": (8, 2, 256, 256),
+}
+
+
+def check_arch_size(arch: object, size: object) -> None:
+    """Raise ForgeError unless (arch, size) name a forgeable model."""
+    if arch not in ARCHES:
+        raise ForgeError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHES)}")
+    if size not in SIZES:
+        raise ForgeError(f"unknown size {size!r}; expected one of {', '.join(SIZES)}")
+
+
+def text_spec(arch: str, size: str) -> TextSpec:
+    """The text-model hyper-parameters for (arch, size)."""
+    check_arch_size(arch, size)
+    vocab, embd, layers, heads, heads_kv, head_dim, ff = _BASE[size]
+    spec = TextSpec(
+        arch=arch, size=size, n_vocab=vocab, n_embd=embd, n_layer=layers,
+        n_head=heads, n_head_kv=heads_kv, head_dim=head_dim, n_ff=ff,
+        rope_freq_base=10_000.0 if arch == "llama" else 1_000_000.0,
+    )
+    if arch in ("qwen35", "qwen35moe"):
+        interval, ds, nk, nv = _HYBRID[size]
+        spec = attrs.evolve(
+            spec, full_attention_interval=interval, ssm_state=ds, ssm_groups=nk, ssm_v_heads=nv
+        )
+    if arch == "qwen35moe":
+        n_exp, n_used, ff_exp, ff_sh = _MOE[size]
+        spec = attrs.evolve(
+            spec, n_expert=n_exp, n_expert_used=n_used, n_ff_exp=ff_exp, n_ff_shexp=ff_sh
+        )
+    return spec
+
+
+def vision_spec(arch: str, size: str) -> VisionSpec:
+    """The vision-projector hyper-parameters paired with text_spec(arch, size).
+
+    The tower is tiny for every size (64-dim, 2 blocks) so a ~2400-token screenshot encodes
+    in about a second on 2 cores; only the projection follows the text model's width.
+    """
+    text = text_spec(arch, size)
+    if arch == "llama":
+        # LLaVA resizes every image to image_size²: 64 px -> 16 tokens for unit tests,
+        # 384 px -> 576 tokens (LLaVA-1.5's cost) for benchmarks.
+        image_size = 64 if size == "tiny" else 384
+        return VisionSpec(
+            projector="mlp", image_size=image_size, patch_size=16, n_embd=64, n_ff=128,
+            n_layer=2, n_head=4, projection_dim=text.n_embd, pos_side=image_size // 16,
+        )
+    # Qwen3-VL keeps the aspect ratio: a W×H image gives ≈ (W/32)·(H/32) tokens.
+    return VisionSpec(
+        projector="qwen3vl_merger", image_size=512, patch_size=16, n_embd=64, n_ff=128,
+        n_layer=2, n_head=4, projection_dim=text.n_embd, pos_side=32,
+    )

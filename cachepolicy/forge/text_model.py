@@ -1,0 +1,130 @@
+"""Tensor plans and metadata of the text models (llama, qwen35, qwen35moe).
+
+Shapes follow llama.cpp's create_tensor calls (src/llama-model.cpp, src/models/qwen35*.cpp),
+in llama.cpp dim order. The output projection is tied to token_embd (llama.cpp duplicates
+token_embd when `output.weight` is absent), as in small Qwen models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+
+from .specs import TextSpec
+from .tokenizer import add_tokenizer, build_vocab
+from .writer import TensorPlan, const, normal, uniform, write_gguf
+
+# Conv taps see few inputs; a larger std keeps the recurrent path's signal comparable to the
+# attention path's, so the recurrent state visibly matters for the logits.
+_CONV_STD = 0.5
+
+
+def _attention(spec: TextSpec, p: str) -> list[TensorPlan]:
+    e, hd = spec.n_embd, spec.head_dim
+    q_out = spec.n_head * hd
+    kv_out = spec.n_head_kv * hd
+    plans = [
+        # qwen35 packs a per-head output gate next to the query: twice the query width
+        normal(f"{p}.attn_q.weight", e, 2 * q_out if spec.is_hybrid else q_out),
+        normal(f"{p}.attn_k.weight", e, kv_out),
+        normal(f"{p}.attn_v.weight", e, kv_out),
+        normal(f"{p}.attn_output.weight", q_out, e),
+    ]
+    if spec.is_hybrid:
+        plans += [const(f"{p}.attn_q_norm.weight", hd), const(f"{p}.attn_k_norm.weight", hd)]
+    return plans
+
+
+def _delta_net(spec: TextSpec, p: str) -> list[TensorPlan]:
+    e, nv = spec.n_embd, spec.ssm_v_heads
+    return [
+        normal(f"{p}.attn_qkv.weight", e, spec.ssm_conv_dim),
+        normal(f"{p}.attn_gate.weight", e, spec.ssm_inner),
+        # llama.cpp's ssm_conv kernel aborts on f16 weights
+        normal(f"{p}.ssm_conv1d.weight", spec.ssm_conv_kernel, spec.ssm_conv_dim,
+               std=_CONV_STD, f32=True),
+        const(f"{p}.ssm_dt.bias", nv, value=0.0),
+        # A = -exp(A_log) must be negative so the state decays
+        uniform(f"{p}.ssm_a", nv, low=-8.0, high=-0.5),
+        normal(f"{p}.ssm_beta.weight", e, nv),
+        normal(f"{p}.ssm_alpha.weight", e, nv),
+        const(f"{p}.ssm_norm.weight", spec.ssm_state),
+        normal(f"{p}.ssm_out.weight", spec.ssm_inner, e),
+    ]
+
+
+def _ffn(spec: TextSpec, p: str) -> list[TensorPlan]:
+    e = spec.n_embd
+    if not spec.is_moe:
+        return [
+            normal(f"{p}.ffn_gate.weight", e, spec.n_ff),
+            normal(f"{p}.ffn_up.weight", e, spec.n_ff),
+            normal(f"{p}.ffn_down.weight", spec.n_ff, e),
+        ]
+    x, fe, fs = spec.n_expert, spec.n_ff_exp, spec.n_ff_shexp
+    return [
+        normal(f"{p}.ffn_gate_inp.weight", e, x),
+        normal(f"{p}.ffn_gate_exps.weight", e, fe, x),
+        normal(f"{p}.ffn_up_exps.weight", e, fe, x),
+        normal(f"{p}.ffn_down_exps.weight", fe, e, x),
+        normal(f"{p}.ffn_gate_inp_shexp.weight", e),
+        normal(f"{p}.ffn_gate_shexp.weight", e, fs),
+        normal(f"{p}.ffn_up_shexp.weight", e, fs),
+        normal(f"{p}.ffn_down_shexp.weight", fs, e),
+    ]
+
+
+def text_plans(spec: TextSpec) -> list[TensorPlan]:
+    """Every tensor of the text model, in file order."""
+    e = spec.n_embd
+    plans = [normal("token_embd.weight", e, spec.n_vocab), const("output_norm.weight", e)]
+    for il in range(spec.n_layer):
+        p = f"blk.{il}"
+        plans.append(const(f"{p}.attn_norm.weight", e))
+        if spec.is_attention(il):
+            plans += _attention(spec, p)
+        else:
+            plans += _delta_net(spec, p)
+        # llama calls the pre-FFN norm ffn_norm; Qwen3.5 calls it post_attention_norm
+        norm = "post_attention_norm" if spec.is_hybrid else "ffn_norm"
+        plans.append(const(f"{p}.{norm}.weight", e))
+        plans += _ffn(spec, p)
+    return plans
+
+
+def _add_metadata(writer: gguf.GGUFWriter, spec: TextSpec) -> None:
+    a = spec.arch
+    writer.add_string("general.name", f"kvagent-forge-{a}-{spec.size}")
+    writer.add_uint32("general.file_type", int(gguf.LlamaFileType.MOSTLY_F16))
+    writer.add_uint32(f"{a}.context_length", spec.n_ctx_train)
+    writer.add_uint32(f"{a}.embedding_length", spec.n_embd)
+    writer.add_uint32(f"{a}.block_count", spec.n_layer)
+    writer.add_uint32(f"{a}.feed_forward_length", spec.n_ff)
+    writer.add_uint32(f"{a}.attention.head_count", spec.n_head)
+    writer.add_uint32(f"{a}.attention.head_count_kv", spec.n_head_kv)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", spec.rms_eps)
+    writer.add_float32(f"{a}.rope.freq_base", spec.rope_freq_base)
+    writer.add_uint32(f"{a}.rope.dimension_count", spec.rope_dims)
+    if spec.is_hybrid:
+        writer.add_uint32(f"{a}.attention.key_length", spec.head_dim)
+        writer.add_uint32(f"{a}.attention.value_length", spec.head_dim)
+        # multi-section RoPE is what lets mtmd give image tokens 2-D positions
+        writer.add_array(f"{a}.rope.dimension_sections", list(spec.rope_sections))
+        writer.add_uint32(f"{a}.ssm.conv_kernel", spec.ssm_conv_kernel)
+        writer.add_uint32(f"{a}.ssm.state_size", spec.ssm_state)
+        writer.add_uint32(f"{a}.ssm.group_count", spec.ssm_groups)
+        writer.add_uint32(f"{a}.ssm.time_step_rank", spec.ssm_v_heads)
+        writer.add_uint32(f"{a}.ssm.inner_size", spec.ssm_inner)
+        writer.add_uint32(f"{a}.full_attention_interval", spec.full_attention_interval)
+    if spec.is_moe:
+        writer.add_uint32(f"{a}.expert_count", spec.n_expert)
+        writer.add_uint32(f"{a}.expert_used_count", spec.n_expert_used)
+        writer.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)
+        writer.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.n_ff_shexp)
+    add_tokenizer(writer, build_vocab(spec.n_vocab))
+
+
+def write_text_model(spec: TextSpec, path: Path, seed: int) -> int:
+    """Write the text model GGUF to `path`; returns the file size in bytes."""
+    return write_gguf(path, spec.arch, lambda w: _add_metadata(w, spec), text_plans(spec), seed)

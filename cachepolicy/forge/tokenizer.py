@@ -1,0 +1,137 @@
+"""A SentencePiece-style ("llama") vocabulary with a ChatML chat template.
+
+Layout (ids are fixed so tests and the runtime can rely on them):
+  0 <unk>, 1 <s> (bos), 2 </s> (eos), 3.. control tokens (<|im_start|>, <|im_end|>, the Qwen
+  vision markers), then 256 byte-fallback tokens <0x00>..<0xFF> (so any text tokenizes), the
+  single characters, GUI/English word pieces, letter n-grams, and fillers up to the vocab size.
+
+llama.cpp's SPM tokenizer only merges a bigram if the merged string is itself a token, so
+every word piece is added together with all of its prefixes: that guarantees a merge path
+"▁" + "c" -> "▁c" -> "▁cl" -> ... -> "▁click".
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+import gguf
+
+# token types as llama.cpp reads them (gguf.TokenType)
+NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
+
+UNK, BOS, EOS = "<unk>", "<s>", "</s>"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"
+# Always present (also in text-only models) so a model file does not depend on `vision`:
+# mtmd wraps Qwen-VL images in <|vision_start|> ... <|vision_end|> and tokenizes them as text.
+CONTROL_TOKENS = (IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD)
+
+#: mtmd's default media marker; the chat template emits it for image content parts.
+MEDIA_MARKER = "<__media__>"
+
+SPACE = "\u2581"  # SentencePiece's word-boundary marker "▁"
+
+_WORDS = (
+    "the a an to and of in is on at it you for with this that be are was not or as by "
+    "from your can will click double right left button type text enter press key scroll "
+    "up down screen window page user assistant system image screenshot open close save "
+    "file menu search field submit cancel ok yes no next back login password email name "
+    "select drag drop tab icon link done action task move mouse cursor input form settings "
+    "browser address bar new edit view help home start stop wait check box item list "
+    "dialog error message found see now then first second last top bottom center"
+).split()
+_ROLES = ("user", "assistant", "system", "tool")
+_LETTERS_BY_FREQ = "etaoinshrdlcumwfgypbvkjxqz"
+
+CHAT_TEMPLATE = (
+    # No whitespace-control dashes: the "\n" after the role must survive, and llama-cpp-python
+    # renders with trim_blocks, which only eats newlines that directly follow a {% %} tag.
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}"
+    "{% elif part['type'] == 'image' or part['type'] == 'image_url' %}" + MEDIA_MARKER +
+    "{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""ChatML: `<|im_start|>role\\n...<|im_end|>\\n` per message, then `<|im_start|>assistant\\n`
+when add_generation_prompt is true. Content may be a string or a list of OpenAI-style parts;
+image parts become mtmd's media marker `<__media__>`."""
+
+
+@attrs.frozen
+class Vocab:
+    """Parallel arrays as stored under tokenizer.ggml.*."""
+
+    tokens: tuple[str, ...]
+    scores: tuple[float, ...]
+    types: tuple[int, ...]
+
+    def id_of(self, token: str) -> int:
+        return self.tokens.index(token)
+
+
+def _pieces() -> list[str]:
+    """Normal pieces in priority order; every piece comes after all of its prefixes.
+
+    build_vocab keeps a prefix of this list, so whatever fits stays merge-reachable.
+    """
+    chars = [chr(c) for c in range(0x21, 0x7F)] + [SPACE]
+    # roles first (they follow <|im_start|>), then each word with and without "▁"
+    words = list(_ROLES) + [form for w in _WORDS for form in (SPACE + w, w)]
+    prefixed = [word[:k] for word in words for k in range(2, len(word) + 1)]
+    freq = _LETTERS_BY_FREQ
+    bigrams = ["".join(p) for p in itertools.product(freq, repeat=2)]
+    bigrams.sort(key=lambda s: freq.index(s[0]) + freq.index(s[1]))
+    trigrams = ["".join(p) for p in itertools.product(freq[:16], repeat=3)]
+    trigrams.sort(key=lambda s: sum(freq.index(c) for c in s))
+    ngrams = [SPACE + b for b in bigrams] + bigrams + [SPACE + t for t in trigrams]
+    return list(dict.fromkeys(chars + prefixed + ngrams))  # de-duplicate, keep first
+
+
+def build_vocab(n_vocab: int) -> Vocab:
+    """A vocabulary of exactly n_vocab tokens (n_vocab >= 512)."""
+    tokens = [UNK, BOS, EOS, *CONTROL_TOKENS]
+    types = [UNKNOWN, CONTROL, CONTROL] + [CONTROL] * len(CONTROL_TOKENS)
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [BYTE] * 256
+    room = n_vocab - len(tokens)
+    if room < 128:
+        raise ValueError(f"vocab of {n_vocab} leaves no room for word pieces")
+    pieces = _pieces()[:room]
+    tokens += pieces
+    types += [NORMAL] * len(pieces)
+    tokens += [f"<unused{i}>" for i in range(n_vocab - len(tokens))]
+    types += [NORMAL] * (n_vocab - len(types))
+    # SPM merges the highest-scoring bigram first: prefer longer pieces, then earlier ones.
+    scores = [0.0] * n_vocab
+    for i, (tok, kind) in enumerate(zip(tokens, types)):
+        if kind == NORMAL:
+            scores[i] = -1000.0 if tok.startswith("<unused") else len(tok) - i * 1e-4
+    return Vocab(tuple(tokens), tuple(scores), tuple(types))
+
+
+def add_tokenizer(writer: gguf.GGUFWriter, vocab: Vocab) -> None:
+    """Add the tokenizer.ggml.* keys and the chat template."""
+    writer.add_string("tokenizer.ggml.model", "llama")
+    writer.add_string("tokenizer.ggml.pre", "default")
+    writer.add_array("tokenizer.ggml.tokens", list(vocab.tokens))
+    writer.add_array("tokenizer.ggml.scores", list(vocab.scores))
+    writer.add_array("tokenizer.ggml.token_type", list(vocab.types))
+    writer.add_uint32("tokenizer.ggml.unknown_token_id", vocab.id_of(UNK))
+    writer.add_uint32("tokenizer.ggml.bos_token_id", vocab.id_of(BOS))
+    writer.add_uint32("tokenizer.ggml.eos_token_id", vocab.id_of(EOS))
+    # <|im_end|> ends an assistant turn, so generation must stop on it.
+    writer.add_uint32("tokenizer.ggml.eot_token_id", vocab.id_of(IM_END))
+    writer.add_uint32("tokenizer.ggml.padding_token_id", vocab.id_of(EOS))
+    # ChatML prompts start with <|im_start|>, like Qwen: no implicit BOS/EOS.
+    writer.add_bool("tokenizer.ggml.add_bos_token", False)
+    writer.add_bool("tokenizer.ggml.add_eos_token", False)
+    # SPM would otherwise insert "▁" at the start and after every special token, turning
+    # "<|im_start|>user" into <|im_start|> ▁ user (Qwen's BPE does not do that).
+    writer.add_bool("tokenizer.ggml.add_space_prefix", False)
+    writer.add_string("tokenizer.chat_template", CHAT_TEMPLATE)
