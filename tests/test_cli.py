@@ -1,0 +1,61 @@
+"""The CLI as a user runs it: forge, check-exact (text and --json), demo, bad arguments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def kvagent(*args: str, env_cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = None
+    if env_cache is not None:
+        import os
+        env = {**os.environ, "KVAGENT_CACHE_DIR": str(env_cache)}
+    return subprocess.run([sys.executable, "-m", "runtime.cli", *args], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35", "qwen35moe"])
+def test_forge_then_check_exact(tmp_path: Path, arch: str) -> None:
+    out = tmp_path / arch
+    forged = kvagent("forge", "--arch", arch, "--size", "tiny", "--out", str(out), "--vision")
+    assert forged.returncode == 0, forged.stderr
+    assert f"wrote {out / 'model.gguf'}" in forged.stdout
+    assert f"wrote {out / 'mmproj.gguf'}" in forged.stdout
+    text = kvagent("check-exact", "--model", str(out / "model.gguf"),
+                   "--mmproj", str(out / "mmproj.gguf"), "--threads", "1")
+    assert text.returncode == 0, text.stdout + text.stderr
+    lines = text.stdout.strip().splitlines()
+    assert lines[-1] == "bitwise: true"
+    assert sum("bitwise: true" in line for line in lines[1:-1]) == len(lines) - 2 >= 6
+    js = kvagent("check-exact", "--model", str(out / "model.gguf"), "--json", "--threads", "1")
+    assert js.returncode == 0
+    report = json.loads(js.stdout)
+    assert report["bitwise"] is True
+    assert all(set(c) == {"name", "bitwise", "max_abs_diff"} for c in report["checks"])
+
+
+def test_bad_arguments_get_clear_messages(tmp_path: Path) -> None:
+    bad_arch = kvagent("forge", "--arch", "gpt5", "--size", "tiny", "--out", str(tmp_path))
+    assert bad_arch.returncode == 2 and "invalid choice: 'gpt5'" in bad_arch.stderr
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    on_file = kvagent("forge", "--arch", "llama", "--size", "tiny", "--out", str(a_file))
+    assert on_file.returncode == 2 and "error" in on_file.stdout
+    missing = kvagent("check-exact", "--model", str(tmp_path / "nope.gguf"))
+    assert missing.returncode == 2 and "not found" in missing.stdout
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"GGUF" + b"\0" * 64)
+    broken = kvagent("check-exact", "--model", str(garbage))
+    assert broken.returncode == 2 and "could not load" in broken.stdout
+
+
+def test_demo_runs_on_the_embedded_tiny_model(tmp_path: Path) -> None:
+    result = kvagent("demo", "--threads", "1", env_cache=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "outputs identical token for token: yes" in result.stdout
+    assert "partial_only checkpoint" in result.stdout
