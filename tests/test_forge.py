@@ -43,7 +43,7 @@ CHAT_PROMPT = "<|im_start|>user\nclick the submit button<|im_end|>\n<|im_start|>
 
 
 @pytest.fixture(scope="session")
-def forged(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], ForgedModel]:
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], ForgedModel]:
     """Every arch at size tiny, text-only and with vision."""
     root = tmp_path_factory.mktemp("forge")
     return {
@@ -136,8 +136,8 @@ def file_bytes(forged_model: ForgedModel) -> tuple[bytes, bytes]:
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_text_model_loads_and_gives_finite_varied_logits(forged, arch: str) -> None:
-    record = forged[(arch, False)]
+def test_text_model_loads_and_gives_finite_varied_logits(tiny_models, arch: str) -> None:
+    record = tiny_models[(arch, False)]
     spec = text_spec(arch, "tiny")
     with loaded(record.model_path) as (model, ctx):
         assert llama_cpp.llama_model_is_hybrid(model) == (arch != "llama")
@@ -164,8 +164,8 @@ def test_every_size_has_two_attention_and_two_recurrent_layers() -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_tokenizer_control_tokens_and_byte_fallback(forged, arch: str) -> None:
-    with loaded(forged[(arch, False)].model_path) as (model, _ctx):
+def test_tokenizer_control_tokens_and_byte_fallback(tiny_models, arch: str) -> None:
+    with loaded(tiny_models[(arch, False)].model_path) as (model, _ctx):
         vocab = llama_cpp.llama_model_get_vocab(model)
         for marker in ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                        "<|image_pad|>"):
@@ -181,8 +181,8 @@ def test_tokenizer_control_tokens_and_byte_fallback(forged, arch: str) -> None:
         assert 0 not in tokenize(model, "héllo wörld 日本 \u2603 \x00")  # bytes, never <unk>
 
 
-def test_chat_template_is_chatml(forged) -> None:
-    with loaded(forged[("qwen35", False)].model_path) as (model, _ctx):
+def test_chat_template_is_chatml(tiny_models) -> None:
+    with loaded(tiny_models[("qwen35", False)].model_path) as (model, _ctx):
         stored = llama_cpp.llama_model_chat_template(model, None)
     assert stored.decode() == CHAT_TEMPLATE
     # rendered the way llama-cpp-python's Jinja2ChatFormatter does
@@ -203,8 +203,8 @@ def test_chat_template_is_chatml(forged) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_mmproj_tokenizes_encodes_and_feeds_the_text_model(forged, arch: str) -> None:
-    record = forged[(arch, True)]
+def test_mmproj_tokenizes_encodes_and_feeds_the_text_model(tiny_models, arch: str) -> None:
+    record = tiny_models[(arch, True)]
     n_embd = text_spec(arch, "tiny").n_embd
     png = png_bytes(160, 96)
     with loaded(record.model_path) as (model, ctx), vision_context(record.mmproj_path, model) as mctx:
@@ -264,8 +264,8 @@ def test_mmproj_tokenizes_encodes_and_feeds_the_text_model(forged, arch: str) ->
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_vision_does_not_change_the_text_model(forged, arch: str) -> None:
-    text_only, with_vision = forged[(arch, False)], forged[(arch, True)]
+def test_vision_does_not_change_the_text_model(tiny_models, arch: str) -> None:
+    text_only, with_vision = tiny_models[(arch, False)], tiny_models[(arch, True)]
     assert text_only.mmproj_path is None and text_only.mmproj_bytes == 0
     assert with_vision.mmproj_bytes == with_vision.mmproj_path.stat().st_size > 0
     assert text_only.model_path.read_bytes() == with_vision.model_path.read_bytes()
@@ -274,8 +274,8 @@ def test_vision_does_not_change_the_text_model(forged, arch: str) -> None:
 # ---------------------------------------------------------------- determinism, caching, errors
 
 
-def test_same_seed_same_bytes_other_seed_other_bytes(forged, tmp_path: Path) -> None:
-    reference = forged[("qwen35moe", True)]
+def test_same_seed_same_bytes_other_seed_other_bytes(tiny_models, tmp_path: Path) -> None:
+    reference = tiny_models[("qwen35moe", True)]
     again = forge("qwen35moe", "tiny", tmp_path / "again", vision=True, seed=0)
     assert file_bytes(again) == file_bytes(reference)
     assert attrs.evolve(again, model_path=reference.model_path,
