@@ -1,4 +1,4 @@
-"""The llama.cpp engine: the only module of kvagent that imports ``llama_cpp``.
+"""The Engine: one llama.cpp model + context holding ``n_seq_max`` sequences.
 
 Numerical contract (see ../shared/notes/llama-cpp.md, and ``kvagent check-exact``):
 * flash attention is OFF and n_ubatch == n_batch, so splitting a prefill into several calls
@@ -19,7 +19,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -35,34 +34,21 @@ from llama_cpp import mtmd_cpp
 from cachepolicy.checkpoint import (
     GENESIS, Checkpoint, CheckpointKind, ModelKind, Run, RunKind, chain_digest, history_digest,
 )
+from cachepolicy.engine.backend import init_backend
+from cachepolicy.engine.records import (
+    EngineConfig, MemoryReport, SeqInfo, chunk_sizes, history_prefix_at,
+)
+from cachepolicy.engine.sampler import Sampler
+from cachepolicy.engine.vision import MtmdChunks
 from cachepolicy.errors import (
     ContextFullError, DecodeError, EngineError, ImageError, ModelLoadError, NoVisionError,
     RestoreError, SingleTokenPrefillError, UnsafeEditError,
 )
 from cachepolicy.images import DecodedImage, EmbeddingCache, EncodedImage, decode_png
-from cachepolicy.sampling import SamplingParams, choose_token
+from cachepolicy.sampling import SamplingParams
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 _PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
-
-_backend_lock = threading.Lock()
-_backend_ready = False
-_LOG_SINK: list[Any] = []  # keeps the ctypes log callbacks alive for the process lifetime
-
-
-def _init_backend(verbose: bool) -> None:
-    global _backend_ready
-    with _backend_lock:
-        if _backend_ready:
-            return
-        llama_cpp.llama_backend_init()
-        if not verbose:
-            quiet = llama_cpp.llama_log_callback(lambda level, text, user: None)
-            _LOG_SINK.append(quiet)
-            llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
-            mtmd_cpp.mtmd_helper_log_set(quiet, ctypes.c_void_p(0))
-        _backend_ready = True
 
 
 def _locked(method: _F) -> _F:
@@ -73,57 +59,6 @@ def _locked(method: _F) -> _F:
                 raise EngineError("engine is closed")
             return method(self, *args, **kwargs)
     return wrapper  # type: ignore[return-value]
-
-
-def chunk_sizes(n: int, n_batch: int) -> list[int]:
-    """Split ``n`` rows into batches of at most ``n_batch``, never leaving a 1-row batch."""
-    if n <= n_batch:
-        return [n]
-    k = -(-n // n_batch)
-    sizes = [n_batch] * (k - 1) + [n - n_batch * (k - 1)]
-    if sizes[-1] == 1:  # move one row over: both batches stay multi-row
-        sizes[-2] -= 1
-        sizes[-1] = 2
-    return sizes
-
-
-@attrs.frozen
-class EngineConfig:
-    n_ctx_per_seq: int = 8192  # positions/cells each sequence may hold
-    n_seq_max: int = 4
-    n_batch: int = 512  # also n_ubatch: llama.cpp never re-splits our batches
-    n_threads: int = attrs.field(factory=lambda: max(1, os.cpu_count() or 1))
-    image_cache_bytes: int = 256 * 2**20
-    verbose: bool = False
-    # Only for demonstrating what the oracle catches: with flash attention on, a split prefill
-    # is no longer bitwise equal to a one-call prefill.
-    flash_attn: bool = False
-
-
-@attrs.frozen
-class MemoryReport:
-    """Bytes the engine holds, as llama.cpp reports them (sequence state sizes)."""
-
-    kv_bytes_per_token: int  # attention layers only: what one more KV cell costs
-    recurrent_bytes_per_seq: int  # the O(1) recurrent state (0 on attention-only models)
-    seq_state_bytes: dict[int, int]  # llama_state_seq_get_size of each non-empty sequence
-    live_checkpoints: int
-    live_checkpoint_bytes: int
-    image_cache_bytes: int
-
-    @property
-    def total_held(self) -> int:
-        return (sum(self.seq_state_bytes.values()) + self.live_checkpoint_bytes
-                + self.image_cache_bytes)
-
-
-@attrs.frozen
-class SeqInfo:
-    seq: int
-    next_pos: int
-    n_tokens: int
-    digest: bytes
-    history: tuple[Run, ...]
 
 
 def _file_identity(path: Path) -> str:
@@ -152,7 +87,7 @@ class Engine:
             raise ModelLoadError(f"mmproj file not found: {mmproj_path}")
         if config.n_batch < 2 or config.n_seq_max < 1 or config.n_ctx_per_seq < config.n_batch:
             raise ValueError("need n_batch >= 2, n_seq_max >= 1, n_ctx_per_seq >= n_batch")
-        _init_backend(config.verbose)
+        init_backend(config.verbose)
         self.model_path = model_path
         self.model_id = _file_identity(model_path)
         mparams = llama_cpp.llama_model_default_params()
@@ -442,7 +377,7 @@ class Engine:
         return out
 
     def sampler(self, params: SamplingParams) -> Sampler:
-        return Sampler(self, params)
+        return Sampler(self._vocab, self.n_vocab, params)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -509,7 +444,7 @@ class Engine:
         end = self._next_pos(seq)
         if not 0 <= pos <= end:
             raise ValueError(f"truncate position {pos} outside 0..{end}")
-        keep = self._history_prefix_at(hist, pos)
+        keep = history_prefix_at(hist, pos)
         if via is not None and (via.history != tuple(keep) or via.pos != pos):
             raise UnsafeEditError("checkpoint was taken on another history or position")
         if not self.kind.has_recurrent_state:
@@ -529,25 +464,6 @@ class Engine:
             self._hist[seq] = []
             raise EngineError(f"attention trim of sequence {seq} at {pos} failed; sequence cleared")
         self._hist[seq] = keep
-
-    @staticmethod
-    def _history_prefix_at(hist: list[Run], pos: int) -> list[Run]:
-        """The runs that make up the first ``pos`` positions (a text run may be split)."""
-        keep: list[Run] = []
-        for run in hist:
-            if run.end_pos <= pos:
-                keep.append(run)
-                continue
-            if run.pos0 < pos:
-                if run.kind is not RunKind.TEXT:
-                    raise UnsafeEditError(f"position {pos} falls inside an image")
-                toks = np.asarray(run.tokens[: pos - run.pos0], dtype=np.int32)
-                prev = keep[-1].digest if keep else GENESIS
-                keep.append(Run(RunKind.TEXT, run.pos0, len(toks), len(toks),
-                                chain_digest(prev, RunKind.TEXT, toks.tobytes()),
-                                tuple(int(t) for t in toks)))
-            break
-        return keep
 
     @_locked
     def remove_range(self, seq: int, p0: int, p1: int) -> None:
@@ -597,7 +513,7 @@ class Engine:
         hit = self.image_cache.get(img.image_id)
         if hit is not None:
             return hit
-        with _MtmdChunks(self._mtmd, img, self._marker) as chunks:
+        with MtmdChunks(self._mtmd, img, self._marker) as chunks:
             enc = chunks.encode(img, self.n_embd, self.uses_mrope)
         self.image_cache.put(enc)
         return enc
@@ -608,7 +524,7 @@ class Engine:
         if self._mtmd is None:
             raise NoVisionError("this engine was loaded without an mmproj")
         img = png if isinstance(png, DecodedImage) else decode_png(png)
-        with _MtmdChunks(self._mtmd, img, self._marker) as chunks:
+        with MtmdChunks(self._mtmd, img, self._marker) as chunks:
             return chunks.image_counts()
 
     # ------------------------------------------------------------------ accounting
@@ -646,135 +562,3 @@ class Engine:
                              for s, h in self._hist.items() if h},
             live_checkpoints=self._live_ckpt[0], live_checkpoint_bytes=self._live_ckpt[1],
             image_cache_bytes=self.image_cache.nbytes)
-
-
-class Sampler:
-    """Stateful token chooser for one generation: seeded RNG plus an optional GBNF grammar."""
-
-    def __init__(self, engine: Engine, params: SamplingParams) -> None:
-        self.params = params
-        self._rng = np.random.default_rng(params.seed)
-        self._grammar: Any = None
-        if params.grammar is not None:
-            self._grammar = llama_cpp.llama_sampler_init_grammar(
-                engine._vocab, params.grammar.encode(), params.grammar_root.encode())
-            if not self._grammar:
-                raise ValueError("invalid GBNF grammar")
-            self._data = np.zeros(engine.n_vocab, dtype=_TOKEN_DATA)
-            self._data["id"] = np.arange(engine.n_vocab, dtype=np.int32)
-
-    def sample(self, logits: np.ndarray) -> int:
-        if self._grammar is not None:
-            logits = self._mask(logits)
-        return choose_token(logits, self.params, self._rng)
-
-    def _mask(self, logits: np.ndarray) -> np.ndarray:
-        self._data["logit"] = logits
-        self._data["p"] = 0.0
-        arr = llama_cpp.llama_token_data_array(
-            data=self._data.ctypes.data_as(llama_cpp.llama_token_data_p),
-            size=len(self._data), selected=-1, sorted=False)
-        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(arr))
-        masked = self._data["logit"].copy()
-        if not np.isfinite(masked).any():
-            raise EngineError("the grammar allows no token here")
-        return masked
-
-    def accept(self, token: int) -> None:
-        if self._grammar is not None:
-            llama_cpp.llama_sampler_accept(self._grammar, token)
-
-    def close(self) -> None:
-        if self._grammar is not None:
-            llama_cpp.llama_sampler_free(self._grammar)
-            self._grammar = None
-
-
-_SECTION_ORDER = ("t", "y", "x", "z")  # llama.cpp's M-RoPE section order for decoder positions
-
-
-class _MtmdChunks:
-    """mtmd's tokenization of one image (marker text + bitmap); frees its native objects."""
-
-    def __init__(self, mctx: Any, img: DecodedImage, marker: bytes) -> None:
-        self._mctx = mctx
-        pixels = (ctypes.c_uint8 * len(img.rgb)).from_buffer_copy(img.rgb)
-        self._bitmap = mtmd_cpp.mtmd_bitmap_init(img.width, img.height, pixels)
-        self._chunks = mtmd_cpp.mtmd_input_chunks_init()
-        if not self._bitmap or not self._chunks:
-            self.close()
-            raise ImageError("mtmd could not allocate the image")
-        text = mtmd_cpp.mtmd_input_text(text=marker, text_len=len(marker), add_special=False,
-                                        parse_special=True)
-        bitmaps = (mtmd_cpp.mtmd_bitmap_p_ctypes * 1)(self._bitmap)
-        rc = mtmd_cpp.mtmd_tokenize(mctx, self._chunks, ctypes.byref(text), bitmaps, 1)
-        if rc != 0:
-            self.close()
-            raise ImageError(f"mtmd could not tokenize the image (code {rc})")
-        self.prefix: list[int] = []
-        self.suffix: list[int] = []
-        self.image_chunk: Any = None
-        for i in range(mtmd_cpp.mtmd_input_chunks_size(self._chunks)):
-            chunk = mtmd_cpp.mtmd_input_chunks_get(self._chunks, i)
-            if mtmd_cpp.mtmd_input_chunk_get_type(chunk) == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE:
-                self.image_chunk = chunk
-                continue
-            n = ctypes.c_size_t(0)
-            ptr = mtmd_cpp.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
-            (self.suffix if self.image_chunk is not None else self.prefix).extend(ptr[: n.value])
-        if self.image_chunk is None:
-            self.close()
-            raise ImageError("mtmd produced no image chunk")
-
-    def __enter__(self) -> _MtmdChunks:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if getattr(self, "_chunks", None):
-            mtmd_cpp.mtmd_input_chunks_free(self._chunks)
-            self._chunks = None
-        if getattr(self, "_bitmap", None):
-            mtmd_cpp.mtmd_bitmap_free(self._bitmap)
-            self._bitmap = None
-
-    def image_counts(self) -> tuple[int, int]:
-        return (int(mtmd_cpp.mtmd_input_chunk_get_n_tokens(self.image_chunk)),
-                int(mtmd_cpp.mtmd_input_chunk_get_n_pos(self.image_chunk)))
-
-    def _decoder_positions(self, pos0: int, n: int) -> np.ndarray:
-        tokens = mtmd_cpp.mtmd_input_chunk_get_tokens_image(self.image_chunk)
-        out = (mtmd_cpp.mtmd_decoder_pos * n)()
-        mtmd_cpp.mtmd_helper_image_get_decoder_pos(tokens, pos0, out)
-        raw = np.ctypeslib.as_array(ctypes.cast(out, ctypes.POINTER(ctypes.c_uint32)),
-                                    shape=(n, 4)).astype(np.int64)
-        fields = [name for name, _ in mtmd_cpp.mtmd_decoder_pos._fields_]
-        return np.stack([raw[:, fields.index(s)] for s in _SECTION_ORDER]).astype(np.int32)
-
-    def encode(self, img: DecodedImage, n_embd: int, mrope: bool) -> EncodedImage:
-        n, n_pos = self.image_counts()
-        if mtmd_cpp.mtmd_encode_chunk(self._mctx, self.image_chunk) != 0:
-            raise ImageError("the vision encoder failed on this image")
-        ptr = mtmd_cpp.mtmd_get_output_embd(self._mctx)
-        rows = np.ctypeslib.as_array(ptr, shape=(n * n_embd,)).reshape(n, n_embd).copy()
-        if not np.isfinite(rows).all():
-            raise ImageError("the vision encoder produced non-finite embeddings")
-        if mrope:
-            # Store positions for start 0 plus a per-section step, and check that positions
-            # really are affine in the start (true for the M-RoPE layouts we support).
-            p0, p1, p7 = (self._decoder_positions(s, n) for s in (0, 1, 7))
-            step = (p1 - p0)[:, 0]
-            if not (np.all(p1 - p0 == step[:, None]) and np.all(p7 == p0 + 7 * step[:, None])):
-                raise ImageError("this projector's decoder positions are not affine in the start "
-                                 "position; unsupported")
-        else:
-            p0 = np.arange(n, dtype=np.int32)[None, :]
-            step = np.ones(1, dtype=np.int32)
-        return EncodedImage(
-            image_id=img.image_id, width=img.width, height=img.height, embeddings=rows,
-            positions0=p0.astype(np.int32), pos_step=step.astype(np.int32), n_pos=n_pos,
-            non_causal=bool(mtmd_cpp.mtmd_decode_use_non_causal(self._mctx, self.image_chunk)),
-            prefix_tokens=tuple(int(t) for t in self.prefix),
-            suffix_tokens=tuple(int(t) for t in self.suffix))

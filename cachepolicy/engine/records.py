@@ -1,0 +1,82 @@
+"""Plain records and pure helpers of the engine (no llama.cpp in here)."""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+import numpy as np
+
+from cachepolicy.checkpoint import GENESIS, Run, RunKind, chain_digest
+from cachepolicy.errors import UnsafeEditError
+
+
+def chunk_sizes(n: int, n_batch: int) -> list[int]:
+    """Split ``n`` rows into batches of at most ``n_batch``, never leaving a 1-row batch."""
+    if n <= n_batch:
+        return [n]
+    k = -(-n // n_batch)
+    sizes = [n_batch] * (k - 1) + [n - n_batch * (k - 1)]
+    if sizes[-1] == 1:  # move one row over: both batches stay multi-row
+        sizes[-2] -= 1
+        sizes[-1] = 2
+    return sizes
+
+
+@attrs.frozen
+class EngineConfig:
+    n_ctx_per_seq: int = 8192  # positions/cells each sequence may hold
+    n_seq_max: int = 4
+    n_batch: int = 512  # also n_ubatch: llama.cpp never re-splits our batches
+    n_threads: int = attrs.field(factory=lambda: max(1, os.cpu_count() or 1))
+    image_cache_bytes: int = 256 * 2**20
+    verbose: bool = False
+    # Only for demonstrating what the oracle catches: with flash attention on, a split prefill
+    # is no longer bitwise equal to a one-call prefill.
+    flash_attn: bool = False
+
+
+@attrs.frozen
+class MemoryReport:
+    """Bytes the engine holds, as llama.cpp reports them (sequence state sizes)."""
+
+    kv_bytes_per_token: int  # attention layers only: what one more KV cell costs
+    recurrent_bytes_per_seq: int  # the O(1) recurrent state (0 on attention-only models)
+    seq_state_bytes: dict[int, int]  # llama_state_seq_get_size of each non-empty sequence
+    live_checkpoints: int
+    live_checkpoint_bytes: int
+    image_cache_bytes: int
+
+    @property
+    def total_held(self) -> int:
+        return (sum(self.seq_state_bytes.values()) + self.live_checkpoint_bytes
+                + self.image_cache_bytes)
+
+
+@attrs.frozen
+class SeqInfo:
+    seq: int
+    next_pos: int
+    n_tokens: int
+    digest: bytes
+    history: tuple[Run, ...]
+
+
+def history_prefix_at(hist: list[Run], pos: int) -> list[Run]:
+    """The runs that make up the first ``pos`` positions (a text run may be split)."""
+    keep: list[Run] = []
+    for run in hist:
+        if run.end_pos <= pos:
+            keep.append(run)
+            continue
+        if run.pos0 < pos:
+            if run.kind is not RunKind.TEXT:
+                raise UnsafeEditError(f"position {pos} falls inside an image")
+            toks = np.asarray(run.tokens[: pos - run.pos0], dtype=np.int32)
+            prev = keep[-1].digest if keep else GENESIS
+            keep.append(Run(RunKind.TEXT, run.pos0, len(toks), len(toks),
+                            chain_digest(prev, RunKind.TEXT, toks.tobytes()),
+                            tuple(int(t) for t in toks)))
+        break
+    return keep
+

@@ -1,0 +1,101 @@
+"""mtmd (the multimodal part of llama.cpp): one image → embedding rows + decoder positions."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+from llama_cpp import mtmd_cpp
+
+from cachepolicy.errors import ImageError
+from cachepolicy.images import DecodedImage, EncodedImage
+
+_SECTION_ORDER = ("t", "y", "x", "z")  # llama.cpp's M-RoPE section order for decoder positions
+
+
+class MtmdChunks:
+    """mtmd's tokenization of one image (marker text + bitmap); frees its native objects."""
+
+    def __init__(self, mctx: Any, img: DecodedImage, marker: bytes) -> None:
+        self._mctx = mctx
+        pixels = (ctypes.c_uint8 * len(img.rgb)).from_buffer_copy(img.rgb)
+        self._bitmap = mtmd_cpp.mtmd_bitmap_init(img.width, img.height, pixels)
+        self._chunks = mtmd_cpp.mtmd_input_chunks_init()
+        if not self._bitmap or not self._chunks:
+            self.close()
+            raise ImageError("mtmd could not allocate the image")
+        text = mtmd_cpp.mtmd_input_text(text=marker, text_len=len(marker), add_special=False,
+                                        parse_special=True)
+        bitmaps = (mtmd_cpp.mtmd_bitmap_p_ctypes * 1)(self._bitmap)
+        rc = mtmd_cpp.mtmd_tokenize(mctx, self._chunks, ctypes.byref(text), bitmaps, 1)
+        if rc != 0:
+            self.close()
+            raise ImageError(f"mtmd could not tokenize the image (code {rc})")
+        self.prefix: list[int] = []
+        self.suffix: list[int] = []
+        self.image_chunk: Any = None
+        for i in range(mtmd_cpp.mtmd_input_chunks_size(self._chunks)):
+            chunk = mtmd_cpp.mtmd_input_chunks_get(self._chunks, i)
+            if mtmd_cpp.mtmd_input_chunk_get_type(chunk) == mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                self.image_chunk = chunk
+                continue
+            n = ctypes.c_size_t(0)
+            ptr = mtmd_cpp.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+            (self.suffix if self.image_chunk is not None else self.prefix).extend(ptr[: n.value])
+        if self.image_chunk is None:
+            self.close()
+            raise ImageError("mtmd produced no image chunk")
+
+    def __enter__(self) -> MtmdChunks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if getattr(self, "_chunks", None):
+            mtmd_cpp.mtmd_input_chunks_free(self._chunks)
+            self._chunks = None
+        if getattr(self, "_bitmap", None):
+            mtmd_cpp.mtmd_bitmap_free(self._bitmap)
+            self._bitmap = None
+
+    def image_counts(self) -> tuple[int, int]:
+        return (int(mtmd_cpp.mtmd_input_chunk_get_n_tokens(self.image_chunk)),
+                int(mtmd_cpp.mtmd_input_chunk_get_n_pos(self.image_chunk)))
+
+    def _decoder_positions(self, pos0: int, n: int) -> np.ndarray:
+        tokens = mtmd_cpp.mtmd_input_chunk_get_tokens_image(self.image_chunk)
+        out = (mtmd_cpp.mtmd_decoder_pos * n)()
+        mtmd_cpp.mtmd_helper_image_get_decoder_pos(tokens, pos0, out)
+        raw = np.ctypeslib.as_array(ctypes.cast(out, ctypes.POINTER(ctypes.c_uint32)),
+                                    shape=(n, 4)).astype(np.int64)
+        fields = [name for name, _ in mtmd_cpp.mtmd_decoder_pos._fields_]
+        return np.stack([raw[:, fields.index(s)] for s in _SECTION_ORDER]).astype(np.int32)
+
+    def encode(self, img: DecodedImage, n_embd: int, mrope: bool) -> EncodedImage:
+        n, n_pos = self.image_counts()
+        if mtmd_cpp.mtmd_encode_chunk(self._mctx, self.image_chunk) != 0:
+            raise ImageError("the vision encoder failed on this image")
+        ptr = mtmd_cpp.mtmd_get_output_embd(self._mctx)
+        rows = np.ctypeslib.as_array(ptr, shape=(n * n_embd,)).reshape(n, n_embd).copy()
+        if not np.isfinite(rows).all():
+            raise ImageError("the vision encoder produced non-finite embeddings")
+        if mrope:
+            # Store positions for start 0 plus a per-section step, and check that positions
+            # really are affine in the start (true for the M-RoPE layouts we support).
+            p0, p1, p7 = (self._decoder_positions(s, n) for s in (0, 1, 7))
+            step = (p1 - p0)[:, 0]
+            if not (np.all(p1 - p0 == step[:, None]) and np.all(p7 == p0 + 7 * step[:, None])):
+                raise ImageError("this projector's decoder positions are not affine in the start "
+                                 "position; unsupported")
+        else:
+            p0 = np.arange(n, dtype=np.int32)[None, :]
+            step = np.ones(1, dtype=np.int32)
+        return EncodedImage(
+            image_id=img.image_id, width=img.width, height=img.height, embeddings=rows,
+            positions0=p0.astype(np.int32), pos_step=step.astype(np.int32), n_pos=n_pos,
+            non_causal=bool(mtmd_cpp.mtmd_decode_use_non_causal(self._mctx, self.image_chunk)),
+            prefix_tokens=tuple(int(t) for t in self.prefix),
+            suffix_tokens=tuple(int(t) for t in self.suffix))
