@@ -57,3 +57,15 @@ class ImageError(KvagentCacheError):
 
 class NoVisionError(EngineError):
     """The engine was loaded without an mmproj, so it cannot encode images."""
+
+
+class PolicyError(KvagentCacheError):
+    """A cache policy cannot be configured or cannot plan this step."""
+
+
+class PolicyRefusedError(PolicyError):
+    """The policy does not support this model kind (e.g. relocate on a hybrid model)."""
+
+
+class StalePublishError(KvagentCacheError):
+    """Compare-and-publish failed: the episode's published generation moved on."""

@@ -126,7 +126,8 @@ class Engine:
         self.mmproj_path = Path(mmproj_path) if mmproj_path is not None else None
         if self.mmproj_path is not None:
             self._load_mmproj(self.mmproj_path)
-        self.kv_bytes_per_token, self.recurrent_bytes_per_seq = self._measure_state_bytes()
+        (self.kv_bytes_per_token, self.recurrent_bytes_per_seq,
+         self.state_overhead_bytes) = self._measure_state_bytes()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -356,11 +357,13 @@ class Engine:
         return self._last_logits()
 
     def generate(self, seq: int, logits: np.ndarray, max_tokens: int,
-                 sampling: SamplingParams | None = None) -> list[int]:
+                 sampling: SamplingParams | None = None, *,
+                 stop_at_eog: bool = True) -> list[int]:
         """Sample up to ``max_tokens`` tokens starting from ``logits`` (the prompt's last).
 
         Every sampled token but the last is fed back; generation stops after an
-        end-of-generation token or when the grammar is complete.
+        end-of-generation token (unless ``stop_at_eog`` is False: benchmarks decode a fixed
+        number of tokens).
         """
         sampler = self.sampler(sampling or SamplingParams())
         out: list[int] = []
@@ -369,7 +372,7 @@ class Engine:
                 tok = sampler.sample(logits)
                 out.append(tok)
                 sampler.accept(tok)
-                if self.is_end_of_generation(tok) or i == max_tokens - 1:
+                if (stop_at_eog and self.is_end_of_generation(tok)) or i == max_tokens - 1:
                     break
                 logits = self.decode_token(seq, tok)
         finally:
@@ -481,6 +484,8 @@ class Engine:
                 "report success and silently corrupt it)")
         if not 0 <= p0 < p1 <= end:
             raise ValueError(f"range [{p0}, {p1}) outside 0..{end}")
+        if p1 < end and not llama_cpp.llama_memory_can_shift(self._mem):
+            raise UnsafeEditError("this model's memory cannot shift positions")
         starts = {r.pos0 for r in hist} | {end}
         if p0 not in starts or p1 not in starts:
             raise UnsafeEditError("remove_range must cut at run boundaries")
@@ -505,10 +510,19 @@ class Engine:
     # ------------------------------------------------------------------ images
 
     @_locked
-    def encode_image(self, png: bytes | DecodedImage) -> EncodedImage:
-        """PNG bytes → embedding rows and decoder positions (cached by pixel identity)."""
+    def encode_image(self, png: bytes | DecodedImage, *,
+                     image_id: str | None = None) -> EncodedImage:
+        """PNG bytes → embedding rows and decoder positions (cached by pixel identity).
+
+        ``image_id`` (the pixel hash, when the caller already knows it) lets a cache hit skip
+        decoding the PNG.
+        """
         if self._mtmd is None:
             raise NoVisionError("this engine was loaded without an mmproj")
+        if image_id is not None:
+            hit = self.image_cache.get(image_id)
+            if hit is not None:
+                return hit
         img = png if isinstance(png, DecodedImage) else decode_png(png)
         hit = self.image_cache.get(img.image_id)
         if hit is not None:
@@ -529,8 +543,9 @@ class Engine:
 
     # ------------------------------------------------------------------ accounting
 
-    def _measure_state_bytes(self) -> tuple[int, int]:
-        """KV bytes per cell and recurrent bytes per sequence, as llama.cpp serialises them."""
+    def _measure_state_bytes(self) -> tuple[int, int, int]:
+        """KV bytes per cell, recurrent bytes per sequence and a sequence state's fixed part
+        (its size at zero tokens), as llama.cpp serialises them."""
         seq = 0
         probe = list(range(3, 11))
         sizes = []
@@ -544,7 +559,7 @@ class Engine:
             self.prefill_tokens(seq, probe[:4], logits=False)
             recurrent = llama_cpp.llama_state_seq_get_size_ext(self._ctx, seq, _PARTIAL)
             self.clear(seq)
-        return per_token, recurrent
+        return per_token, recurrent, sizes[0] - 4 * per_token
 
     @_locked
     def state_bytes(self, seq: int, kind: CheckpointKind = CheckpointKind.FULL) -> int:

@@ -1,0 +1,125 @@
+"""The cache-policy interface, the shared planning helpers, and the name registry.
+
+A policy is configured once per model (``ModelInfo``, ``PromptKit``, window size) and then
+``select(log, view) -> Plan`` is a pure function: it reads immutable records and returns one.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import ClassVar
+
+from cachepolicy.checkpoint import CheckpointKind
+from cachepolicy.context_log import ContextLog
+from cachepolicy.errors import PolicyError, PolicyRefusedError
+from cachepolicy.layouts import PromptKit
+from cachepolicy.pieces import Piece, digests, n_tokens
+from cachepolicy.plan import (
+    ByteForecast, CacheView, ModelInfo, Plan, PolicyManifest, RemoveSpan, Start, StartKind,
+    TakeCheckpoint,
+)
+from cachepolicy.reuse import best_start
+
+_FLOAT = 4
+
+
+class CachePolicy(abc.ABC):
+    """Decides, per step, what the model sees and how much cached state is reused."""
+
+    name: ClassVar[str]
+    manifest: ClassVar[PolicyManifest]
+
+    def __init__(self, model: ModelInfo, kit: PromptKit, *, window: int = 3,
+                 decode_tokens: int = 16) -> None:
+        if model.kind not in self.manifest.supports:
+            supported = ", ".join(sorted(k.value for k in self.manifest.supports))
+            raise PolicyRefusedError(
+                f"policy {self.name!r} does not support {model.kind.value} models "
+                f"(supports: {supported}); {self.manifest.changes}")
+        if window < 1:
+            raise PolicyError("window must be >= 1 screenshot")
+        self.model, self.kit, self.window, self.decode_tokens = model, kit, window, decode_tokens
+
+    @abc.abstractmethod
+    def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
+        """Plan the step for ``log``; ``new`` names the segments appended by this step."""
+
+    def prefetch(self, log: ContextLog, view: CacheView) -> Plan | None:
+        """A prefill-only plan of what the next step will need before its screenshot exists
+        (``log`` already holds this step's action).  None: the policy has nothing to prefetch."""
+        return None
+
+    # ---------------------------------------------------------------- shared helpers
+
+    def checkpoint_kind(self) -> CheckpointKind:
+        return (CheckpointKind.PARTIAL_ONLY if self.model.kind.has_recurrent_state
+                else CheckpointKind.FULL)
+
+    def plan_reusing(self, log: ContextLog, view: CacheView, pieces: Sequence[Piece], *,
+                     anchors: Sequence[tuple[int, str]] = (), reuse: bool = True,
+                     decode: bool = True, edits: tuple[RemoveSpan, ...] = (),
+                     start: tuple[Start, int] | None = None,
+                     drift_reference: tuple[Piece, ...] = ()) -> Plan:
+        """Build a plan that starts from the best restore point (or from scratch).
+
+        ``anchors`` are (piece boundary, label) where the successor must hold a checkpoint:
+        reused if the parent has one with the same history, taken during the prefill otherwise.
+        Attention-only models need no checkpoint to cut back (a plain trim), so there an anchor
+        costs nothing and none is taken.
+        """
+        pieces = tuple(pieces)
+        if start is None:
+            start = best_start(pieces, view, self.model.kind) if reuse else (Start(StartKind.CLEAR), 0)
+        begin, reused = start
+        want = digests(pieces)
+        takes: list[TakeCheckpoint] = []
+        keep: list[str] = []
+        if self.model.kind.has_recurrent_state:
+            for boundary, label in anchors:
+                existing = [c for c in view.state.checkpoints
+                            if boundary > 0 and c.checkpoint.digest == want[boundary - 1]]
+                if existing and boundary <= reused:
+                    keep.append(existing[0].label)
+                elif boundary >= reused:  # taken when the prefill reaches the boundary
+                    takes.append(TakeCheckpoint(boundary, self.checkpoint_kind(), label))
+                # else: the boundary lies inside the reused prefix but its checkpoint is gone
+                # (e.g. after a failed step); the next step will start further back.
+        forecast = self._forecast(view, pieces, reused, takes, keep, decode)
+        return Plan(policy=self.name, generation=log.generation, visible=log.segments,
+                    pieces=pieces, start=begin, reused_pieces=reused, edits=edits,
+                    checkpoints=tuple(takes), keep=tuple(keep), forecast=forecast,
+                    decode=decode, drift_reference=drift_reference)
+
+    def _forecast(self, view: CacheView, pieces: tuple[Piece, ...], reused: int,
+                  takes: Sequence[TakeCheckpoint], keep: Sequence[str],
+                  decode: bool) -> ByteForecast:
+        """An upper bound: the parent stays whole until publication, the successor is new."""
+        m = self.model
+        total = n_tokens(pieces) + (self.decode_tokens if decode else 0)
+        successor = m.state_bytes(total) + sum(
+            m.checkpoint_bytes(t.kind, n_tokens(pieces[: t.after_piece])) for t in takes)
+        workspace = sum(p.n_tokens * m.n_embd * _FLOAT for p in pieces[reused:] if p.is_image)
+        workspace += m.n_vocab * _FLOAT
+        return ByteForecast(parent_bytes=view.state.held_bytes, successor_bytes=successor,
+                            workspace_bytes=workspace)
+
+
+POLICIES: dict[str, type[CachePolicy]] = {}
+
+
+def register(cls: type[CachePolicy]) -> type[CachePolicy]:
+    """Class decorator: make a policy available by its ``name``."""
+    if cls.name in POLICIES:
+        raise PolicyError(f"a policy named {cls.name!r} is already registered")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def make_policy(name: str, model: ModelInfo, kit: PromptKit, **options: int) -> CachePolicy:
+    """Instantiate a registered policy for a model; unknown names get the list of known ones."""
+    import cachepolicy.policies  # noqa: F401  (registers the built-in policies)
+
+    if name not in POLICIES:
+        raise PolicyError(f"unknown cache policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+    return POLICIES[name](model, kit, **options)

@@ -1,0 +1,115 @@
+"""Carry out a plan on one engine sequence: start point, edits, prefill, checkpoints, decode.
+
+Synchronous (run it in the engine's worker thread).  It publishes nothing: it returns what it
+made, and the transaction decides whether that becomes the episode's state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import attrs
+import numpy as np
+
+from cachepolicy.engine import Engine
+from cachepolicy.errors import PolicyError
+from cachepolicy.pieces import Piece
+from cachepolicy.plan import NamedCheckpoint, Plan, StartKind
+from cachepolicy.sampling import SamplingParams
+
+
+@attrs.frozen
+class Execution:
+    new_checkpoints: tuple[NamedCheckpoint, ...]
+    output_tokens: tuple[int, ...]
+    prefill_tokens: int
+    prefill_s: float
+    decode_s: float
+    logits: np.ndarray | None = attrs.field(eq=False, repr=False)  # the prompt's last logits
+    drift_kl: float | None = None
+    drift_top1_agree: bool | None = None
+
+
+class Preempted(Exception):
+    """A prefetch was told to stop at a piece boundary (raised by the ``should_stop`` hook)."""
+
+
+def _prefill_piece(engine: Engine, seq: int, piece: Piece, logits: bool) -> np.ndarray | None:
+    if piece.image is not None:
+        seg = piece.image
+        assert seg.png is not None, "a screenshot segment must carry its PNG"
+        image = engine.encode_image(seg.png, image_id=seg.image_id)
+        return engine.prefill_image(seq, image, logits=logits)
+    # A 1-token piece is fine here: every policy that is compared with another prefills the
+    # same pieces with the same boundaries, so both paths take the same kernel.
+    return engine.prefill_tokens(seq, piece.tokens, logits=logits, allow_single=True)
+
+
+def _apply_start(engine: Engine, seq: int, plan: Plan) -> None:
+    start = plan.start
+    if start.kind is StartKind.CLEAR:
+        engine.clear(seq)
+    elif start.kind is StartKind.TRIM:
+        engine.truncate(seq, start.pos)
+    elif start.kind is StartKind.TRUNCATE:
+        engine.truncate(seq, start.pos, via=start.checkpoint)
+    elif start.kind is StartKind.RESTORE:
+        assert start.checkpoint is not None
+        engine.restore(seq, start.checkpoint)
+    elif engine.seq_info(seq).next_pos != start.pos:  # KEEP
+        raise PolicyError("the sequence changed since the plan was made")
+
+
+def kl_divergence(ref_logits: np.ndarray, logits: np.ndarray) -> float:
+    """KL(softmax(ref) || softmax(logits)) in nats."""
+    a = ref_logits.astype(np.float64) - ref_logits.max()
+    b = logits.astype(np.float64) - logits.max()
+    log_p = a - np.log(np.exp(a).sum())
+    log_q = b - np.log(np.exp(b).sum())
+    return float(np.sum(np.exp(log_p) * (log_p - log_q)))
+
+
+def execute(engine: Engine, plan: Plan, seq: int, *, decode_tokens: int = 16,
+            sampling: SamplingParams | None = None, stop_at_eog: bool = False,
+            scratch_seq: int | None = None,
+            should_stop: Callable[[], bool] | None = None) -> Execution:
+    """Run ``plan`` on ``seq``.  ``should_stop`` is polled between pieces (prefetch
+    preemption): when it returns True, ``Preempted`` is raised."""
+    t0 = time.perf_counter()
+    _apply_start(engine, seq, plan)
+    for edit in plan.edits:  # relocate: descending positions, so earlier spans stay valid
+        engine.remove_range(seq, edit.p0, edit.p1)
+    takes = {t.after_piece: t for t in plan.checkpoints}
+    made: list[NamedCheckpoint] = []
+    logits = None
+    last = len(plan.pieces) - 1
+    for i in range(plan.reused_pieces, len(plan.pieces)):
+        if i in takes:
+            made.append(NamedCheckpoint(takes[i].label, engine.checkpoint(seq, takes[i].kind)))
+        if should_stop is not None and should_stop():
+            raise Preempted(f"stopped before piece {i}")
+        logits = _prefill_piece(engine, seq, plan.pieces[i], logits=plan.decode and i == last)
+    if len(plan.pieces) in takes:
+        t = takes[len(plan.pieces)]
+        made.append(NamedCheckpoint(t.label, engine.checkpoint(seq, t.kind)))
+    t1 = time.perf_counter()
+    output: list[int] = []
+    if plan.decode:
+        if logits is None:
+            raise PolicyError("a decoding plan must prefill at least its last piece")
+        output = engine.generate(seq, logits, decode_tokens, sampling, stop_at_eog=stop_at_eog)
+    t2 = time.perf_counter()
+    kl = agree = None
+    if plan.drift_reference and scratch_seq is not None and logits is not None:
+        engine.clear(scratch_seq)
+        ref = None
+        for j, piece in enumerate(plan.drift_reference):
+            ref = _prefill_piece(engine, scratch_seq, piece, j == len(plan.drift_reference) - 1)
+        engine.clear(scratch_seq)
+        assert ref is not None
+        kl = kl_divergence(ref, logits)
+        agree = bool(int(np.argmax(ref)) == int(np.argmax(logits)))
+    return Execution(new_checkpoints=tuple(made), output_tokens=tuple(output),
+                     prefill_tokens=plan.prefill_tokens, prefill_s=t1 - t0, decode_s=t2 - t1,
+                     logits=logits, drift_kl=kl, drift_top1_agree=agree)

@@ -1,0 +1,91 @@
+"""How each policy lays an episode's log out as pieces (before merging).
+
+All layouts draw from the same fixed token runs (segment tokens and the chat format's turn
+wrappers in ``PromptKit``), so two layouts that show the same content show the same tokens.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from cachepolicy.context_log import ContextLog, Segment
+from cachepolicy.pieces import Piece, image_piece, text_piece
+
+
+@attrs.frozen
+class PromptKit:
+    """Fixed token runs from the model's chat template."""
+
+    generation_prompt: tuple[int, ...]  # closes the user turn, opens the assistant's
+    turn_break: tuple[int, ...]  # closes an assistant turn, opens the next user turn
+    older_header: tuple[int, ...] = ()  # "Earlier steps:" line used by the evict layout
+
+
+def _head(log: ContextLog, new: frozenset[str]) -> list[Piece]:
+    toks = tuple(t for s in log.head for t in s.tokens)
+    return [text_piece("head", toks, new=bool(new & {s.key for s in log.head}))]
+
+
+def _shot(s: Segment, new: frozenset[str]) -> list[Piece]:
+    fresh = s.key in new
+    return [text_piece(f"{s.key}:intro", s.intro, new=fresh), image_piece(s, new=fresh),
+            text_piece(f"{s.key}:outro", s.outro, new=fresh)]
+
+
+def _action(a: Segment, new: frozenset[str]) -> Piece:
+    return text_piece(a.key, a.tokens, new=a.key in new)
+
+
+def window_of(log: ContextLog, window: int | None) -> tuple[Segment, ...]:
+    shots = log.screenshots
+    return shots if window is None else shots[-window:] if window > 0 else ()
+
+
+def terminal(log: ContextLog, kit: PromptKit, window: int, new: frozenset[str], *,
+             generation_prompt: bool = True) -> tuple[list[Piece], int]:
+    """``[head][action…][≤K screenshots][generation prompt]``; returns (pieces, region start)."""
+    pieces = _head(log, new) + [_action(a, new) for a in log.actions]
+    region = len(pieces)
+    for s in window_of(log, window):
+        pieces += _shot(s, new)
+    if generation_prompt:
+        pieces.append(text_piece("gen", kit.generation_prompt, new=True))
+    return pieces, region
+
+
+def interleaved(log: ContextLog, kit: PromptKit, window: int | None,
+                new: frozenset[str]) -> list[Piece]:
+    """Chat turns as today's agents send them: one user turn per screenshot, one assistant
+    turn per action; steps older than the window fold into text in the first user turn."""
+    shown = window_of(log, window)
+    first_step = shown[0].step if shown else 10**9
+    actions = {a.step: a for a in log.actions}
+    pieces = _head(log, new)
+    older = [a for a in log.actions if a.step < first_step]
+    if older:
+        pieces.append(text_piece("older_header", kit.older_header))
+        pieces += [_action(a, new) for a in older]
+    for s in shown:
+        pieces += _shot(s, new)
+        if s.step in actions:
+            pieces.append(text_piece(f"open@{s.step}", kit.generation_prompt))
+            pieces.append(_action(actions[s.step], new))
+            pieces.append(text_piece(f"break@{s.step}", kit.turn_break))
+    pieces.append(text_piece("gen", kit.generation_prompt, new=True))
+    return pieces
+
+
+def chronological(log: ContextLog, kit: PromptKit, window: int,
+                  new: frozenset[str]) -> list[Piece]:
+    """Relocate's layout: actions in step order, screenshots kept only inside the window,
+    each in its own piece so a dropped screenshot's span is a run of the sequence."""
+    shown = {s.step for s in window_of(log, window)}
+    actions = {a.step: a for a in log.actions}
+    pieces = _head(log, new)
+    for s in log.screenshots:
+        if s.step in shown:
+            pieces += _shot(s, new)
+        if s.step in actions:
+            pieces.append(_action(actions[s.step], new))
+    pieces.append(text_piece("gen", kit.generation_prompt, new=True))
+    return pieces

@@ -1,0 +1,169 @@
+"""What a policy decides for one step: immutable records, no effects.
+
+``select`` (pure) turns (log, cache view) into a ``Plan``; the executor carries it out.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from cachepolicy.checkpoint import Checkpoint, CheckpointKind, ModelKind
+from cachepolicy.context_log import Segment
+from cachepolicy.engine.records import SeqInfo
+from cachepolicy.pieces import Piece
+
+
+@attrs.frozen
+class ModelInfo:
+    """What policies may know about the model (taken from the engine at configuration)."""
+
+    kind: ModelKind
+    kv_bytes_per_token: int
+    recurrent_bytes_per_seq: int
+    state_overhead_bytes: int  # a sequence state's size at zero tokens (headers, recurrent)
+    n_embd: int
+    n_vocab: int
+
+    def state_bytes(self, n_tokens: int) -> int:
+        return self.state_overhead_bytes + n_tokens * self.kv_bytes_per_token
+
+    def checkpoint_bytes(self, kind: CheckpointKind, n_tokens: int) -> int:
+        if kind is CheckpointKind.PARTIAL_ONLY:
+            return self.recurrent_bytes_per_seq
+        return self.state_bytes(n_tokens)
+
+
+@attrs.frozen
+class NamedCheckpoint:
+    label: str  # e.g. "region" (terminal-slot's anchor) or "prompt_end" (noevict)
+    checkpoint: Checkpoint = attrs.field(eq=False)
+
+    @property
+    def nbytes(self) -> int:
+        return self.checkpoint.nbytes
+
+
+@attrs.frozen
+class CacheState:
+    """An episode's published cache assets.  Generation 0 with nothing = a fresh episode."""
+
+    generation: int = 0
+    checkpoints: tuple[NamedCheckpoint, ...] = ()
+    seq_bytes: int = 0  # the sequence's state size when published (as llama.cpp reports)
+    layout_keys: tuple[str, ...] = ()  # piece keys the sequence holds, in order (relocate)
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        return sum(c.nbytes for c in self.checkpoints)
+
+    @property
+    def held_bytes(self) -> int:
+        return self.seq_bytes + self.checkpoint_bytes
+
+
+@attrs.frozen
+class CacheView:
+    """What ``select`` sees: the published state and what the sequence really holds now."""
+
+    state: CacheState
+    seq: SeqInfo
+
+
+class StartKind(enum.Enum):
+    CLEAR = "clear"  # empty the sequence, prefill everything
+    KEEP = "keep"  # the sequence already is a prefix of the prompt
+    TRIM = "trim"  # attention-only: cut the sequence back to a run boundary
+    TRUNCATE = "truncate"  # hybrid: PARTIAL_ONLY checkpoint + attention trim
+    RESTORE = "restore"  # load a FULL checkpoint
+
+
+@attrs.frozen
+class Start:
+    kind: StartKind
+    pos: int = 0
+    checkpoint: Checkpoint | None = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen
+class RemoveSpan:
+    """Relocate's edit: drop positions [p0, p1) and shift later positions down."""
+
+    p0: int
+    p1: int
+
+
+@attrs.frozen
+class TakeCheckpoint:
+    after_piece: int  # take it once pieces[:after_piece] are in the sequence
+    kind: CheckpointKind
+    label: str
+
+
+@attrs.frozen
+class ByteForecast:
+    """Bytes live at the transaction's peak: the parent stays live until publication."""
+
+    parent_bytes: int  # already held by the published state
+    successor_bytes: int  # the new sequence state + new checkpoints
+    workspace_bytes: int  # image rows being prefilled, logits
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.parent_bytes + self.successor_bytes + self.workspace_bytes
+
+    @property
+    def extra_bytes(self) -> int:
+        """What must be reserved on top of what the parent already holds."""
+        return self.successor_bytes + self.workspace_bytes
+
+
+@attrs.frozen
+class Plan:
+    policy: str
+    generation: int  # the log generation this plan renders
+    visible: tuple[Segment, ...] = attrs.field(eq=False)
+    pieces: tuple[Piece, ...]  # the whole prompt, in order
+    start: Start
+    reused_pieces: int  # pieces[:reused_pieces] are already in the sequence after ``start``
+    edits: tuple[RemoveSpan, ...]
+    checkpoints: tuple[TakeCheckpoint, ...]
+    keep: tuple[str, ...]  # labels of the parent's checkpoints the successor keeps
+    forecast: ByteForecast
+    decode: bool = True  # False for prefetch plans: prefill only, publish nothing
+    # relocate: the exact reference prompt (terminal-scratch's pieces) to measure drift against
+    drift_reference: tuple[Piece, ...] = attrs.field(default=(), eq=False)
+
+    @property
+    def prefill(self) -> tuple[Piece, ...]:
+        return self.pieces[self.reused_pieces:]
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(p.n_tokens for p in self.prefill)
+
+    @property
+    def reused_tokens(self) -> int:
+        return sum(p.n_tokens for p in self.pieces[: self.reused_pieces])
+
+    @property
+    def context_tokens(self) -> int:
+        return sum(p.n_tokens for p in self.pieces)
+
+    @property
+    def new_content_tokens(self) -> int:
+        return sum(p.n_tokens for p in self.pieces if p.new)
+
+
+@attrs.frozen
+class PolicyManifest:
+    """A policy's declared contract (see DESIGN.md, "Policies")."""
+
+    changes: str  # the state it changes
+    evidence: str  # what it uses to decide
+    adds_work: str  # the work it adds
+    omitted_recoverable: bool  # can omitted history be brought back exactly?
+    quality: str  # "exact" or "approximate"
+    bounded: bool
+    supports: frozenset[ModelKind]

@@ -1,0 +1,55 @@
+"""``relocate`` (attention-only models): drop the oldest screenshot's span from the KV cache,
+shift the survivors' positions down (seq_rm + seq_add) and prefill only the new content.
+
+Approximate: the survivors keep what they absorbed from the dropped image, and their cached
+keys were computed at their old positions' context.  Each step measures the drift (next-token
+KL and top-1 agreement) against an exact from-scratch terminal prefill."""
+
+from __future__ import annotations
+
+from cachepolicy.base import CachePolicy, register
+from cachepolicy.checkpoint import ModelKind
+from cachepolicy.context_log import ContextLog
+from cachepolicy.layouts import chronological, terminal
+from cachepolicy.pieces import merge_text
+from cachepolicy.plan import CacheView, Plan, PolicyManifest, RemoveSpan, Start, StartKind
+
+
+@register
+class RelocatePolicy(CachePolicy):
+    name = "relocate"
+    manifest = PolicyManifest(
+        changes="removes the oldest screenshot's KV span and shifts later positions",
+        evidence="the sequence's runs aligned with the published layout keys",
+        adds_work="a position shift (RoPE re-rotation) of the survivors per step",
+        omitted_recoverable=False, quality="approximate", bounded=True,
+        supports=frozenset({ModelKind.ATTENTION}))
+
+    def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
+        pieces = tuple(p for p in chronological(log, self.kit, self.window, new)
+                       if p.is_image or p.tokens)
+        reference, _ = terminal(log, self.kit, self.window, new)
+        keys = [p.key for p in pieces]
+        held = list(view.state.layout_keys)
+        hist = view.seq.history
+        if held and held[-1] == "gen":
+            held.pop()
+        kept = [k for k in held if k in keys]
+        consistent = (bool(held) and len(hist) >= len(held) + 1
+                      and keys[: len(kept)] == kept)
+        if not consistent:  # first step, or the sequence is not what we published
+            return self.plan_reusing(log, view, pieces, reuse=False,
+                                     drift_reference=merge_text(reference))
+        spans: list[RemoveSpan] = []
+        for i, key in enumerate(held):
+            if key in keys:
+                continue
+            run = hist[i]
+            if spans and spans[-1].p1 == run.pos0:
+                spans[-1] = RemoveSpan(spans[-1].p0, run.end_pos)
+            else:
+                spans.append(RemoveSpan(run.pos0, run.end_pos))
+        start = Start(StartKind.TRIM, pos=hist[len(held)].pos0)  # drop gen + decoded tokens
+        return self.plan_reusing(log, view, pieces, start=(start, len(kept)),
+                                 edits=tuple(reversed(spans)),
+                                 drift_reference=merge_text(reference))

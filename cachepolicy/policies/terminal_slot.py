@@ -1,0 +1,48 @@
+"""``terminal-slot``: the terminal layout with a checkpoint at the start of the screenshot
+region.  Per step: restore the checkpoint (hybrid: PARTIAL_ONLY recurrent state + attention
+trim; attention-only: a plain trim), prefill the text delta, advance the checkpoint, prefill
+the window and the generation prompt.  Bit-exact with terminal-scratch: the same tokens in the
+same pieces, and split prefill equals one-call prefill (see the engine's contract)."""
+
+from __future__ import annotations
+
+from cachepolicy.base import CachePolicy, register
+from cachepolicy.checkpoint import ModelKind
+from cachepolicy.context_log import ContextLog
+from cachepolicy.layouts import terminal
+from cachepolicy.pieces import Piece, merge_text
+from cachepolicy.plan import CacheView, Plan, PolicyManifest
+
+REGION = "region"
+
+
+@register
+class TerminalSlotPolicy(CachePolicy):
+    name = "terminal-slot"
+    manifest = PolicyManifest(
+        changes="the sequence after the screenshot-region checkpoint; the checkpoint advances",
+        evidence="digests of the sequence's runs and of the published checkpoint",
+        adds_work="one checkpoint per step (the recurrent state on hybrids, nothing on "
+                  "attention-only models)",
+        omitted_recoverable=True, quality="exact", bounded=True,
+        supports=frozenset(ModelKind))
+
+    def _pieces(self, log: ContextLog, window: int, new: frozenset[str],
+                generation_prompt: bool) -> tuple[tuple[Piece, ...], int]:
+        raw, region = terminal(log, self.kit, window, new, generation_prompt=generation_prompt)
+        # Every history piece stays its own run (one per step) so that last step's checkpoint
+        # digest is a prefix of this step's prompt; the region start is a piece boundary.
+        return merge_text(raw, keep_before=frozenset(range(1, region + 1))), region
+
+    def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
+        pieces, region = self._pieces(log, self.window, new, True)
+        return self.plan_reusing(log, view, pieces, anchors=[(region, REGION)])
+
+    def prefetch(self, log: ContextLog, view: CacheView) -> Plan | None:
+        """Everything of the next window already known: the action text (then the advanced
+        checkpoint) and the K-1 retained screenshots; stops after the last known image, whose
+        closing text joins the next screenshot's intro."""
+        pieces, region = self._pieces(log, self.window - 1, frozenset(), False)
+        if pieces and not pieces[-1].is_image and len(pieces) > region:
+            pieces = pieces[:-1]
+        return self.plan_reusing(log, view, pieces, anchors=[(region, REGION)], decode=False)

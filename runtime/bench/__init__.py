@@ -1,0 +1,1 @@
+"""``kvagent bench``: cache policies side by side on one replayed trajectory."""

@@ -1,0 +1,38 @@
+"""The per-step record every transaction produces (frozen; JSON-ready via ``as_dict``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class StepRecord:
+    episode_id: str
+    step: int
+    policy: str
+    generation: int
+    start: str  # how the step began: clear / keep / trim / truncate / restore
+    new_content_tokens: int  # content that did not exist at the previous step
+    prefill_tokens: int
+    reused_tokens: int
+    critical_path_prefill_tokens: int  # prefilled while the agent waited for this action
+    prefill_s: float
+    decode_tokens: int
+    decode_s: float
+    context_tokens: int  # tokens the model saw (the whole prompt)
+    kv_bytes: int  # the sequence's state after the step, as llama.cpp reports it
+    checkpoint_bytes: int  # the episode's published checkpoints after the step
+    forecast_peak_bytes: int
+    ledger_peak_bytes: int
+    output_tokens: tuple[int, ...]
+    status: str = "ok"  # ok | degraded | failed
+    reason: str = ""
+    drift_kl: float | None = None
+    drift_top1_agree: bool | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        d = attrs.asdict(self)
+        d["output_tokens"] = list(self.output_tokens)
+        return d
