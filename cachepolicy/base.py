@@ -70,7 +70,9 @@ class CachePolicy(abc.ABC):
         """
         pieces = tuple(pieces)
         if start is None:
-            start = best_start(pieces, view, self.model.kind) if reuse else (Start(StartKind.CLEAR), 0)
+            start = (best_start(pieces, view, self.model.kind,
+                                max_reuse=len(pieces) - 1 if decode else None)
+                     if reuse else (Start(StartKind.CLEAR), 0))
         begin, reused = start
         want = digests(pieces)
         takes: list[TakeCheckpoint] = []

@@ -22,9 +22,11 @@ _PREFERENCE = {StartKind.KEEP: 4, StartKind.TRIM: 3, StartKind.TRUNCATE: 2,
                StartKind.RESTORE: 1, StartKind.CLEAR: 0}
 
 
-def best_start(pieces: Sequence[Piece], view: CacheView, kind: ModelKind) -> tuple[Start, int]:
-    """The restore point reusing the most pieces; returns (start, number of pieces reused)."""
-    want = digests(pieces)
+def best_start(pieces: Sequence[Piece], view: CacheView, kind: ModelKind, *,
+               max_reuse: int | None = None) -> tuple[Start, int]:
+    """The restore point reusing the most pieces (at most ``max_reuse``: a plan that decodes
+    must prefill its last piece to get logits); returns (start, number of pieces reused)."""
+    want = digests(pieces)[: len(pieces) if max_reuse is None else max_reuse]
     hist = view.seq.history
     lcp = 0
     while lcp < min(len(want), len(hist)) and want[lcp] == hist[lcp].digest:

@@ -1,0 +1,96 @@
+"""Cache policies on forged tiny models with vision: exactness, bounded prefill, refusal."""
+
+from __future__ import annotations
+
+import pytest
+
+from cachepolicy.base import POLICIES, make_policy
+from cachepolicy.errors import PolicyError, PolicyRefusedError
+from cachepolicy.segments import SegmentFactory, model_info
+from runtime.bench.arms import run_arm
+from runtime.bench.trajectory import trajectory
+
+STEPS, WINDOW = 12, 3
+
+
+@pytest.fixture(scope="module")
+def traj():
+    return trajectory(STEPS, 128, 96)
+
+
+def _arm(engines, arch, name, traj, **kw):
+    e = engines(arch)
+    return run_arm(e, SegmentFactory(e), name, traj, window=WINDOW, decode_tokens=6,
+                   scratch_seq=1, **kw)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+def test_terminal_slot_equals_terminal_scratch_token_for_token(engines, arch, traj) -> None:
+    slot = _arm(engines, arch, "terminal-slot", traj)
+    scratch = _arm(engines, arch, "terminal-scratch", traj)
+    assert [s["output_tokens"] for s in slot.steps] == [s["output_tokens"] for s in scratch.steps]
+    assert slot.output_sha256 == scratch.output_sha256
+    assert all(len(s["output_tokens"]) == 6 for s in slot.steps)
+    # and terminal-slot really reused: from step 1 on it never started from scratch
+    assert {s["start"] for s in slot.steps[1:]} == ({"truncate"} if arch == "qwen35" else {"trim"})
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+def test_slot_prefill_is_window_plus_delta_while_scratch_grows(engines, arch, traj) -> None:
+    e = engines(arch)
+    factory = SegmentFactory(e)
+    slot = _arm(engines, arch, "terminal-slot", traj)
+    scratch = _arm(engines, arch, "terminal-scratch", traj)
+    gen = len(factory.kit.generation_prompt)
+    for t in range(WINDOW, STEPS):
+        window = sum(factory.screenshot(i, traj[i].png).n_tokens for i in range(t - WINDOW + 1, t + 1))
+        delta = len(factory.action(t - 1, traj[t - 1].action).tokens)
+        assert slot.steps[t]["prefill_tokens"] == window + delta + gen
+        assert slot.steps[t]["context_tokens"] == scratch.steps[t]["context_tokens"]
+    scratch_prefill = [s["prefill_tokens"] for s in scratch.steps]
+    assert all(b > a for a, b in zip(scratch_prefill, scratch_prefill[1:]))
+    assert scratch_prefill[-1] > 2 * slot.steps[-1]["prefill_tokens"]
+    if arch == "qwen35":  # the anchor is a PARTIAL_ONLY checkpoint: the recurrent state only
+        assert {s["checkpoint_bytes"] for s in slot.steps} == {e.recurrent_bytes_per_seq}
+    else:  # attention-only: a plain trim, no checkpoint at all
+        assert {s["checkpoint_bytes"] for s in slot.steps} == {0}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+def test_noevict_reuses_all_but_the_new_content(engines, arch, traj) -> None:
+    res = _arm(engines, arch, "noevict", traj)
+    for s in res.steps[1:]:
+        assert s["prefill_tokens"] == s["new_content_tokens"]
+        assert s["reused_tokens"] + s["prefill_tokens"] == s["context_tokens"]
+    contexts = [s["context_tokens"] for s in res.steps]
+    assert all(b > a for a, b in zip(contexts, contexts[1:]))  # unbounded growth
+
+
+def test_evict_reprefills_everything(engines, traj) -> None:
+    res = _arm(engines, "qwen35", "evict", traj)
+    assert all(s["reused_tokens"] == 0 and s["start"] == "clear" for s in res.steps)
+    assert all(s["prefill_tokens"] == s["context_tokens"] for s in res.steps)
+
+
+def test_relocate_is_refused_on_hybrid_models(engines) -> None:
+    e = engines("qwen35")
+    with pytest.raises(PolicyRefusedError, match="does not support hybrid"):
+        make_policy("relocate", model_info(e), SegmentFactory(e).kit)
+    assert _arm(engines, "qwen35", "relocate", trajectory(2, 64, 64)).refused
+
+
+def test_relocate_reports_drift_on_attention_models(engines, traj) -> None:
+    res = _arm(engines, "llama", "relocate", traj)
+    assert res.refused is None
+    sliding = res.steps[WINDOW:]
+    assert all(s["drift_kl"] is not None and s["drift_kl"] >= 0.0 for s in sliding)
+    assert all(isinstance(s["drift_top1_agree"], bool) for s in sliding)
+    # it prefills only the new content: far less than a full re-prefill of the same context
+    assert all(s["prefill_tokens"] < s["context_tokens"] / 2 for s in sliding)
+    assert POLICIES["relocate"].manifest.quality == "approximate"
+
+
+def test_unknown_policy_lists_the_known_ones(engines) -> None:
+    e = engines("llama")
+    with pytest.raises(PolicyError, match="known: evict, noevict, relocate"):
+        make_policy("lru", model_info(e), SegmentFactory(e).kit)
