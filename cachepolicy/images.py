@@ -10,6 +10,7 @@ import hashlib
 import io
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 
 import attrs
 import numpy as np
@@ -165,3 +166,32 @@ def resolution_for_tokens(target_tokens: int, *, patch_size: int, merge: int,
     cols, rows = grid_for_tokens(target_tokens, aspect)
     cell = patch_size * merge
     return cols * cell, rows * cell
+
+
+def fit_resolution(count_tokens: Callable[[int, int], int], target_tokens: int, *,
+                   aspect: float = 16 / 9, tries: int = 5) -> tuple[int, int, int]:
+    """Find a (width, height) whose measured token cost is close to ``target_tokens``.
+
+    ``count_tokens(w, h)`` asks the real projector (no encoding needed).  Starts from the
+    Qwen-VL geometry (16 px patches, 2x2 merge) and rescales by the measured ratio, so it also
+    works for other patch sizes.  Returns (width, height, tokens); fixed-size projectors
+    (LLaVA ``mlp``) return their one cost whatever the size.
+    """
+    w, h = resolution_for_tokens(target_tokens, patch_size=16, merge=2, aspect=aspect)
+    best = (w, h, count_tokens(w, h))
+    for _ in range(tries):
+        got = best[2]
+        if got == target_tokens or got <= 0:
+            break
+        scale = math.sqrt(target_tokens / got)
+        w2, h2 = max(16, round(best[0] * scale)), max(16, round(best[1] * scale))
+        if (w2, h2) == best[:2]:
+            break
+        n2 = count_tokens(w2, h2)
+        if n2 == got:  # the cost does not depend on the size: a fixed-size projector
+            break
+        if abs(n2 - target_tokens) < abs(got - target_tokens):
+            best = (w2, h2, n2)
+        else:
+            break
+    return best

@@ -6,10 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from runtime.commands import check_exact, demo, forge
+from runtime.commands import bench, check_exact, demo, forge
 from runtime.logs import configure_logging
 
-COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo}
+COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo, "bench": bench}
 
 
 def build_parser() -> argparse.ArgumentParser:

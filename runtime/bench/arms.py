@@ -48,8 +48,12 @@ class ArmResult:
 
 
 def rss_bytes() -> int:
-    """The process's peak resident set size so far (ru_maxrss is KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """The process's current resident set size (peak so far where /proc is missing)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def step_segments(factory: SegmentFactory, traj: Sequence[BenchStep], i: int) -> tuple:
@@ -64,6 +68,7 @@ def step_segments(factory: SegmentFactory, traj: Sequence[BenchStep], i: int) ->
 def run_arm(engine: Engine, factory: SegmentFactory, policy_name: str,
             traj: Sequence[BenchStep], *, window: int, decode_tokens: int,
             seq: int = 0, scratch_seq: int | None = None, budget_bytes: int = 1 << 40,
+            vm_seconds: float = 0.0,
             on_step: Callable[[StepRecord], None] | None = None) -> ArmResult:
     """Replay ``traj`` through ``policy_name``; each step is one transaction."""
     try:
@@ -80,11 +85,13 @@ def run_arm(engine: Engine, factory: SegmentFactory, policy_name: str,
     for i in range(len(traj)):
         t0 = time.perf_counter()
         record = run_step(engine, episode, step_segments(factory, traj, i), ledger, options)
-        wall = time.perf_counter() - t0
+        critical = time.perf_counter() - t0  # screenshot in hand → action ready
         ledger.check_integrity()
+        if vm_seconds > 0 and i < len(traj) - 1:  # the VM executes the action
+            time.sleep(vm_seconds)
         row = record.as_dict()
-        row.update(rss_bytes=rss_bytes(), vm_s=0.0, step_wall_s=wall,
-                   critical_path_s=record.prefill_s + record.decode_s)
+        row.update(rss_bytes=rss_bytes(), vm_s=vm_seconds if i < len(traj) - 1 else 0.0,
+                   step_wall_s=time.perf_counter() - t0, critical_path_s=critical)
         steps.append(row)
         if on_step is not None:
             on_step(record)

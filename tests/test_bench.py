@@ -1,0 +1,63 @@
+"""``kvagent bench`` end to end on forged tiny models: JSON schema, exactness, refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+STEP_FIELDS = {"step", "new_content_tokens", "prefill_tokens", "reused_tokens",
+               "critical_path_prefill_tokens", "prefill_s", "decode_tokens", "decode_s",
+               "context_tokens", "kv_bytes", "checkpoint_bytes", "ledger_peak_bytes",
+               "rss_bytes", "vm_s", "step_wall_s", "critical_path_s"}
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", "bench", "--threads", "1", *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "llama"])
+def test_bench_json_and_exactness(forged, tmp_path: Path, arch: str) -> None:
+    m = forged(arch)
+    out = tmp_path / "bench.json"
+    res = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--steps", "6",
+                "--image-tokens", "48", "--decode-tokens", "4", "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "step 6/6" in res.stderr  # progress while it runs
+    assert "terminal-slot" in res.stdout and "prefill first" in res.stdout  # the table
+    report = json.loads(out.read_text())
+    assert report["config"]["steps"] == 6 and report["config"]["window"] == 3
+    arms = {a["arm"]: a for a in report["arms"]}
+    assert list(arms) == ["evict", "noevict", "terminal-scratch", "terminal-slot", "relocate"]
+    for name, arm in arms.items():
+        assert {"arm", "policy", "overlap", "refused", "steps", "summary", "output_sha256"} <= set(arm)
+        if arm["refused"]:
+            continue
+        assert len(arm["steps"]) == 6
+        for step in arm["steps"]:
+            assert STEP_FIELDS <= set(step), STEP_FIELDS - set(step)
+    assert arms["terminal-slot"]["output_sha256"] == arms["terminal-scratch"]["output_sha256"]
+    assert arms["terminal-slot"]["summary"]["identical_to_reference"] is True
+    slot = [s["prefill_tokens"] for s in arms["terminal-slot"]["steps"]]
+    scratch = [s["prefill_tokens"] for s in arms["terminal-scratch"]["steps"]]
+    assert slot[-1] < scratch[-1]
+    if arch == "qwen35":
+        assert arms["relocate"]["refused"] and "hybrid" in arms["relocate"]["refused"]
+        assert arms["relocate"]["output_sha256"] is None
+    else:
+        assert arms["relocate"]["refused"] is None
+        assert "drift_kl_mean" in arms["relocate"]["summary"]
+
+
+def test_bench_rejects_bad_arguments(forged) -> None:
+    m = forged("qwen35")
+    unknown = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--arms", "lru")
+    assert unknown.returncode == 2 and "unknown arm" in unknown.stderr
+    no_mmproj = bench("--model", str(m.model_path))
+    assert no_mmproj.returncode == 2 and "--mmproj" in no_mmproj.stderr
+    bad_steps = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--steps", "0")
+    assert bad_steps.returncode == 2 and "--steps" in bad_steps.stderr
