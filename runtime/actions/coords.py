@@ -43,7 +43,7 @@ def _axis(value: float, size: int, convention: CoordConvention) -> int:
         raise InvalidActionError(f"coordinate {value!r} is not a finite number")
     scale = convention.scale
     pixel = value if scale is None else value / scale * size
-    return min(max(int(round(pixel)), 0), size - 1)
+    return min(max(round(pixel), 0), size - 1)
 
 
 def to_screen(x: float, y: float, convention: CoordConvention, screen: Screen) -> tuple[int, int]:
@@ -67,5 +67,5 @@ def from_screen(x: int, y: int, convention: CoordConvention,
     if convention is CoordConvention.ABSOLUTE:
         return x, y
     if convention is CoordConvention.RELATIVE_999:
-        return min(int(round(x / w * 1000)), 999), min(int(round(y / h * 1000)), 999)
+        return min(round(x / w * 1000), 999), min(round(y / h * 1000), 999)
     return round(x / w, 3), round(y / h, 3)

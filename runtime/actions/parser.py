@@ -37,9 +37,9 @@ log = structlog.get_logger(__name__)
 #: Longer texts are refused before parsing (a model's one action is short; this also bounds
 #: the parser's work on garbage).
 MAX_RAW_CHARS = 8_000
-_FENCE = re.compile(r"^```[A-Za-z0-9_-]*[ \t]*\n(.*?)\n?```$", re.S)
+_FENCE = re.compile(r"^```[A-Za-z0-9_-]*[ \t]*\n(.*?)\n?```$", re.DOTALL)
 _EOG = re.compile(r"(?:\s*(?:<\|im_end\|>|<\|endoftext\|>|<\|eot_id\|>|</s>))+\s*$")
-_ACTION_PREFIX = re.compile(r"(?:^|\n)\s*action\s*:\s*", re.I)
+_ACTION_PREFIX = re.compile(r"(?:^|\n)\s*action\s*:\s*", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _SCROLL_DIRECTIONS = {"up": (0, 1), "down": (0, -1), "left": (-1, 0), "right": (1, 0)}
 #: clicks per UI-TARS scroll(direction=...) step
