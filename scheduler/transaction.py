@@ -130,3 +130,50 @@ def _record(episode: EpisodeCache, plan: Plan, exe: Execution, state: CacheState
         forecast_peak_bytes=plan.forecast.peak_bytes,
         ledger_peak_bytes=ledger.snapshot().peak, output_tokens=exe.output_tokens,
         drift_kl=exe.drift_kl, drift_top1_agree=exe.drift_top1_agree)
+
+
+@attrs.frozen
+class PrefetchRecord:
+    """What a prefetch transaction did (it decodes nothing)."""
+
+    episode_id: str
+    generation: int
+    prefill_tokens: int
+    prefill_s: float
+    planned: bool  # False: the policy had nothing to prefetch (only the log advanced)
+
+
+def run_prefetch(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...],
+                 ledger: MemoryLedger, *, fault: FaultHook | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> PrefetchRecord:
+    """Append what is known before the next screenshot (the action text) and prefill what
+    the policy can already compute for the next step, as one transaction.
+
+    ``should_stop`` is polled between pieces; a stop raises ``Preempted`` and rolls back like
+    any failure (nothing is published, the parent stays usable).
+    """
+    txn_id = f"{episode.episode_id}/p{next(_txn_ids)}"
+    bound = log.bind(episode_id=episode.episode_id, seq_id=episode.seq, txn_id=txn_id)
+    parent_log, parent = episode.log, episode.state
+    new_log = parent_log.append(*segments)
+    plan = episode.policy.prefetch(new_log, episode.view(engine))
+    if plan is None:
+        successor = attrs.evolve(parent, generation=new_log.generation)
+        episode.publish(parent_log, parent, new_log, successor, ledger, None)
+        return PrefetchRecord(episode.episode_id, new_log.generation, 0, 0.0, False)
+    reservation = ledger.reserve(txn_id, plan.forecast.extra_bytes)
+    try:
+        exe = execute(engine, plan, episode.seq, should_stop=should_stop)
+        if fault is not None:
+            fault("before_publish")
+        successor = _successor(engine, episode, plan, exe, parent)
+        episode.publish(parent_log, parent, new_log, successor, ledger, reservation)
+    except BaseException as exc:
+        bound.info("prefetch_discarded", error=type(exc).__name__, reason=str(exc))
+        raise
+    finally:
+        ledger.release(reservation)
+    bound.debug("prefetch_publish", generation=new_log.generation,
+                prefill_tokens=exe.prefill_tokens)
+    return PrefetchRecord(episode.episode_id, new_log.generation, exe.prefill_tokens,
+                          exe.prefill_s, True)

@@ -7,7 +7,7 @@ import pytest
 from cachepolicy.base import POLICIES, make_policy
 from cachepolicy.errors import PolicyError, PolicyRefusedError
 from cachepolicy.segments import SegmentFactory, model_info
-from runtime.bench.arms import run_arm
+from runtime.bench.arms import INSTRUCTION, SYSTEM, run_arm
 from runtime.bench.trajectory import trajectory
 
 STEPS, WINDOW = 12, 3
@@ -94,3 +94,41 @@ def test_unknown_policy_lists_the_known_ones(engines) -> None:
     e = engines("llama")
     with pytest.raises(PolicyError, match="known: evict, noevict, relocate"):
         make_policy("lru", model_info(e), SegmentFactory(e).kit)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+def test_terminal_slot_prefetch_leaves_only_the_new_screenshot(engines, arch, traj) -> None:
+    """Prefetch (action text + retained screenshots) then the critical step gives the same
+    outputs as plain terminal-slot, and the critical step prefills only the new screenshot,
+    its label and the generation prompt."""
+    from scheduler.ledger import MemoryLedger
+    from scheduler.transaction import EpisodeCache, StepOptions, run_prefetch, run_step
+
+    e = engines(arch)
+    factory = SegmentFactory(e)
+    reference = _arm(engines, arch, "terminal-slot", traj)
+    policy = make_policy("terminal-slot", model_info(e), factory.kit, window=WINDOW,
+                         decode_tokens=6)
+    e.clear(0)
+    ep = EpisodeCache("overlap", 0, policy)
+    ledger = MemoryLedger(1 << 30)
+    opts = StepOptions(decode_tokens=6)
+    outputs, critical = [], []
+    for i in range(STEPS):
+        if i == 0:
+            segs = (factory.preamble(SYSTEM), factory.instruction(INSTRUCTION))
+        else:
+            pre = run_prefetch(e, ep, (factory.action(i - 1, traj[i - 1].action),), ledger)
+            assert pre.planned and pre.prefill_tokens > 0
+            segs = ()
+        shot = factory.screenshot(i, traj[i].png)
+        rec = run_step(e, ep, segs + (shot,), ledger, opts)
+        ledger.check_integrity()
+        outputs.append(list(rec.output_tokens))
+        critical.append((rec.prefill_tokens, shot.n_tokens))
+    assert outputs == [s["output_tokens"] for s in reference.steps]
+    gen = len(factory.kit.generation_prompt)
+    for t in range(1, STEPS):
+        prefilled, shot_tokens = critical[t]
+        prev_outro = len(factory.screenshot(t - 1, traj[t - 1].png).outro)
+        assert prefilled == shot_tokens + prev_outro + gen  # nothing else on the critical path
