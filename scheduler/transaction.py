@@ -77,61 +77,6 @@ class StepOptions:
     scratch_seq: int | None = None  # a spare sequence for relocate's drift measurement
 
 
-def run_step(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...],
-             ledger: MemoryLedger, options: StepOptions = StepOptions(), *,
-             fault: FaultHook | None = None) -> StepRecord:
-    """Run one step transaction synchronously (call it from the engine's worker thread)."""
-    txn_id = f"{episode.episode_id}/t{next(_txn_ids)}"
-    bound = log.bind(episode_id=episode.episode_id, seq_id=episode.seq, txn_id=txn_id)
-    parent_log, parent = episode.log, episode.state
-    new_log = parent_log.append(*segments)  # append
-    plan = episode.policy.select(new_log, episode.view(engine),  # select
-                                 new=frozenset(s.key for s in segments))
-    reservation = ledger.reserve(txn_id, plan.forecast.extra_bytes)  # reserve
-    bound.debug("txn_admit", policy=plan.policy, start=plan.start.kind.value,
-                reserved=reservation.nbytes, prefill_tokens=plan.prefill_tokens)
-    try:
-        exe = execute(engine, plan, episode.seq, decode_tokens=options.decode_tokens,  # execute
-                      sampling=options.sampling, stop_at_eog=options.stop_at_eog,
-                      scratch_seq=options.scratch_seq)
-        if fault is not None:
-            fault("before_publish")
-        successor = _successor(engine, episode, plan, exe, parent)
-        episode.publish(parent_log, parent, new_log, successor, ledger, reservation)  # publish
-    except BaseException as exc:
-        bound.info("txn_rollback", error=type(exc).__name__, reason=str(exc))
-        raise
-    finally:
-        ledger.release(reservation)  # release (a no-op after a successful publish)
-    episode.steps_done += 1
-    bound.debug("txn_publish", generation=new_log.generation,
-                held=successor.held_bytes, checkpoints=len(successor.checkpoints))
-    return _record(episode, plan, exe, successor, ledger)
-
-
-def _successor(engine: Engine, episode: EpisodeCache, plan: Plan, exe: Execution,
-               parent: CacheState) -> CacheState:
-    kept = tuple(c for c in parent.checkpoints if c.label in plan.keep)
-    return CacheState(generation=plan.generation, checkpoints=kept + exe.new_checkpoints,
-                      seq_bytes=engine.state_bytes(episode.seq),
-                      layout_keys=tuple(p.key for p in plan.pieces))
-
-
-def _record(episode: EpisodeCache, plan: Plan, exe: Execution, state: CacheState,
-            ledger: MemoryLedger) -> StepRecord:
-    return StepRecord(
-        episode_id=episode.episode_id, step=episode.log.step_count() - 1, policy=plan.policy,
-        generation=plan.generation, start=plan.start.kind.value,
-        new_content_tokens=plan.new_content_tokens, prefill_tokens=exe.prefill_tokens,
-        reused_tokens=plan.reused_tokens, critical_path_prefill_tokens=exe.prefill_tokens,
-        prefill_s=exe.prefill_s, decode_tokens=len(exe.output_tokens), decode_s=exe.decode_s,
-        context_tokens=plan.context_tokens, kv_bytes=state.seq_bytes,
-        checkpoint_bytes=state.checkpoint_bytes,
-        forecast_peak_bytes=plan.forecast.peak_bytes,
-        ledger_peak_bytes=ledger.snapshot().peak, output_tokens=exe.output_tokens,
-        drift_kl=exe.drift_kl, drift_top1_agree=exe.drift_top1_agree)
-
-
 @attrs.frozen
 class PrefetchRecord:
     """What a prefetch transaction did (it decodes nothing)."""
@@ -143,37 +88,137 @@ class PrefetchRecord:
     planned: bool  # False: the policy had nothing to prefetch (only the log advanced)
 
 
+@attrs.define(eq=False)
+class Transaction:
+    """One step (or prefetch) of one episode, between ``begin`` and ``commit`` / ``abort``."""
+
+    txn_id: str
+    episode: EpisodeCache
+    parent_log: ContextLog
+    parent: CacheState
+    new_log: ContextLog
+    plan: Plan | None  # None: a prefetch with nothing to compute
+    prefetch: bool
+    reservation: Reservation | None = None
+    degraded: str = ""  # why the plan is not the episode's own policy's plan
+
+    @property
+    def need_bytes(self) -> int:
+        return self.plan.forecast.extra_bytes if self.plan is not None else 0
+
+
+def begin(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...], *,
+          prefetch: bool = False, policy: CachePolicy | None = None,
+          degraded: str = "") -> Transaction:
+    """append + select: a new log and the plan for it (``policy`` overrides the episode's own
+    policy, e.g. a downgraded one).  Nothing is reserved or executed yet."""
+    prefix = "p" if prefetch else "t"
+    txn_id = f"{episode.episode_id}/{prefix}{next(_txn_ids)}"
+    parent_log, parent = episode.log, episode.state
+    new_log = parent_log.append(*segments)
+    chooser = policy or episode.policy
+    view = episode.view(engine)
+    if prefetch:
+        plan = chooser.prefetch(new_log, view)
+    else:
+        plan = chooser.select(new_log, view, new=frozenset(s.key for s in segments))
+    return Transaction(txn_id, episode, parent_log, parent, new_log, plan, prefetch,
+                       degraded=degraded)
+
+
+def admit(txn: Transaction, ledger: MemoryLedger) -> None:
+    """reserve: the plan's forecast beyond what the parent holds, or BudgetExceededError."""
+    txn.reservation = ledger.reserve(txn.txn_id, txn.need_bytes)
+
+
+def abort(txn: Transaction, ledger: MemoryLedger) -> None:
+    """Give the reservation back without executing (idempotent)."""
+    if txn.reservation is not None:
+        ledger.release(txn.reservation)
+
+
+def commit(engine: Engine, txn: Transaction, ledger: MemoryLedger,
+           options: StepOptions = StepOptions(), *, fault: FaultHook | None = None,
+           should_stop: Callable[[], bool] | None = None) -> StepRecord | PrefetchRecord:
+    """execute + publish + release.  Any failure before publication rolls back: the parent
+    stays published and the reservation is returned."""
+    ep = txn.episode
+    bound = log.bind(episode_id=ep.episode_id, seq_id=ep.seq, txn_id=txn.txn_id)
+    if txn.plan is None:  # a prefetch the policy had nothing for: only the log advances
+        ep.publish(txn.parent_log, txn.parent, txn.new_log,
+                   attrs.evolve(txn.parent, generation=txn.new_log.generation), ledger, None)
+        return PrefetchRecord(ep.episode_id, txn.new_log.generation, 0, 0.0, False)
+    plan = txn.plan
+    bound.debug("txn_execute", policy=plan.policy, start=plan.start.kind.value,
+                prefill_tokens=plan.prefill_tokens, prefetch=txn.prefetch)
+    try:
+        exe = execute(engine, plan, ep.seq, decode_tokens=options.decode_tokens,
+                      sampling=options.sampling, stop_at_eog=options.stop_at_eog,
+                      scratch_seq=options.scratch_seq, should_stop=should_stop)
+        if fault is not None:
+            fault("before_publish")
+        successor = _successor(engine, ep, plan, exe, txn.parent)
+        ep.publish(txn.parent_log, txn.parent, txn.new_log, successor, ledger, txn.reservation)
+    except BaseException as exc:
+        bound.info("txn_rollback", error=type(exc).__name__, reason=str(exc),
+                   prefetch=txn.prefetch)
+        raise
+    finally:
+        abort(txn, ledger)  # release (a no-op after a successful publish)
+    bound.debug("txn_publish", generation=txn.new_log.generation, held=successor.held_bytes,
+                checkpoints=len(successor.checkpoints), prefetch=txn.prefetch)
+    if txn.prefetch:
+        return PrefetchRecord(ep.episode_id, txn.new_log.generation, exe.prefill_tokens,
+                              exe.prefill_s, True)
+    ep.steps_done += 1
+    return _record(txn, exe, successor, ledger)
+
+
+def run_step(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...],
+             ledger: MemoryLedger, options: StepOptions = StepOptions(), *,
+             fault: FaultHook | None = None) -> StepRecord:
+    """A whole step transaction, synchronously (call it from the engine's worker thread)."""
+    txn = begin(engine, episode, segments)
+    admit(txn, ledger)
+    record = commit(engine, txn, ledger, options, fault=fault)
+    assert isinstance(record, StepRecord)
+    return record
+
+
 def run_prefetch(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...],
                  ledger: MemoryLedger, *, fault: FaultHook | None = None,
                  should_stop: Callable[[], bool] | None = None) -> PrefetchRecord:
     """Append what is known before the next screenshot (the action text) and prefill what
-    the policy can already compute for the next step, as one transaction.
+    the policy can already compute for the next step, as one transaction.  A
+    ``should_stop`` that fires raises ``Preempted`` and rolls back like any failure."""
+    txn = begin(engine, episode, segments, prefetch=True)
+    admit(txn, ledger)
+    record = commit(engine, txn, ledger, fault=fault, should_stop=should_stop)
+    assert isinstance(record, PrefetchRecord)
+    return record
 
-    ``should_stop`` is polled between pieces; a stop raises ``Preempted`` and rolls back like
-    any failure (nothing is published, the parent stays usable).
-    """
-    txn_id = f"{episode.episode_id}/p{next(_txn_ids)}"
-    bound = log.bind(episode_id=episode.episode_id, seq_id=episode.seq, txn_id=txn_id)
-    parent_log, parent = episode.log, episode.state
-    new_log = parent_log.append(*segments)
-    plan = episode.policy.prefetch(new_log, episode.view(engine))
-    if plan is None:
-        successor = attrs.evolve(parent, generation=new_log.generation)
-        episode.publish(parent_log, parent, new_log, successor, ledger, None)
-        return PrefetchRecord(episode.episode_id, new_log.generation, 0, 0.0, False)
-    reservation = ledger.reserve(txn_id, plan.forecast.extra_bytes)
-    try:
-        exe = execute(engine, plan, episode.seq, should_stop=should_stop)
-        if fault is not None:
-            fault("before_publish")
-        successor = _successor(engine, episode, plan, exe, parent)
-        episode.publish(parent_log, parent, new_log, successor, ledger, reservation)
-    except BaseException as exc:
-        bound.info("prefetch_discarded", error=type(exc).__name__, reason=str(exc))
-        raise
-    finally:
-        ledger.release(reservation)
-    bound.debug("prefetch_publish", generation=new_log.generation,
-                prefill_tokens=exe.prefill_tokens)
-    return PrefetchRecord(episode.episode_id, new_log.generation, exe.prefill_tokens,
-                          exe.prefill_s, True)
+
+def _successor(engine: Engine, episode: EpisodeCache, plan: Plan, exe: Execution,
+               parent: CacheState) -> CacheState:
+    kept = tuple(c for c in parent.checkpoints if c.label in plan.keep)
+    return CacheState(generation=plan.generation, checkpoints=kept + exe.new_checkpoints,
+                      seq_bytes=engine.state_bytes(episode.seq),
+                      layout_keys=tuple(p.key for p in plan.pieces))
+
+
+def _record(txn: Transaction, exe: Execution, state: CacheState,
+            ledger: MemoryLedger) -> StepRecord:
+    plan, ep = txn.plan, txn.episode
+    assert plan is not None
+    return StepRecord(
+        episode_id=ep.episode_id, step=ep.log.step_count() - 1, policy=plan.policy,
+        generation=plan.generation, start=plan.start.kind.value,
+        new_content_tokens=plan.new_content_tokens, prefill_tokens=exe.prefill_tokens,
+        reused_tokens=plan.reused_tokens, critical_path_prefill_tokens=exe.prefill_tokens,
+        prefill_s=exe.prefill_s, decode_tokens=len(exe.output_tokens), decode_s=exe.decode_s,
+        context_tokens=plan.context_tokens, kv_bytes=state.seq_bytes,
+        checkpoint_bytes=state.checkpoint_bytes,
+        forecast_peak_bytes=plan.forecast.peak_bytes,
+        ledger_peak_bytes=ledger.snapshot().peak, output_tokens=exe.output_tokens,
+        status="degraded" if txn.degraded else "ok", reason=txn.degraded,
+        drift_kl=exe.drift_kl, drift_top1_agree=exe.drift_top1_agree)
