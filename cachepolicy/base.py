@@ -99,12 +99,14 @@ class CachePolicy(abc.ABC):
         """An upper bound: the parent stays whole until publication, the successor is new."""
         m = self.model
         total = n_tokens(pieces) + (self.decode_tokens if decode else 0)
-        successor = m.state_bytes(total) + sum(
-            m.checkpoint_bytes(t.kind, n_tokens(pieces[: t.after_piece])) for t in takes)
+        new_ckpts = sum(m.checkpoint_bytes(t.kind, n_tokens(pieces[: t.after_piece]))
+                        for t in takes)
         workspace = sum(p.n_tokens * m.n_embd * _FLOAT for p in pieces[reused:] if p.is_image)
         workspace += m.n_vocab * _FLOAT
-        return ByteForecast(parent_bytes=view.state.held_bytes, successor_bytes=successor,
-                            workspace_bytes=workspace)
+        return ByteForecast(parent_bytes=view.state.held_bytes,
+                            parent_seq_bytes=view.state.seq_bytes,
+                            successor_seq_bytes=m.state_bytes(total),
+                            new_checkpoint_bytes=new_ckpts, workspace_bytes=workspace)
 
 
 POLICIES: dict[str, type[CachePolicy]] = {}

@@ -103,20 +103,29 @@ class TakeCheckpoint:
 
 @attrs.frozen
 class ByteForecast:
-    """Bytes live at the transaction's peak: the parent stays live until publication."""
+    """Bytes live at the transaction's peak.
 
-    parent_bytes: int  # already held by the published state
-    successor_bytes: int  # the new sequence state + new checkpoints
-    workspace_bytes: int  # image rows being prefilled, logits
+    The parent's checkpoints stay live until publication; the sequence's KV cells are edited in
+    place, so the sequence costs the larger of its size before and after; new checkpoints and
+    the workspace (image rows being prefilled, logits) come on top.  An upper bound.
+    """
+
+    parent_bytes: int  # already held by the published state (sequence + checkpoints)
+    parent_seq_bytes: int  # the part of parent_bytes that is the sequence itself
+    successor_seq_bytes: int  # the sequence after the step (decoded tokens included)
+    new_checkpoint_bytes: int
+    workspace_bytes: int
 
     @property
     def peak_bytes(self) -> int:
-        return self.parent_bytes + self.successor_bytes + self.workspace_bytes
+        return (self.parent_bytes - self.parent_seq_bytes
+                + max(self.parent_seq_bytes, self.successor_seq_bytes)
+                + self.new_checkpoint_bytes + self.workspace_bytes)
 
     @property
     def extra_bytes(self) -> int:
         """What must be reserved on top of what the parent already holds."""
-        return self.successor_bytes + self.workspace_bytes
+        return self.peak_bytes - self.parent_bytes
 
 
 @attrs.frozen
