@@ -72,7 +72,8 @@ def test_ui_tars_drag_hotkey_type_scroll_finished() -> None:
     assert parse_action("drag(start_box='(1,2)', end_box='(3,4)')", screen=S) == DragTo(1, 2, 3, 4)
     assert parse_action("hotkey(key='ctrl c')", screen=S) == Hotkey(("ctrl", "c"))
     assert parse_action("type(content='abc\\n')", screen=S) == TypeText("abc\n")
-    assert parse_action("scroll(start_box='(5,6)', direction='down')", screen=S) == Scroll(0, -5, 5, 6)
+    assert parse_action("scroll(start_box='(5,6)', direction='down')",
+                        screen=S) == Scroll(0, -5, 5, 6)
     assert parse_action("scroll(direction='left')", screen=S) == Scroll(-5, 0)
     assert parse_action("finished(content='all good')", screen=S) == Done()
 
@@ -206,8 +207,9 @@ def _assert_pyautogui_calls_only(code: str) -> list[ast.Call]:
         assert isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name), ast.dump(call)
         assert func.value.id == "pyautogui" or (func.value.id, func.attr) == ("time", "sleep")
         for arg in [*call.args, *(k.value for k in call.keywords)]:
-            assert isinstance(arg, ast.Constant) or (
-                isinstance(arg, ast.UnaryOp) and isinstance(arg.operand, ast.Constant)), ast.dump(arg)
+            literal = isinstance(arg, ast.Constant) or (
+                isinstance(arg, ast.UnaryOp) and isinstance(arg.operand, ast.Constant))
+            assert literal, ast.dump(arg)
         calls.append(call)
     return calls
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from runtime.actions.errors import InvalidKeyError
 
-_SINGLE_CHARS = tuple("\t\n\r !\"#$%&'()*+,-./0123456789:;<=>?@[\\]^_`abcdefghijklmnopqrstuvwxyz{|}~")
+_SINGLE_CHARS = (*"\t\n\r !\"#$%&'()*+,-./0123456789:;<=>?@[\\]^_`",
+                 *"abcdefghijklmnopqrstuvwxyz{|}~")
 
 _NAMED = (
     "accept add alt altleft altright apps backspace browserback browserfavorites browserforward "

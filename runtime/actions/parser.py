@@ -153,8 +153,8 @@ class _Reader:
         if a.has("start_box"):
             (x0, y0), (x1, y1) = self.point(a), self.point(a, box="end_box")
         else:
-            x0, y0 = self._xy(_number(a.get(0, "x0", "x1"), "x0"), _number(a.get(1, "y0", "y1"), "y0"))
-            x1, y1 = self._xy(_number(a.get(2, "x1", "x2"), "x1"), _number(a.get(3, "y1", "y2"), "y1"))
+            x0, y0 = self._xy(_number(a.get(0, "x0"), "x0"), _number(a.get(1, "y0"), "y0"))
+            x1, y1 = self._xy(_number(a.get(2, "x1"), "x1"), _number(a.get(3, "y1"), "y1"))
         return DragTo(x0, y0, x1, y1)
 
     def scroll(self, a: _Args) -> Scroll:
