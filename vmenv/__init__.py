@@ -1,1 +1,47 @@
-"""kvagent.vmenv (see ../shared/DESIGN.md)."""
+"""kvagent.vmenv: environments behind one async interface (see ../shared/DESIGN.md).
+
+* ``SimDesk`` — a deterministic simulated desktop rendered with Pillow, with tasks and
+  checkers and a VM-latency knob;
+* ``ReplayEnv`` — replays a recorded trajectory (benchmarks); ``record_trajectory`` writes one.
+"""
+
+from vmenv.base import Env, Observation, StepOutcome
+from vmenv.errors import (
+    EnvBusyError, EnvClosedError, EnvStateError, EpisodeOverError, NotResetError,
+    ScreenshotError, TrajectoryError, TrajectoryPathError, UnknownTaskError, UnknownWidgetError,
+    VmEnvError,
+)
+from vmenv.png import png_size
+from vmenv.replay import ReplayEnv, record_trajectory
+from vmenv.simdesk import SimDesk, SimDeskConfig
+from vmenv.simdesk_state import DeskState
+from vmenv.simdesk_tasks import Task, default_tasks
+from vmenv.trajectory import Frame, Trajectory, load_trajectory
+
+__all__ = [
+    "DeskState",
+    "Env",
+    "EnvBusyError",
+    "EnvClosedError",
+    "EnvStateError",
+    "EpisodeOverError",
+    "Frame",
+    "NotResetError",
+    "Observation",
+    "ReplayEnv",
+    "ScreenshotError",
+    "SimDesk",
+    "SimDeskConfig",
+    "StepOutcome",
+    "Task",
+    "Trajectory",
+    "TrajectoryError",
+    "TrajectoryPathError",
+    "UnknownTaskError",
+    "UnknownWidgetError",
+    "VmEnvError",
+    "default_tasks",
+    "load_trajectory",
+    "png_size",
+    "record_trajectory",
+]

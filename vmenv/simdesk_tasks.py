@@ -1,0 +1,106 @@
+"""Tasks on the simulated desktop: a starting state, an instruction, a checker, a solution.
+
+The checker is a pure predicate over the desktop state (OSWorld's evaluator, in miniature).
+The scripted solution is the action sequence a competent agent would take from the task's
+starting state; tests use it to show each task is solvable, and ``record_trajectory`` uses it
+to record demonstration trajectories.
+
+* ``open-terminal`` — empty desktop; solved when a terminal window is open;
+  solution: click the terminal icon.
+* ``type-in-field`` — Notes open, its field unfocused; solved when the field holds exactly the
+  word (default "kvagent"); solution: click the field, type the word.
+* ``click-ok`` — a modal Confirm dialog; solved when it was answered with OK (Cancel or
+  escape answer it for good); solution: click OK.
+* ``save-note`` — empty desktop; solved when the word (default "hello") was saved in Notes;
+  solution: click the Notes icon, click the field, type the word, click Save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from runtime.actions import Action, Click, TypeText
+from vmenv.simdesk_apply import apply_action
+from vmenv.simdesk_state import DeskState, Dialog
+from vmenv.simdesk_widgets import locate
+
+
+@attrs.frozen
+class Task:
+    """One simulated-desktop task."""
+
+    name: str
+    instruction: str
+    setup: Callable[[DeskState], DeskState]  # empty desktop → starting state
+    check: Callable[[DeskState], bool]
+    solve: Callable[[DeskState], tuple[Action, ...]]  # starting state → solving actions
+
+
+def _click(state: DeskState, widget: str) -> Click:
+    return Click(*locate(state, widget))
+
+
+def _solve_steps(state: DeskState, *steps: Callable[[DeskState], Action]) -> tuple[Action, ...]:
+    """Build a solution step by step, each step seeing the state the previous ones led to."""
+    out = []
+    for make in steps:
+        action = make(state)
+        out.append(action)
+        state = apply_action(state, action)
+    return tuple(out)
+
+
+def _open_notes(state: DeskState) -> DeskState:
+    return apply_action(state, _click(state, "icon.notes"))
+
+
+OPEN_TERMINAL = Task(
+    name="open-terminal",
+    instruction="Open the Terminal application.",
+    setup=lambda s: s,
+    check=lambda s: s.is_open("terminal"),
+    solve=lambda s: (_click(s, "icon.terminal"),),
+)
+
+
+def type_in_field(word: str = "kvagent") -> Task:
+    """Type ``word`` into the (already open, unfocused) Notes field."""
+    return Task(
+        name="type-in-field",
+        instruction=f'Type the word "{word}" into the text field of the Notes app.',
+        setup=_open_notes,
+        check=lambda s: s.notes.text == word,
+        solve=lambda s: _solve_steps(s, lambda t: _click(t, "notes.field"),
+                                     lambda t: TypeText(word)),
+    )
+
+
+CLICK_OK = Task(
+    name="click-ok",
+    instruction="A dialog asks whether to discard unsaved changes. Confirm it by clicking OK.",
+    setup=lambda s: attrs.evolve(s, dialog=Dialog("Confirm", "Discard unsaved changes?")),
+    check=lambda s: s.dialog_result == "ok",
+    solve=lambda s: (_click(s, "dialog.ok"),),
+)
+
+
+def save_note(word: str = "hello") -> Task:
+    """Open Notes, type ``word`` into its field and press Save (a four-step task)."""
+    return Task(
+        name="save-note",
+        instruction=f'Open the Notes app, write "{word}" in its text field and click Save.',
+        setup=lambda s: s,
+        check=lambda s: word in s.notes.saved,
+        solve=lambda s: _solve_steps(s, lambda t: _click(t, "icon.notes"),
+                                     lambda t: _click(t, "notes.field"),
+                                     lambda t: TypeText(word),
+                                     lambda t: _click(t, "notes.save")),
+    )
+
+
+def default_tasks() -> dict[str, Task]:
+    """The built-in tasks by name."""
+    tasks = (OPEN_TERMINAL, type_in_field(), CLICK_OK, save_note())
+    return {t.name: t for t in tasks}
