@@ -14,3 +14,24 @@ class BudgetExceededError(SchedulerError):
         super().__init__(message)
         self.wanted = wanted
         self.free = free
+
+
+class AdmissionError(SchedulerError):
+    """A step could not be admitted even after the whole fallback ladder; the episode's
+    published state is untouched and other episodes keep running."""
+
+    def __init__(self, message: str, *, episode_id: str, rungs: tuple[str, ...],
+                 need: int, free: int) -> None:
+        super().__init__(message)
+        self.episode_id = episode_id
+        self.rungs = rungs
+        self.need = need
+        self.free = free
+
+
+class NoFreeSequenceError(SchedulerError):
+    """Every sequence of the engine's context is owned by a live episode."""
+
+
+class EpisodeClosedError(SchedulerError):
+    """The episode was closed; it accepts no more work."""

@@ -46,7 +46,7 @@ class EpisodeCache:
     log: ContextLog = attrs.Factory(ContextLog)
     state: CacheState = attrs.Factory(CacheState)
     steps_done: int = 0
-    _publish_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+    publish_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
 
     def view(self, engine: Engine) -> CacheView:
         return CacheView(self.state, engine.seq_info(self.seq))
@@ -56,7 +56,7 @@ class EpisodeCache:
                 reservation: Reservation | None) -> None:
         """Compare-and-publish: the successor replaces ``parent`` only if the episode still
         shows it; the ledger's holding changes in the same critical section."""
-        with self._publish_lock:
+        with self.publish_lock:
             if self.state is not parent or self.log is not parent_log:
                 raise StalePublishError(
                     f"episode {self.episode_id}: generation {self.state.generation} was "

@@ -1,0 +1,28 @@
+"""Rung 3 of the fallback ladder: smaller plans for the same step, most faithful first.
+
+terminal-slot → terminal-scratch with the same window → terminal-scratch with a smaller
+window, down to one screenshot.  Every one of them is exact for what it shows; a smaller
+window shows less, so a step that runs on one is recorded as degraded with the reason.
+"""
+
+from __future__ import annotations
+
+from cachepolicy.base import CachePolicy, make_policy
+from cachepolicy.layouts import PromptKit
+
+FALLBACK_POLICY = "terminal-scratch"
+
+
+def downgrades(policy: CachePolicy, kit: PromptKit) -> list[tuple[CachePolicy, str]]:
+    out: list[tuple[CachePolicy, str]] = []
+    k = policy.window
+    if policy.name != FALLBACK_POLICY:
+        out.append((make_policy(FALLBACK_POLICY, policy.model, kit, window=k,
+                                decode_tokens=policy.decode_tokens),
+                    f"downgraded {policy.name} to {FALLBACK_POLICY} (window {k})"))
+    for smaller in range(k - 1, 0, -1):
+        out.append((make_policy(FALLBACK_POLICY, policy.model, kit, window=smaller,
+                                decode_tokens=policy.decode_tokens),
+                    f"downgraded {policy.name} to {FALLBACK_POLICY} with window {smaller} "
+                    f"(of {k})"))
+    return out

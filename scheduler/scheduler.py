@@ -1,0 +1,444 @@
+"""The scheduler: every step of every episode is a transaction admitted against one memory
+budget; engine work runs one job at a time, critical path before prefetch; memory pressure
+goes down a fallback ladder instead of crashing the process.
+
+Ownership: the scheduler owns the engine's sequences (one per live episode), the ledger's
+holdings (published states and the image cache) and the order of engine work.  It starts no
+background task of its own: each caller's coroutine drives its own job, and every wait is
+bounded or cancellable.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import itertools
+import threading
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+import attrs
+import structlog
+
+from cachepolicy.base import CachePolicy
+from cachepolicy.context_log import Segment
+from cachepolicy.engine import Engine
+from cachepolicy.errors import DecodeError
+from cachepolicy.executor import Preempted
+from cachepolicy.segments import SegmentFactory
+from scheduler.errors import (
+    AdmissionError, BudgetExceededError, EpisodeClosedError, NoFreeSequenceError,
+)
+from scheduler.ladder import downgrades
+from scheduler.ledger import MemoryLedger
+from scheduler.priority_lock import PriorityLock
+from scheduler.records import StepRecord
+from scheduler.summary import summary_line
+from scheduler.transaction import (
+    EpisodeCache, PrefetchRecord, StepOptions, Transaction, abort, admit, begin, commit,
+)
+
+T = TypeVar("T")
+IMAGE_CACHE = "image_cache"  # the ledger owner of the engine's embedding cache
+
+
+class Priority(enum.IntEnum):
+    CRITICAL = 0  # an agent is waiting for this action
+    PREFETCH = 1  # speculative work while the VM runs; preempted by critical work
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"
+    WAITING = "waiting"  # queued for memory or for the engine
+    RUNNING = "running"
+
+
+@attrs.define(eq=False)
+class _Slot:
+    """The scheduler's bookkeeping for one episode (event-loop state only).
+
+    Eviction (rung 1) may take the published state of an episode that is idle or parked
+    waiting for memory, never of one that is planning, admitted or running (``pinned``).
+    """
+
+    cache: EpisodeCache
+    job_lock: anyio.Lock = attrs.Factory(anyio.Lock)  # one job of an episode at a time
+    pending: tuple[Segment, ...] = ()  # segments of a discarded prefetch, for the next step
+    jobs: int = 0  # queued or running jobs
+    last_used: int = 0
+    phase: Phase = Phase.IDLE
+    planning: bool = False
+    pinned: bool = False  # holds a reservation or runs: its state must not be evicted
+    evicting: bool = False
+    closed: bool = False
+
+    @property
+    def evictable(self) -> bool:
+        return (not (self.planning or self.pinned or self.evicting or self.closed)
+                and self.cache.state.held_bytes > 0)
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, ledger: MemoryLedger, factory: SegmentFactory, *,
+                 options: StepOptions = StepOptions(), wait_s: float = 2.0,
+                 image_cache_floor: int = 0,
+                 fault: Callable[[str], None] | None = None) -> None:
+        self.engine, self.ledger, self.factory, self.options = engine, ledger, factory, options
+        self.wait_s = wait_s
+        self.image_cache_floor = image_cache_floor
+        self.fault = fault  # test hook, called in the worker thread before publication
+        self.counters: Counter[str] = Counter()
+        self._free_seqs = [s for s in range(engine.config.n_seq_max) if s != options.scratch_seq]
+        self._slots: dict[str, _Slot] = {}
+        self._engine_lock = PriorityLock()
+        self._critical_waiting = 0  # read by worker threads to preempt prefetches
+        self._released = anyio.Event()  # replaced after every release: a broadcast
+        self._mem_queue: deque[object] = deque()  # FIFO tickets of jobs waiting for memory
+        self._clock = itertools.count(1)
+        self._log = structlog.get_logger("kvagent.scheduler")
+        # The image cache is held at its capacity, so encoding never takes the ledger past
+        # its budget; rung 1 may shrink the capacity.
+        ledger.publish(IMAGE_CACHE, engine.image_cache.max_bytes, None)
+
+    async def __aenter__(self) -> Scheduler:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every episode and give the image cache's holding back: the ledger returns
+        to zero."""
+        with anyio.CancelScope(shield=True):
+            for slot in list(self._slots.values()):
+                await self.close_episode(slot.cache)
+            self.ledger.drop(IMAGE_CACHE)
+
+    # ------------------------------------------------------------------ episodes
+
+    def open_episode(self, episode_id: str, policy: CachePolicy) -> EpisodeCache:
+        if episode_id in self._slots:
+            raise ValueError(f"episode {episode_id} is already open")
+        if not self._free_seqs:
+            raise NoFreeSequenceError(
+                f"all {self.engine.config.n_seq_max} sequences are in use; raise n_seq_max")
+        seq = self._free_seqs.pop(0)
+        episode = EpisodeCache(episode_id, seq, policy)
+        self._slots[episode_id] = _Slot(episode, last_used=next(self._clock))
+        self._log.info("episode_open", episode_id=episode_id, seq_id=seq, policy=policy.name)
+        return episode
+
+    async def close_episode(self, episode: EpisodeCache) -> None:
+        """Free the episode's sequence and holdings.  Shielded: safe in a ``finally``."""
+        slot = self._slots.get(episode.episode_id)
+        if slot is None:
+            return
+        with anyio.CancelScope(shield=True):
+            slot.closed = True
+            async with slot.job_lock:
+                await self._engine_call(functools.partial(self.engine.clear, episode.seq),
+                                        Priority.CRITICAL)
+                self.ledger.drop(episode.episode_id)
+                del self._slots[episode.episode_id]
+                self._free_seqs.append(episode.seq)
+            self._notify_release()
+        self._log.info("episode_close", episode_id=episode.episode_id, seq_id=episode.seq)
+
+    # ------------------------------------------------------------------ work
+
+    async def step(self, episode: EpisodeCache,
+                   build: Callable[[], tuple[Segment, ...]]) -> StepRecord:
+        """Run one critical step: ``build`` (run in the engine thread; it may encode images)
+        returns the new segments.  Raises ``AdmissionError`` if even the ladder fails."""
+        result = await self._transact(episode, build, Priority.CRITICAL)
+        assert isinstance(result, StepRecord)
+        return result
+
+    async def prefetch(self, episode: EpisodeCache,
+                       build: Callable[[], tuple[Segment, ...]]) -> PrefetchRecord | None:
+        """Speculative prefill of what the next step already knows.  Returns None when it
+        was discarded (preempted, no memory); its segments then join the next step."""
+        result = await self._transact(episode, build, Priority.PREFETCH)
+        assert result is None or isinstance(result, PrefetchRecord)
+        return result
+
+    def summary(self) -> str:
+        slots = list(self._slots.values())
+        return summary_line(
+            running=sum(s.phase is Phase.RUNNING for s in slots),
+            waiting=sum(s.phase is Phase.WAITING for s in slots),
+            checkpoints=sum(len(s.cache.state.checkpoints) for s in slots),
+            snap=self.ledger.snapshot())
+
+    # ------------------------------------------------------------------ internals
+
+    async def _engine_call(self, fn: Callable[[], T], priority: Priority) -> T:
+        async with self._hold_engine(priority):
+            return await anyio.to_thread.run_sync(fn)
+
+    def _hold_engine(self, priority: Priority) -> Any:
+        return _Holding(self, priority)
+
+    async def _transact(self, episode: EpisodeCache, build: Callable[[], tuple[Segment, ...]],
+                        priority: Priority) -> StepRecord | PrefetchRecord | None:
+        slot = self._slots.get(episode.episode_id)
+        if slot is None or slot.closed:
+            raise EpisodeClosedError(f"episode {episode.episode_id} is closed")
+        slot.jobs += 1
+        slot.phase = Phase.WAITING
+        try:
+            async with slot.job_lock:
+                if slot.closed:
+                    raise EpisodeClosedError(f"episode {episode.episode_id} is closed")
+                segments = slot.pending + await self._engine_call(build, priority)
+                slot.pending = ()
+                for attempt in range(3):
+                    try:
+                        txn = await self._admit(slot, segments, priority, degrade=attempt > 0)
+                    except AdmissionError:
+                        if priority is Priority.PREFETCH:
+                            slot.pending = segments
+                            return None
+                        raise
+                    try:
+                        return await self._run(slot, txn, priority)
+                    except Preempted:
+                        slot.pending = segments
+                        self.counters["prefetch_discarded"] += 1
+                        return None
+                    except DecodeError as exc:
+                        # A real allocation failure inside llama.cpp, already rolled back:
+                        # go down the ladder again, straight to a smaller plan.
+                        self._log.warning("fallback", episode_id=episode.episode_id,
+                                          rung="decode_failure", reason=str(exc))
+                        self.counters["decode_failure"] += 1
+                        if priority is Priority.PREFETCH:
+                            slot.pending = segments
+                            return None
+                        if attempt == 2:
+                            raise
+                    finally:
+                        slot.pinned = False
+                raise AssertionError("unreachable")
+        finally:
+            slot.jobs -= 1
+            slot.phase = Phase.IDLE
+            slot.last_used = next(self._clock)
+
+    async def _run(self, slot: _Slot, txn: Transaction,
+                   priority: Priority) -> StepRecord | PrefetchRecord:
+        """execute + publish in the worker thread; cancellation and preemption are polled
+        between pieces and before publication, so a cancelled step rolls back."""
+        stop = threading.Event()
+
+        def should_stop() -> bool:
+            return stop.is_set() or (priority is Priority.PREFETCH and self._critical_waiting > 0)
+
+        def fault(point: str) -> None:
+            if stop.is_set():
+                raise Preempted("cancelled before publication")
+            if self.fault is not None:
+                self.fault(point)
+
+        try:
+            async with self._hold_engine(priority):
+                slot.phase = Phase.RUNNING
+                if priority is Priority.PREFETCH and self._critical_waiting > 0:
+                    raise Preempted("critical work is waiting")
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_set_on_cancel, stop)
+                    try:
+                        record = await anyio.to_thread.run_sync(functools.partial(
+                            commit, self.engine, txn, self.ledger, self.options, fault=fault,
+                            should_stop=should_stop))
+                    finally:
+                        tg.cancel_scope.cancel()
+        finally:
+            abort(txn, self.ledger)
+            self._notify_release()
+        self._log.info("publish", episode_id=txn.episode.episode_id, seq_id=txn.episode.seq,
+                       txn_id=txn.txn_id, generation=txn.new_log.generation,
+                       degraded=txn.degraded or None)
+        return record
+
+    async def _begin(self, slot: _Slot, segments: tuple[Segment, ...], priority: Priority,
+                     policy: CachePolicy | None = None, degraded: str = "") -> Transaction:
+        """Plan against the episode's current state (re-planned whenever it changed)."""
+        while True:
+            while slot.evicting:
+                await self._released.wait()
+            slot.planning = True
+            try:
+                txn = await anyio.to_thread.run_sync(functools.partial(
+                    begin, self.engine, slot.cache, segments,
+                    prefetch=priority is Priority.PREFETCH, policy=policy, degraded=degraded))
+            finally:
+                slot.planning = False
+            if txn.parent is slot.cache.state:
+                return txn
+
+    def _try_admit(self, slot: _Slot, txn: Transaction) -> bool:
+        """Reserve iff the plan is still current; pins the episode's state on success."""
+        if txn.parent is not slot.cache.state or slot.evicting:
+            return False
+        if not self._try_reserve(txn):
+            return False
+        slot.pinned = True
+        return True
+
+    def _try_reserve(self, txn: Transaction) -> bool:
+        try:
+            admit(txn, self.ledger)
+        except BudgetExceededError:
+            return False
+        return True
+
+    async def _admit(self, slot: _Slot, segments: tuple[Segment, ...], priority: Priority, *,
+                     degrade: bool) -> Transaction:
+        """reserve, or walk the ladder: evict idle state → wait for releases → downgrade →
+        fail.  Each rung is logged with its reason."""
+        ep = slot.cache
+        txn = await self._begin(slot, segments, priority)
+        rungs: list[str] = []
+        if not degrade:
+            # Nobody jumps the memory queue: while others wait, a new job joins them (FIFO).
+            if not self._mem_queue and self._try_admit(slot, txn):
+                return self._admitted(txn, rungs)
+            rungs.append("evict")
+            if not self._mem_queue:
+                async for reason in self._evict_idle(exclude=slot):
+                    self._fallback(ep, 1, reason, txn.need_bytes)
+                    txn = await self._begin(slot, segments, priority)
+                    if self._try_admit(slot, txn):
+                        return self._admitted(txn, rungs)
+            rungs.append("wait")
+            self._fallback(ep, 2, "waiting for in-flight transactions to release",
+                           txn.need_bytes)
+            waited = await self._wait_for_memory(slot, segments, priority)
+            if waited is not None:
+                return self._admitted(waited, rungs)
+        if priority is Priority.CRITICAL:
+            rungs.append("downgrade")
+            for policy, reason in downgrades(ep.policy, self.factory.kit):
+                smaller = await self._begin(slot, segments, priority, policy=policy,
+                                            degraded=reason)
+                if self._try_admit(slot, smaller):
+                    self._fallback(ep, 3, reason, smaller.need_bytes)
+                    self.counters["degraded"] += 1
+                    return self._admitted(smaller, rungs)
+        rungs.append("fail")
+        snap = self.ledger.snapshot()
+        self._fallback(ep, 4, "no plan fits the memory budget", txn.need_bytes)
+        self.counters["failed"] += 1
+        raise AdmissionError(
+            f"episode {ep.episode_id}: step needs {txn.need_bytes} bytes, {snap.free} free of "
+            f"{snap.budget} after {', '.join(rungs)}", episode_id=ep.episode_id,
+            rungs=tuple(rungs), need=txn.need_bytes, free=snap.free)
+
+    def _admitted(self, txn: Transaction, rungs: list[str]) -> Transaction:
+        self.counters["admitted"] += 1
+        self._log.info("admit", episode_id=txn.episode.episode_id, seq_id=txn.episode.seq,
+                       txn_id=txn.txn_id, reserved=txn.need_bytes, prefetch=txn.prefetch,
+                       rungs=rungs or None)
+        return txn
+
+    def _fallback(self, ep: EpisodeCache, rung: int, reason: str, need: int) -> None:
+        self.counters[f"rung{rung}"] += 1
+        self._log.warning("fallback", episode_id=ep.episode_id, seq_id=ep.seq, rung=rung,
+                          reason=reason, need=need, free=self.ledger.snapshot().free)
+
+    async def _evict_idle(self, exclude: _Slot) -> Any:
+        """Rung 1: drop the cache state of idle or parked episodes (least recently used
+        first), then shrink the image cache.  Yields a reason after each eviction."""
+        victims = sorted((s for s in self._slots.values() if s is not exclude and s.evictable),
+                         key=lambda s: s.last_used)
+        for victim in victims:
+            if not victim.evictable:
+                continue  # started planning or running meanwhile: pinned
+            ep = victim.cache
+            freed = ep.state.held_bytes
+            victim.evicting = True
+            try:
+                await self._engine_call(functools.partial(self.engine.clear, ep.seq),
+                                        Priority.CRITICAL)
+                with ep.publish_lock:  # a smaller published state: nothing but the log
+                    ep.state = attrs.evolve(ep.state, checkpoints=(), seq_bytes=0,
+                                            layout_keys=())
+                    self.ledger.publish(ep.episode_id, 0, None)
+            finally:
+                victim.evicting = False
+                self._notify_release()
+            self.counters["evicted_episodes"] += 1
+            self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed)
+            yield f"evicted idle episode {ep.episode_id}'s cache state ({freed} bytes)"
+        cache = self.engine.image_cache
+        freed = 0
+        while cache.max_bytes - freed > self.image_cache_floor and len(cache):
+            freed += await self._engine_call(cache.evict_one, Priority.CRITICAL)
+        if freed:
+            cache.max_bytes = max(self.image_cache_floor, cache.max_bytes - freed)
+            self.ledger.publish(IMAGE_CACHE, cache.max_bytes, None)
+            self._log.info("evict", owner=IMAGE_CACHE, freed=freed)
+            yield f"shrank the image-embedding cache by {freed} bytes"
+
+    async def _wait_for_memory(self, slot: _Slot, segments: tuple[Segment, ...],
+                               priority: Priority) -> Transaction | None:
+        """Rung 2: wait (bounded, first come first served) for other transactions to release
+        or other episodes to become evictable; re-plans after every wake-up."""
+        ticket = object()
+        self._mem_queue.append(ticket)
+        try:
+            with anyio.move_on_after(self.wait_s):
+                while True:
+                    if self._mem_queue[0] is ticket:
+                        txn = await self._begin(slot, segments, priority)
+                        if self._try_admit(slot, txn):
+                            return txn
+                        async for reason in self._evict_idle(exclude=slot):
+                            self._fallback(slot.cache, 1, reason, txn.need_bytes)
+                            txn = await self._begin(slot, segments, priority)
+                            if self._try_admit(slot, txn):
+                                return txn
+                    others_busy = any(s.jobs for s in self._slots.values() if s is not slot)
+                    if not others_busy:
+                        return None  # nothing will be released: waiting cannot help
+                    await self._released.wait()
+            return None
+        finally:
+            self._mem_queue.remove(ticket)
+            self._notify_release()
+
+    def _notify_release(self) -> None:
+        self._released.set()
+        self._released = anyio.Event()
+
+
+async def _set_on_cancel(flag: threading.Event) -> None:
+    try:
+        await anyio.sleep_forever()
+    finally:
+        flag.set()
+
+
+class _Holding:
+    """``async with`` the engine at a priority; counts waiting critical work."""
+
+    def __init__(self, scheduler: Scheduler, priority: Priority) -> None:
+        self._s, self._p = scheduler, priority
+        self._cm: Any = None
+
+    async def __aenter__(self) -> None:
+        critical = self._p is Priority.CRITICAL
+        if critical:
+            self._s._critical_waiting += 1
+        try:
+            self._cm = self._s._engine_lock.hold(int(self._p))
+            await self._cm.__aenter__()
+        finally:
+            if critical:
+                self._s._critical_waiting -= 1
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self._cm.__aexit__(*exc)
