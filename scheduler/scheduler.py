@@ -234,6 +234,8 @@ class Scheduler:
         stop = threading.Event()
 
         def should_stop() -> bool:
+            if self.fault is not None:
+                self.fault("between_pieces")
             return stop.is_set() or (priority is Priority.PREFETCH and self._critical_waiting > 0)
 
         def fault(point: str) -> None:
@@ -247,14 +249,19 @@ class Scheduler:
                 slot.phase = Phase.RUNNING
                 if priority is Priority.PREFETCH and self._critical_waiting > 0:
                     raise Preempted("critical work is waiting")
+                error: Exception | None = None
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_set_on_cancel, stop)
                     try:
                         record = await anyio.to_thread.run_sync(functools.partial(
                             commit, self.engine, txn, self.ledger, self.options, fault=fault,
                             should_stop=should_stop))
-                    finally:
+                    except Exception as exc:  # re-raised below, outside the task group, so
+                        error = exc           # callers see the error itself, not a group;
+                    finally:                  # cancellation (BaseException) passes through
                         tg.cancel_scope.cancel()
+                if error is not None:
+                    raise error
         finally:
             abort(txn, self.ledger)
             self._notify_release()

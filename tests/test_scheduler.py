@@ -1,0 +1,238 @@
+"""The scheduler on the real engine: memory pressure, fairness, cancellation, failures."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from structlog.testing import capture_logs
+
+from cachepolicy.base import make_policy
+from cachepolicy.errors import DecodeError
+from cachepolicy.segments import SegmentFactory, model_info
+from runtime.bench.arms import step_segments
+from runtime.bench.concurrent import run_concurrently, run_sequentially
+from runtime.bench.trajectory import trajectory
+from scheduler.ledger import MemoryLedger
+from scheduler.priority_lock import PriorityLock
+from scheduler.scheduler import Priority, Scheduler
+from scheduler.transaction import StepOptions
+
+STEPS = 6
+OPTS = StepOptions(decode_tokens=4)
+KW = dict(policy="terminal-slot", window=3, decode_tokens=4, vm_seconds=0.0)
+
+
+@pytest.fixture
+def big_engine(forged):
+    """A qwen35 engine with 8 sequences and a small image cache (private to the test)."""
+    from cachepolicy.engine import Engine, EngineConfig
+
+    m = forged("qwen35")
+    with Engine(m.model_path, m.mmproj_path,
+                EngineConfig(n_ctx_per_seq=2048, n_seq_max=8, n_batch=32, n_threads=1,
+                             image_cache_bytes=64_000)) as engine:
+        yield engine
+
+
+def _outputs(runs):
+    return [[s["output_tokens"] for s in r.steps] for r in runs]
+
+
+async def _one_episode_peak(engine, traj) -> tuple[int, list]:
+    factory = SegmentFactory(engine)
+    ledger = MemoryLedger(1 << 30)
+    async with Scheduler(engine, ledger, factory, options=OPTS) as sched:
+        runs = await run_sequentially(sched, factory, traj, 1, **KW)
+    return ledger.snapshot().peak, runs
+
+
+async def test_eight_episodes_on_a_budget_for_about_three(big_engine) -> None:
+    traj = trajectory(STEPS, 96, 64)
+    peak_one, reference = await _one_episode_peak(big_engine, traj)
+    budget = int(3.2 * peak_one)
+    factory = SegmentFactory(big_engine)
+    ledger = MemoryLedger(budget)
+    summaries: list[str] = []
+    with capture_logs() as logs:
+        async with Scheduler(big_engine, ledger, factory, options=OPTS, wait_s=5.0) as sched:
+            async with anyio.create_task_group() as tg:
+                async def watch() -> None:
+                    while True:
+                        summaries.append(sched.summary())
+                        ledger.check_integrity()
+                        await anyio.sleep(0.005)
+                tg.start_soon(watch)
+                runs = await run_concurrently(sched, factory, traj, 8, **KW)
+                tg.cancel_scope.cancel()
+    assert all(len(r.steps) == STEPS and r.status in ("ok", "degraded") for r in runs)
+    snap = ledger.snapshot()
+    assert snap.peak <= budget
+    assert snap.held == 0 and snap.reserved == 0  # everything returned
+    rungs = {e.get("rung") for e in logs if e["event"] == "fallback"}
+    assert 1 in rungs and 2 in rungs  # evictions and waits happened, and were logged
+    assert any(e["event"] == "evict" for e in logs)
+    # exact whatever the pressure: every non-degraded episode matches the unpressured one
+    for r in runs:
+        if r.status == "ok":
+            assert [s["output_tokens"] for s in r.steps] == _outputs(reference)[0]
+    assert any(" running, " in s and "budget:" in s and "checkpoints:" in s for s in summaries)
+
+
+async def test_ledger_invariant_after_every_transaction(big_engine) -> None:
+    traj = trajectory(4, 96, 64)
+    factory = SegmentFactory(big_engine)
+    ledger = MemoryLedger(1 << 30)
+    seen = []
+    async with Scheduler(big_engine, ledger, factory, options=OPTS) as sched:
+        def check(_episode, _row) -> None:
+            ledger.check_integrity()
+            seen.append(ledger.snapshot())
+        await run_concurrently(sched, factory, traj, 3, on_step=check, **KW)
+    assert len(seen) == 12 and all(s.reserved + s.held <= s.budget for s in seen)
+    assert ledger.snapshot().held == 0 and ledger.snapshot().reserved == 0
+
+
+async def test_cancelled_episode_releases_everything(big_engine) -> None:
+    traj = trajectory(STEPS, 96, 64)
+    factory = SegmentFactory(big_engine)
+    ledger = MemoryLedger(1 << 30)
+    async with Scheduler(big_engine, ledger, factory, options=OPTS) as sched:
+        victim = sched.open_episode("victim", make_policy(
+            "terminal-slot", model_info(big_engine), factory.kit, window=3, decode_tokens=4))
+        seq = victim.seq
+        doomed_scope = anyio.CancelScope()
+        other_runs = []
+
+        async def doomed() -> None:
+            with doomed_scope:
+                try:
+                    for i in range(STEPS):
+                        await sched.step(victim, lambda i=i: step_segments(factory, traj, i))
+                        await anyio.sleep(0)
+                finally:
+                    await sched.close_episode(victim)
+
+        async def others() -> None:
+            other_runs.extend(await run_concurrently(sched, factory, traj, 2, **KW))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(doomed)
+            tg.start_soon(others)
+            while victim.steps_done < 1:
+                await anyio.sleep(0.001)
+            doomed_scope.cancel()  # cancel one episode (its task), nothing else
+        assert doomed_scope.cancelled_caught
+        assert victim.steps_done < STEPS
+        assert all(len(r.steps) == STEPS and r.status == "ok" for r in other_runs)
+        assert ledger.held_by("victim") == 0 and ledger.snapshot().reserved == 0
+        assert big_engine.seq_info(seq).n_tokens == 0 and seq in sched._free_seqs
+        ledger.check_integrity()
+
+
+async def test_cancelling_mid_step_rolls_back_and_frees(big_engine) -> None:
+    traj = trajectory(STEPS, 96, 64)
+    factory = SegmentFactory(big_engine)
+    ledger = MemoryLedger(1 << 30)
+    async with Scheduler(big_engine, ledger, factory, options=OPTS) as sched:
+        ep = sched.open_episode("victim", make_policy(
+            "terminal-slot", model_info(big_engine), factory.kit, window=3, decode_tokens=4))
+        seq = ep.seq
+        await sched.step(ep, lambda: step_segments(factory, traj, 0))
+        published = ep.state
+        with anyio.move_on_after(0.001) as scope:  # cancelled while the step is in flight
+            await sched.step(ep, lambda: step_segments(factory, traj, 1))
+        if scope.cancelled_caught:
+            assert ep.state is published or ep.state.generation == 2
+        assert ledger.snapshot().reserved == 0
+        others = await run_concurrently(sched, factory, traj, 2, **KW)
+        assert all(len(r.steps) == STEPS for r in others)
+        await sched.close_episode(ep)
+        assert ledger.held_by("victim") == 0 and big_engine.seq_info(seq).n_tokens == 0
+    assert ledger.snapshot().held == 0
+
+
+async def test_injected_decode_failure_rolls_back_and_retries(big_engine) -> None:
+    traj = trajectory(3, 96, 64)
+    factory = SegmentFactory(big_engine)
+    ledger = MemoryLedger(1 << 30)
+    failures = []
+
+    def fault(point: str) -> None:
+        if point == "before_publish" and not failures:
+            failures.append(point)
+            raise DecodeError("injected: could not find a KV slot", 1)
+
+    with capture_logs() as logs:
+        async with Scheduler(big_engine, ledger, factory, options=OPTS, fault=fault) as sched:
+            runs = await run_sequentially(sched, factory, traj, 1, **KW)
+            ledger.check_integrity()
+    assert failures == ["before_publish"]
+    assert len(runs[0].steps) == 3 and runs[0].steps[0]["status"] == "degraded"
+    assert any(e["event"] == "fallback" and e.get("rung") == "decode_failure" for e in logs)
+    assert ledger.snapshot().held == 0 and ledger.snapshot().reserved == 0
+
+
+async def test_critical_work_overtakes_prefetch() -> None:
+    lock = PriorityLock()
+    order: list[str] = []
+
+    async def job(name: str, prio: int) -> None:
+        async with lock.hold(prio):
+            order.append(name)
+            await anyio.sleep(0.001)
+
+    async with anyio.create_task_group() as tg:
+        async with lock.hold(Priority.CRITICAL):  # the engine is busy
+            tg.start_soon(job, "prefetch-a", Priority.PREFETCH)
+            tg.start_soon(job, "prefetch-b", Priority.PREFETCH)
+            await anyio.sleep(0.001)
+            tg.start_soon(job, "critical", Priority.CRITICAL)
+            await anyio.sleep(0.001)
+            assert lock.waiting(Priority.CRITICAL) == 1 and lock.waiting(Priority.PREFETCH) == 3
+    assert order == ["critical", "prefetch-a", "prefetch-b"]
+
+
+async def test_prefetch_is_preempted_by_critical_work_and_discarded(big_engine) -> None:
+    """A prefetch running when critical work arrives stops at the next piece boundary, is
+    rolled back (never published), and its action joins the episode's next step."""
+    import threading
+
+    traj = trajectory(4, 96, 64)
+    factory = SegmentFactory(big_engine)
+    ledger = MemoryLedger(1 << 30)
+    prefetch_running, critical_queued = threading.Event(), threading.Event()
+
+    def fault(point: str) -> None:  # runs in the worker thread between pieces
+        if point == "between_pieces" and not prefetch_running.is_set():
+            prefetch_running.set()
+            critical_queued.wait(timeout=10)
+
+    async with Scheduler(big_engine, ledger, factory, options=OPTS, fault=fault) as sched:
+        policy = make_policy("terminal-slot", model_info(big_engine), factory.kit, window=3,
+                             decode_tokens=4)
+        a, b = sched.open_episode("a", policy), sched.open_episode("b", policy)
+        prefetch_running.set()  # let the warm-up steps through the hook
+        for i in range(3):
+            await sched.step(a, lambda i=i: step_segments(factory, traj, i))
+        await sched.step(b, lambda: step_segments(factory, traj, 0))
+        prefetch_running.clear()
+        results = {}
+        async with anyio.create_task_group() as tg:
+            async def pre() -> None:
+                results["prefetch"] = await sched.prefetch(
+                    a, lambda: (factory.action(2, traj[2].action),))
+            async def crit() -> None:
+                results["critical"] = await sched.step(b, lambda: step_segments(factory, traj, 1))
+            tg.start_soon(pre)
+            await anyio.to_thread.run_sync(prefetch_running.wait, 10)
+            tg.start_soon(crit)
+            while sched._critical_waiting == 0:
+                await anyio.sleep(0.001)
+            critical_queued.set()
+        assert results["critical"].status == "ok"
+        assert results["prefetch"] is None  # discarded, never published
+        assert sched.counters["prefetch_discarded"] == 1
+        assert a.log.generation == 3 and ledger.snapshot().reserved == 0
+        rec = await sched.step(a, lambda: (factory.screenshot(3, traj[3].png),))
+        assert a.log.actions[-1].key == "action@2"  # the action joined the next step
+        assert rec.status == "ok"
