@@ -61,3 +61,34 @@ def test_bench_rejects_bad_arguments(forged) -> None:
     assert no_mmproj.returncode == 2 and "--mmproj" in no_mmproj.stderr
     bad_steps = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--steps", "0")
     assert bad_steps.returncode == 2 and "--steps" in bad_steps.stderr
+
+
+def test_bench_episodes_under_a_tight_budget(forged, tmp_path: Path) -> None:
+    m = forged("qwen35")
+    out = tmp_path / "episodes.json"
+    res = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--steps", "5",
+                "--image-tokens", "48", "--decode-tokens", "4", "--episodes", "8",
+                "--memory-budget", "3.2x", "--vm-seconds", "0.02", "--json", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "episodes: " in res.stderr and " running, " in res.stderr  # the live summary line
+    assert "throughput ratio" in res.stdout
+    report = json.loads(out.read_text())
+    assert report["arms"] == []
+    budget = report["ledger"]["budget_bytes"]
+    assert budget == int(3.2 * report["ledger"]["one_episode_peak_bytes"])
+    assert report["ledger"]["peak_bytes"] <= budget
+    assert len(report["episodes"]) == 8
+    for ep in report["episodes"]:
+        assert ep["status"] in ("ok", "degraded") and len(ep["steps"]) == 5
+        for step in ep["steps"]:
+            assert STEP_FIELDS <= set(step) and step["status"] in ("ok", "degraded")
+    t = report["throughput"]
+    assert t["ratio"] == pytest.approx(t["concurrent_steps_per_s"] / t["sequential_steps_per_s"])
+    assert '"event": "fallback"' in res.stderr  # memory pressure went down the ladder
+
+
+def test_bench_rejects_a_bad_budget(forged) -> None:
+    m = forged("qwen35")
+    res = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--episodes", "2",
+                "--memory-budget", "lots")
+    assert res.returncode == 2 and "--memory-budget" in res.stderr

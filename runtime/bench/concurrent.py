@@ -77,3 +77,46 @@ async def run_concurrently(scheduler: Scheduler, factory: SegmentFactory,
 async def run_sequentially(scheduler: Scheduler, factory: SegmentFactory,
                            traj: Sequence[BenchStep], n: int, **kw: Any) -> list[EpisodeRun]:
     return [await run_episode(scheduler, factory, traj, f"seq{i}", **kw) for i in range(n)]
+
+
+async def measure_concurrency(engine: Any, factory: SegmentFactory, traj: Sequence[BenchStep],
+                              n: int, *, budget: int, options: Any, wait_s: float,
+                              progress: Callable[[str], None] | None = None,
+                              summary_every_s: float = 1.0, **kw: Any) -> dict[str, Any]:
+    """N episodes concurrently, then the same N back to back, each under ``budget``."""
+    from scheduler.ledger import MemoryLedger
+
+    phases: dict[str, Any] = {}
+    for phase, runner in (("concurrent", run_concurrently), ("sequential", run_sequentially)):
+        ledger = MemoryLedger(budget)
+        async with Scheduler(engine, ledger, factory, options=options, wait_s=wait_s) as sched:
+            async with anyio.create_task_group() as tg:
+                if progress is not None:
+                    async def report(sched: Scheduler = sched, phase: str = phase) -> None:
+                        while True:
+                            progress(f"[{phase}] {sched.summary()}")
+                            await anyio.sleep(summary_every_s)
+                    tg.start_soon(report)
+                t0 = time.perf_counter()
+                runs = await runner(sched, factory, traj, n, **kw)
+                wall = time.perf_counter() - t0
+                tg.cancel_scope.cancel()
+            counters = dict(sched.counters)
+        ledger.check_integrity()
+        snap = ledger.snapshot()
+        assert snap.held == 0 and snap.reserved == 0, f"ledger not back to zero: {snap}"
+        phases[phase] = {"runs": runs, "wall_s": wall, "peak": snap.peak, "counters": counters}
+    steps = n * len(traj)
+    conc, seq = phases["concurrent"], phases["sequential"]
+    return {
+        "episodes": [{"episode": r.episode, "status": r.status, "steps": list(r.steps)}
+                     for r in conc["runs"]],
+        "sequential_episodes": [{"episode": r.episode, "status": r.status,
+                                 "steps": list(r.steps)} for r in seq["runs"]],
+        "ledger": {"budget_bytes": budget, "peak_bytes": conc["peak"],
+                   "sequential_peak_bytes": seq["peak"]},
+        "throughput": {"concurrent_steps_per_s": steps / conc["wall_s"],
+                       "sequential_steps_per_s": steps / seq["wall_s"],
+                       "ratio": seq["wall_s"] / conc["wall_s"]},
+        "scheduler": {"concurrent": conc["counters"], "sequential": seq["counters"]},
+    }
