@@ -1,0 +1,111 @@
+"""The model side of one agent episode: screenshots in, structured actions out.
+
+``act`` submits the critical step (the new screenshot, plus the previous action's text when
+no prefetch carried it) and turns the decoded text into an ``Action`` record; ``prefetch``
+(overlap) submits the previous action's text and lets the policy prefill what the next step
+already knows while the VM executes the action.  Outputs are token-for-token the same with or
+without overlap: the same segments reach the log, prefilled in the same pieces.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from cachepolicy.segments import SegmentFactory
+from runtime.actions import (
+    CoordConvention, NoOp, format_action, parse_action,
+)
+from runtime.actions.types import Action
+from scheduler.records import StepRecord
+from scheduler.scheduler import Scheduler
+from scheduler.transaction import EpisodeCache, PrefetchRecord
+
+NOOP_TEXT = "noop()"  # what an unparsable step leaves in the history (never the raw text)
+
+SYSTEM_PROMPT = (
+    "You are a GUI agent operating a desktop of {width}x{height} pixels through screenshots. "
+    "Reply with exactly one action: click(x, y), double_click(x, y), right_click(x, y), "
+    "move_to(x, y), drag(x0, y0, x1, y1), type(\"text\"), hotkey(\"ctrl\", \"c\"), "
+    "press(\"enter\"), scroll(dx, dy), wait(seconds), done() or fail(). {coords}")
+
+_COORDS = {
+    CoordConvention.ABSOLUTE: "Coordinates are absolute screen pixels.",
+    CoordConvention.RELATIVE_999: "Coordinates are on a 0-999 grid over the screen.",
+    CoordConvention.RELATIVE_1: "Coordinates are fractions 0-1 of the screen.",
+}
+
+
+@attrs.frozen
+class ActStep:
+    """One decided step: the action (data), the model's text, and the transaction record."""
+
+    index: int
+    action: Action
+    response: str
+    record: StepRecord
+    prefetch: PrefetchRecord | None  # the prefetch that prepared this step, if any
+
+    @property
+    def parsed(self) -> bool:
+        return not isinstance(self.action, NoOp)
+
+
+@attrs.define(eq=False)
+class AgentSession:
+    scheduler: Scheduler
+    factory: SegmentFactory
+    episode: EpisodeCache
+    instruction: str
+    screen: tuple[int, int]
+    convention: CoordConvention = CoordConvention.ABSOLUTE
+    overlap: bool = True
+    system_prompt: str | None = None
+    _index: int = 0
+    _history_text: str | None = None  # the previous action as it enters the history
+    _prefetched: bool = False  # the previous action's text went in with a prefetch
+    _last_prefetch: PrefetchRecord | None = None
+    unparsable: int = 0
+
+    def _system(self) -> str:
+        if self.system_prompt is not None:
+            return self.system_prompt
+        return SYSTEM_PROMPT.format(width=self.screen[0], height=self.screen[1],
+                                    coords=_COORDS[self.convention])
+
+    async def act(self, screenshot_png: bytes) -> ActStep:
+        """Decide the action for a new screenshot (the critical path)."""
+        i, f = self._index, self.factory
+        carry = self._history_text if (i > 0 and not self._prefetched) else None
+
+        def build() -> tuple:
+            segs: tuple = ()
+            if i == 0:
+                segs = (f.preamble(self._system()), f.instruction(self.instruction))
+            if carry is not None:
+                segs += (f.action(i - 1, carry),)
+            return segs + (f.screenshot(i, screenshot_png),)
+
+        record = await self.scheduler.step(self.episode, build)
+        response = f.engine.detokenize(record.output_tokens)
+        action = parse_action(response, convention=self.convention, screen=self.screen)
+        if isinstance(action, NoOp):
+            self.unparsable += 1
+            self._history_text = NOOP_TEXT
+        else:
+            self._history_text = format_action(action, convention=self.convention,
+                                               screen=self.screen)
+        step = ActStep(i, action, response, record, self._last_prefetch)
+        self._index, self._prefetched, self._last_prefetch = i + 1, False, None
+        return step
+
+    async def prefetch(self) -> PrefetchRecord | None:
+        """While the VM executes the last action: append its text and prefill what the next
+        step already knows.  A discarded prefetch still hands its text to the next step."""
+        if self._index == 0 or self._prefetched or self._history_text is None:
+            return None
+        i, text = self._index, self._history_text
+        self._prefetched = True  # from here on the scheduler owns delivering the text
+        rec = await self.scheduler.prefetch(self.episode,
+                                            lambda: (self.factory.action(i - 1, text),))
+        self._last_prefetch = rec
+        return rec
