@@ -32,7 +32,8 @@ def test_bench_json_and_exactness(forged, tmp_path: Path, arch: str) -> None:
     report = json.loads(out.read_text())
     assert report["config"]["steps"] == 6 and report["config"]["window"] == 3
     arms = {a["arm"]: a for a in report["arms"]}
-    assert list(arms) == ["evict", "noevict", "terminal-scratch", "terminal-slot", "relocate"]
+    assert list(arms) == ["evict", "noevict", "terminal-scratch", "terminal-slot", "relocate",
+                          "terminal-slot+overlap"]
     for name, arm in arms.items():
         assert {"arm", "policy", "overlap", "refused", "steps", "summary", "output_sha256"} <= set(arm)
         if arm["refused"]:
@@ -92,3 +93,25 @@ def test_bench_rejects_a_bad_budget(forged) -> None:
     res = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--episodes", "2",
                 "--memory-budget", "lots")
     assert res.returncode == 2 and "--memory-budget" in res.stderr
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "llama"])
+def test_overlap_arm_critical_path_is_the_new_screenshot(forged, tmp_path: Path, arch) -> None:
+    m = forged(arch)
+    out = tmp_path / "overlap.json"
+    res = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--steps", "7",
+                "--image-tokens", "64", "--decode-tokens", "4", "--vm-seconds", "0.05",
+                "--arms", "terminal-scratch,terminal-slot,terminal-slot+overlap",
+                "--json", str(out))
+    assert res.returncode == 0, res.stderr
+    arms = {a["arm"]: a for a in json.loads(out.read_text())["arms"]}
+    over = arms["terminal-slot+overlap"]
+    assert over["overlap"] is True and over["policy"] == "terminal-slot"
+    assert over["output_sha256"] == arms["terminal-scratch"]["output_sha256"]
+    for step in over["steps"][3:]:  # window full
+        assert step["critical_path_prefill_tokens"] <= 1.15 * step["new_content_tokens"]
+        assert step["critical_path_prefill_tokens"] < step["prefill_tokens"]
+        assert step["prefetch_prefill_tokens"] > 0
+    assert over["summary"]["critical_over_new_content_max"] <= 1.15
+    plain = arms["terminal-slot"]["steps"]
+    assert [s["prefill_tokens"] for s in over["steps"]] == [s["prefill_tokens"] for s in plain]

@@ -10,7 +10,7 @@ from runtime.bench.arms import ArmResult
 REFERENCE_ARM = "terminal-scratch"
 
 
-def summarize(arm: ArmResult, reference_sha: str | None) -> dict[str, Any]:
+def summarize(arm: ArmResult, reference_sha: str | None, window: int = 3) -> dict[str, Any]:
     if arm.refused:
         return {"refused": arm.refused}
     steps = arm.steps
@@ -34,6 +34,12 @@ def summarize(arm: ArmResult, reference_sha: str | None) -> dict[str, Any]:
         "identical_to_reference": (None if reference_sha is None
                                    else arm.output_sha256 == reference_sha),
     }
+    full = steps[window:] or steps  # once the screenshot window is full
+    ratios = [s["critical_path_prefill_tokens"] / s["new_content_tokens"] for s in full]
+    summary["critical_over_new_content_max"] = max(ratios)
+    summary["critical_over_new_content_mean"] = sum(ratios) / len(ratios)
+    summary["critical_path_prefill_tokens_mean"] = (
+        sum(s["critical_path_prefill_tokens"] for s in full) / len(full))
     drifts = [s["drift_kl"] for s in steps if s["drift_kl"] is not None]
     if drifts:
         agree = [s["drift_top1_agree"] for s in steps if s["drift_top1_agree"] is not None]
@@ -49,16 +55,17 @@ def _mib(n: int) -> str:
 
 def table(arms: Sequence[dict[str, Any]]) -> str:
     """One line per arm: prefill first/last step, reused, peak bytes, wall, exactness."""
-    head = ("arm", "prefill first", "prefill last", "reused", "ledger peak", "kv peak",
-            "wall s", "identical")
+    head = ("arm", "prefill first", "prefill last", "critical/new", "reused", "ledger peak",
+            "kv peak", "wall s", "identical")
     rows = [head]
     for a in arms:
         s = a["summary"]
         if "refused" in s:
-            rows.append((a["arm"], "refused", "", "", "", "", "", s["refused"][:60]))
+            rows.append((a["arm"], "refused", "", "", "", "", "", "", s["refused"][:60]))
             continue
         same = s["identical_to_reference"]
         rows.append((a["arm"], str(s["prefill_tokens_first"]), str(s["prefill_tokens_last"]),
+                     f"{s['critical_over_new_content_max']:.2f}",
                      str(s["reused_tokens_total"]), _mib(s["ledger_peak_bytes"]),
                      _mib(s["kv_bytes_peak"]), f"{s['wall_s']:.2f}",
                      "n/a" if same is None else ("yes" if same else "no")))

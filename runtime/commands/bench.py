@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 HELP = "compare cache policies on one replayed screenshot trajectory (prefill, reuse, bytes)"
-ALL_ARMS = ("evict", "noevict", "terminal-scratch", "terminal-slot", "relocate")
+POLICY_ARMS = ("evict", "noevict", "terminal-scratch", "terminal-slot", "relocate")
+ALL_ARMS = POLICY_ARMS + ("terminal-slot+overlap",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-budget", default=None,
                    help="ledger budget for --episodes: bytes (2GiB, 512MiB) or a multiple of one "
                         "episode's measured peak (3.2x); default: unlimited")
-    p.add_argument("--policy", default="terminal-slot", choices=ALL_ARMS[:4],
+    p.add_argument("--policy", default="terminal-slot", choices=POLICY_ARMS[:4],
                    help="the cache policy of the --episodes runs")
     p.add_argument("--wait-seconds", type=float, default=5.0,
                    help="bound of the scheduler's wait-for-release rung")
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
                        else None)
         ref = next((r.output_sha256 for r in results if r.arm == REFERENCE_ARM), None)
         arms = [{"arm": r.arm, "policy": r.policy, "overlap": r.overlap, "refused": r.refused,
-                 "steps": list(r.steps), "summary": summarize(r, ref),
+                 "steps": list(r.steps), "summary": summarize(r, ref, args.window),
                  "output_sha256": r.output_sha256} for r in results]
         report = {"config": {
             "model": str(model), "mmproj": str(mmproj), "model_kind": engine.kind.value,
