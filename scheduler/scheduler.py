@@ -10,7 +10,6 @@ bounded or cancellable.
 
 from __future__ import annotations
 
-import enum
 import functools
 import itertools
 import threading
@@ -19,7 +18,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
-import attrs
 import structlog
 
 from cachepolicy.base import CachePolicy
@@ -32,6 +30,8 @@ from scheduler.errors import (
     AdmissionError, BudgetExceededError, EpisodeClosedError, NoFreeSequenceError,
 )
 from scheduler.ladder import downgrades
+from scheduler.pressure import PressureMixin
+from scheduler.slots import IMAGE_CACHE, Holding, Phase, Priority, Slot, set_on_cancel
 from scheduler.ledger import MemoryLedger
 from scheduler.priority_lock import PriorityLock
 from scheduler.records import StepRecord
@@ -41,46 +41,9 @@ from scheduler.transaction import (
 )
 
 T = TypeVar("T")
-IMAGE_CACHE = "image_cache"  # the ledger owner of the engine's embedding cache
 
 
-class Priority(enum.IntEnum):
-    CRITICAL = 0  # an agent is waiting for this action
-    PREFETCH = 1  # speculative work while the VM runs; preempted by critical work
-
-
-class Phase(enum.Enum):
-    IDLE = "idle"
-    WAITING = "waiting"  # queued for memory or for the engine
-    RUNNING = "running"
-
-
-@attrs.define(eq=False)
-class _Slot:
-    """The scheduler's bookkeeping for one episode (event-loop state only).
-
-    Eviction (rung 1) may take the published state of an episode that is idle or parked
-    waiting for memory, never of one that is planning, admitted or running (``pinned``).
-    """
-
-    cache: EpisodeCache
-    job_lock: anyio.Lock = attrs.Factory(anyio.Lock)  # one job of an episode at a time
-    pending: tuple[Segment, ...] = ()  # segments of a discarded prefetch, for the next step
-    jobs: int = 0  # queued or running jobs
-    last_used: int = 0
-    phase: Phase = Phase.IDLE
-    planning: bool = False
-    pinned: bool = False  # holds a reservation or runs: its state must not be evicted
-    evicting: bool = False
-    closed: bool = False
-
-    @property
-    def evictable(self) -> bool:
-        return (not (self.planning or self.pinned or self.evicting or self.closed)
-                and self.cache.state.held_bytes > 0)
-
-
-class Scheduler:
+class Scheduler(PressureMixin):
     def __init__(self, engine: Engine, ledger: MemoryLedger, factory: SegmentFactory, *,
                  options: StepOptions = StepOptions(), wait_s: float = 2.0,
                  image_cache_floor: int = 0,
@@ -91,7 +54,7 @@ class Scheduler:
         self.fault = fault  # test hook, called in the worker thread before publication
         self.counters: Counter[str] = Counter()
         self._free_seqs = [s for s in range(engine.config.n_seq_max) if s != options.scratch_seq]
-        self._slots: dict[str, _Slot] = {}
+        self._slots: dict[str, Slot] = {}
         self._engine_lock = PriorityLock()
         self._critical_waiting = 0  # read by worker threads to preempt prefetches
         self._released = anyio.Event()  # replaced after every release: a broadcast
@@ -126,7 +89,7 @@ class Scheduler:
                 f"all {self.engine.config.n_seq_max} sequences are in use; raise n_seq_max")
         seq = self._free_seqs.pop(0)
         episode = EpisodeCache(episode_id, seq, policy)
-        self._slots[episode_id] = _Slot(episode, last_used=next(self._clock))
+        self._slots[episode_id] = Slot(episode, last_used=next(self._clock))
         self._log.info("episode_open", episode_id=episode_id, seq_id=seq, policy=policy.name)
         return episode
 
@@ -179,7 +142,7 @@ class Scheduler:
             return await anyio.to_thread.run_sync(fn)
 
     def _hold_engine(self, priority: Priority) -> Any:
-        return _Holding(self, priority)
+        return Holding(self, priority)
 
     async def _transact(self, episode: EpisodeCache, build: Callable[[], tuple[Segment, ...]],
                         priority: Priority) -> StepRecord | PrefetchRecord | None:
@@ -227,7 +190,7 @@ class Scheduler:
             slot.phase = Phase.IDLE
             slot.last_used = next(self._clock)
 
-    async def _run(self, slot: _Slot, txn: Transaction,
+    async def _run(self, slot: Slot, txn: Transaction,
                    priority: Priority) -> StepRecord | PrefetchRecord:
         """execute + publish in the worker thread; cancellation and preemption are polled
         between pieces and before publication, so a cancelled step rolls back."""
@@ -251,7 +214,7 @@ class Scheduler:
                     raise Preempted("critical work is waiting")
                 error: Exception | None = None
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(_set_on_cancel, stop)
+                    tg.start_soon(set_on_cancel, stop)
                     try:
                         record = await anyio.to_thread.run_sync(functools.partial(
                             commit, self.engine, txn, self.ledger, self.options, fault=fault,
@@ -270,7 +233,7 @@ class Scheduler:
                        degraded=txn.degraded or None)
         return record
 
-    async def _begin(self, slot: _Slot, segments: tuple[Segment, ...], priority: Priority,
+    async def _begin(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority,
                      policy: CachePolicy | None = None, degraded: str = "") -> Transaction:
         """Plan against the episode's current state (re-planned whenever it changed)."""
         while True:
@@ -286,7 +249,7 @@ class Scheduler:
             if txn.parent is slot.cache.state:
                 return txn
 
-    def _try_admit(self, slot: _Slot, txn: Transaction) -> bool:
+    def _try_admit(self, slot: Slot, txn: Transaction) -> bool:
         """Reserve iff the plan is still current; pins the episode's state on success."""
         if txn.parent is not slot.cache.state or slot.evicting:
             return False
@@ -302,7 +265,7 @@ class Scheduler:
             return False
         return True
 
-    async def _admit(self, slot: _Slot, segments: tuple[Segment, ...], priority: Priority, *,
+    async def _admit(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority, *,
                      degrade: bool) -> Transaction:
         """reserve, or walk the ladder: evict idle state → wait for releases → downgrade →
         fail.  Each rung is logged with its reason."""
@@ -356,96 +319,6 @@ class Scheduler:
         self._log.warning("fallback", episode_id=ep.episode_id, seq_id=ep.seq, rung=rung,
                           reason=reason, need=need, free=self.ledger.snapshot().free)
 
-    async def _evict_idle(self, exclude: _Slot) -> Any:
-        """Rung 1: drop the cache state of idle or parked episodes (least recently used
-        first), then shrink the image cache.  Yields a reason after each eviction."""
-        victims = sorted((s for s in self._slots.values() if s is not exclude and s.evictable),
-                         key=lambda s: s.last_used)
-        for victim in victims:
-            if not victim.evictable:
-                continue  # started planning or running meanwhile: pinned
-            ep = victim.cache
-            freed = ep.state.held_bytes
-            victim.evicting = True
-            try:
-                await self._engine_call(functools.partial(self.engine.clear, ep.seq),
-                                        Priority.CRITICAL)
-                with ep.publish_lock:  # a smaller published state: nothing but the log
-                    ep.state = attrs.evolve(ep.state, checkpoints=(), seq_bytes=0,
-                                            layout_keys=())
-                    self.ledger.publish(ep.episode_id, 0, None)
-            finally:
-                victim.evicting = False
-                self._notify_release()
-            self.counters["evicted_episodes"] += 1
-            self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed)
-            yield f"evicted idle episode {ep.episode_id}'s cache state ({freed} bytes)"
-        cache = self.engine.image_cache
-        freed = 0
-        while cache.max_bytes - freed > self.image_cache_floor and len(cache):
-            freed += await self._engine_call(cache.evict_one, Priority.CRITICAL)
-        if freed:
-            cache.max_bytes = max(self.image_cache_floor, cache.max_bytes - freed)
-            self.ledger.publish(IMAGE_CACHE, cache.max_bytes, None)
-            self._log.info("evict", owner=IMAGE_CACHE, freed=freed)
-            yield f"shrank the image-embedding cache by {freed} bytes"
-
-    async def _wait_for_memory(self, slot: _Slot, segments: tuple[Segment, ...],
-                               priority: Priority) -> Transaction | None:
-        """Rung 2: wait (bounded, first come first served) for other transactions to release
-        or other episodes to become evictable; re-plans after every wake-up."""
-        ticket = object()
-        self._mem_queue.append(ticket)
-        try:
-            with anyio.move_on_after(self.wait_s):
-                while True:
-                    if self._mem_queue[0] is ticket:
-                        txn = await self._begin(slot, segments, priority)
-                        if self._try_admit(slot, txn):
-                            return txn
-                        async for reason in self._evict_idle(exclude=slot):
-                            self._fallback(slot.cache, 1, reason, txn.need_bytes)
-                            txn = await self._begin(slot, segments, priority)
-                            if self._try_admit(slot, txn):
-                                return txn
-                    others_busy = any(s.jobs for s in self._slots.values() if s is not slot)
-                    if not others_busy:
-                        return None  # nothing will be released: waiting cannot help
-                    await self._released.wait()
-            return None
-        finally:
-            self._mem_queue.remove(ticket)
-            self._notify_release()
-
     def _notify_release(self) -> None:
         self._released.set()
         self._released = anyio.Event()
-
-
-async def _set_on_cancel(flag: threading.Event) -> None:
-    try:
-        await anyio.sleep_forever()
-    finally:
-        flag.set()
-
-
-class _Holding:
-    """``async with`` the engine at a priority; counts waiting critical work."""
-
-    def __init__(self, scheduler: Scheduler, priority: Priority) -> None:
-        self._s, self._p = scheduler, priority
-        self._cm: Any = None
-
-    async def __aenter__(self) -> None:
-        critical = self._p is Priority.CRITICAL
-        if critical:
-            self._s._critical_waiting += 1
-        try:
-            self._cm = self._s._engine_lock.hold(int(self._p))
-            await self._cm.__aenter__()
-        finally:
-            if critical:
-                self._s._critical_waiting -= 1
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self._cm.__aexit__(*exc)
