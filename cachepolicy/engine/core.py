@@ -20,45 +20,33 @@ import ctypes
 import functools
 import hashlib
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import attrs
 import numpy as np
 
 import llama_cpp
 from llama_cpp import mtmd_cpp
 
 from cachepolicy.checkpoint import (
-    GENESIS, Checkpoint, CheckpointKind, ModelKind, Run, RunKind, chain_digest, history_digest,
+    ModelKind, Run, RunKind, chain_digest, history_digest,
 )
 from cachepolicy.engine.backend import init_backend
 from cachepolicy.engine.records import (
-    EngineConfig, MemoryReport, SeqInfo, chunk_sizes, history_prefix_at,
+    EngineConfig, SeqInfo, chunk_sizes,
 )
+from cachepolicy.engine.locking import locked as _locked
 from cachepolicy.engine.sampler import Sampler
-from cachepolicy.engine.vision import MtmdChunks
+from cachepolicy.engine.state import StateMixin
+from cachepolicy.engine.vision import VisionMixin
 from cachepolicy.errors import (
-    ContextFullError, DecodeError, EngineError, ImageError, ModelLoadError, NoVisionError,
-    RestoreError, SingleTokenPrefillError, UnsafeEditError,
+    ContextFullError, DecodeError, EngineError, ImageError, ModelLoadError, SingleTokenPrefillError,
 )
-from cachepolicy.images import DecodedImage, EmbeddingCache, EncodedImage, decode_png
+from cachepolicy.images import EmbeddingCache, EncodedImage
 from cachepolicy.sampling import SamplingParams
 
-_F = TypeVar("_F", bound=Callable[..., Any])
 _PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-
-
-def _locked(method: _F) -> _F:
-    @functools.wraps(method)
-    def wrapper(self: Engine, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            if self._closed:
-                raise EngineError("engine is closed")
-            return method(self, *args, **kwargs)
-    return wrapper  # type: ignore[return-value]
 
 
 def _file_identity(path: Path) -> str:
@@ -72,7 +60,7 @@ def _file_identity(path: Path) -> str:
     return h.hexdigest()
 
 
-class Engine:
+class Engine(StateMixin, VisionMixin):
     """One llama.cpp model + context with ``n_seq_max`` independent sequences."""
 
     def __init__(self, model_path: str | Path, mmproj_path: str | Path | None = None,
@@ -381,199 +369,3 @@ class Engine:
 
     def sampler(self, params: SamplingParams) -> Sampler:
         return Sampler(self._vocab, self.n_vocab, params)
-
-    # ------------------------------------------------------------------ checkpoints
-
-    @_locked
-    def checkpoint(self, seq: int, kind: CheckpointKind = CheckpointKind.FULL) -> Checkpoint:
-        """Snapshot ``seq``.  PARTIAL_ONLY (recurrent state only) exists on recurrent models."""
-        hist = self._check_seq(seq)
-        if kind is CheckpointKind.PARTIAL_ONLY and not self.kind.has_recurrent_state:
-            raise UnsafeEditError("an attention-only model has no recurrent state to checkpoint; "
-                                  "take a FULL checkpoint or truncate directly")
-        flags = _PARTIAL if kind is CheckpointKind.PARTIAL_ONLY else 0
-        size = llama_cpp.llama_state_seq_get_size_ext(self._ctx, seq, flags)
-        buf = ctypes.create_string_buffer(max(1, size))
-        n = llama_cpp.llama_state_seq_get_data_ext(
-            self._ctx, ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8)), size, seq, flags)
-        if n == 0 and size > 0:
-            raise EngineError(f"llama.cpp returned no state for sequence {seq}")
-        ckpt = Checkpoint(data=buf.raw[:n], kind=kind, pos=self._next_pos(seq),
-                          n_tokens=sum(r.n_tokens for r in hist), history=tuple(hist),
-                          model_id=self.model_id)
-        self._live_ckpt[0] += 1
-        self._live_ckpt[1] += n
-        weakref.finalize(ckpt, self._forget_checkpoint, n)
-        return ckpt
-
-    def _forget_checkpoint(self, nbytes: int) -> None:
-        self._live_ckpt[0] -= 1
-        self._live_ckpt[1] -= nbytes
-
-    def _set_state(self, seq: int, ckpt: Checkpoint, flags: int) -> None:
-        data = ckpt.data
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        nread = llama_cpp.llama_state_seq_set_data_ext(self._ctx, buf, len(data), seq, flags)
-        if nread == 0:
-            llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
-            self._hist[seq] = []
-            raise RestoreError(f"llama.cpp refused the checkpoint for sequence {seq}; "
-                               "the sequence was cleared")
-
-    @_locked
-    def restore(self, seq: int, ckpt: Checkpoint) -> None:
-        """Replace ``seq``'s state with a FULL checkpoint (taken on any sequence)."""
-        self._check_seq(seq)
-        if ckpt.model_id != self.model_id:
-            raise RestoreError("checkpoint was taken on another model")
-        if ckpt.kind is not CheckpointKind.FULL:
-            raise RestoreError("a PARTIAL_ONLY checkpoint holds no attention KV; "
-                               "use truncate(seq, pos, via=checkpoint)")
-        llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
-        self._hist[seq] = []
-        self._set_state(seq, ckpt, 0)
-        self._hist[seq] = list(ckpt.history)
-
-    @_locked
-    def truncate(self, seq: int, pos: int, *, via: Checkpoint | None = None) -> None:
-        """Cut ``seq`` back so that ``pos`` is its next position.
-
-        Attention-only models: a plain tail trim (``via`` is not needed).  Recurrent / hybrid
-        models: only through a PARTIAL_ONLY checkpoint taken at ``pos`` on this same history
-        (restore its recurrent state, then trim the attention KV); anything else raises
-        ``UnsafeEditError`` and leaves the sequence untouched.
-        """
-        hist = self._check_seq(seq)
-        end = self._next_pos(seq)
-        if not 0 <= pos <= end:
-            raise ValueError(f"truncate position {pos} outside 0..{end}")
-        keep = history_prefix_at(hist, pos)
-        if via is not None and (via.history != tuple(keep) or via.pos != pos):
-            raise UnsafeEditError("checkpoint was taken on another history or position")
-        if not self.kind.has_recurrent_state:
-            if pos < end and not llama_cpp.llama_memory_seq_rm(self._mem, seq, pos, -1):
-                raise EngineError(f"llama.cpp refused to trim sequence {seq} at {pos}")
-            self._hist[seq] = keep
-            return
-        if via is None or via.kind is not CheckpointKind.PARTIAL_ONLY:
-            raise UnsafeEditError(
-                f"a {self.kind.value} model cannot drop positions from its recurrent state; "
-                f"truncate needs a PARTIAL_ONLY checkpoint taken at position {pos}")
-        if via.model_id != self.model_id:
-            raise RestoreError("checkpoint was taken on another model")
-        self._set_state(seq, via, _PARTIAL)
-        if pos < end and not llama_cpp.llama_memory_seq_rm(self._mem, seq, pos, -1):
-            llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
-            self._hist[seq] = []
-            raise EngineError(f"attention trim of sequence {seq} at {pos} failed; sequence cleared")
-        self._hist[seq] = keep
-
-    @_locked
-    def remove_range(self, seq: int, p0: int, p1: int) -> None:
-        """Remove positions [p0, p1) and shift later ones down (attention-only models).
-
-        On recurrent / hybrid models llama.cpp would return success here while the removed
-        tokens stay inside the recurrent state, so this raises ``UnsafeEditError`` instead.
-        """
-        hist = self._check_seq(seq)
-        end = self._next_pos(seq)
-        if self.kind.has_recurrent_state:
-            raise UnsafeEditError(
-                f"cannot remove positions [{p0}, {p1}) from the middle of a {self.kind.value} "
-                "model's sequence: the recurrent state keeps what it absorbed (llama.cpp would "
-                "report success and silently corrupt it)")
-        if not 0 <= p0 < p1 <= end:
-            raise ValueError(f"range [{p0}, {p1}) outside 0..{end}")
-        if p1 < end and not llama_cpp.llama_memory_can_shift(self._mem):
-            raise UnsafeEditError("this model's memory cannot shift positions")
-        starts = {r.pos0 for r in hist} | {end}
-        if p0 not in starts or p1 not in starts:
-            raise UnsafeEditError("remove_range must cut at run boundaries")
-        if not llama_cpp.llama_memory_seq_rm(self._mem, seq, p0, p1):
-            raise EngineError("llama.cpp refused the range removal")
-        delta = p1 - p0
-        if p1 < end:
-            llama_cpp.llama_memory_seq_add(self._mem, seq, p1, -1, -delta)
-        # The survivors are no longer the history they were: re-chain their digests with an
-        # "edited" tag so no checkpoint of the unedited history can match them.
-        new: list[Run] = []
-        prev = GENESIS
-        for r in hist:
-            if p0 <= r.pos0 < p1:
-                continue
-            shifted = r.pos0 - delta if r.pos0 >= p1 else r.pos0
-            tag = b"edited" if r.pos0 >= p1 else b""
-            prev = chain_digest(prev, r.kind, tag + r.digest)
-            new.append(attrs.evolve(r, pos0=shifted, digest=prev))
-        self._hist[seq] = new
-
-    # ------------------------------------------------------------------ images
-
-    @_locked
-    def encode_image(self, png: bytes | DecodedImage, *,
-                     image_id: str | None = None) -> EncodedImage:
-        """PNG bytes → embedding rows and decoder positions (cached by pixel identity).
-
-        ``image_id`` (the pixel hash, when the caller already knows it) lets a cache hit skip
-        decoding the PNG.
-        """
-        if self._mtmd is None:
-            raise NoVisionError("this engine was loaded without an mmproj")
-        if image_id is not None:
-            hit = self.image_cache.get(image_id)
-            if hit is not None:
-                return hit
-        img = png if isinstance(png, DecodedImage) else decode_png(png)
-        hit = self.image_cache.get(img.image_id)
-        if hit is not None:
-            return hit
-        with MtmdChunks(self._mtmd, img, self._marker) as chunks:
-            enc = chunks.encode(img, self.n_embd, self.uses_mrope)
-        self.image_cache.put(enc)
-        return enc
-
-    @_locked
-    def image_tokens(self, png: bytes | DecodedImage) -> tuple[int, int]:
-        """(n_tokens, n_pos) an image would cost, without running the vision encoder."""
-        if self._mtmd is None:
-            raise NoVisionError("this engine was loaded without an mmproj")
-        img = png if isinstance(png, DecodedImage) else decode_png(png)
-        with MtmdChunks(self._mtmd, img, self._marker) as chunks:
-            return chunks.image_counts()
-
-    # ------------------------------------------------------------------ accounting
-
-    def _measure_state_bytes(self) -> tuple[int, int, int]:
-        """KV bytes per cell, recurrent bytes per sequence and a sequence state's fixed part
-        (its size at zero tokens), as llama.cpp serialises them."""
-        seq = 0
-        probe = list(range(3, 11))
-        sizes = []
-        for n in (4, 8):
-            self.prefill_tokens(seq, probe[:n], logits=False)
-            sizes.append(llama_cpp.llama_state_seq_get_size_ext(self._ctx, seq, 0))
-            self.clear(seq)
-        per_token = (sizes[1] - sizes[0]) // 4
-        recurrent = 0
-        if self.kind.has_recurrent_state:
-            self.prefill_tokens(seq, probe[:4], logits=False)
-            recurrent = llama_cpp.llama_state_seq_get_size_ext(self._ctx, seq, _PARTIAL)
-            self.clear(seq)
-        return per_token, recurrent, sizes[0] - 4 * per_token
-
-    @_locked
-    def state_bytes(self, seq: int, kind: CheckpointKind = CheckpointKind.FULL) -> int:
-        """What llama.cpp says a checkpoint of ``seq`` would take right now."""
-        self._check_seq(seq)
-        flags = _PARTIAL if kind is CheckpointKind.PARTIAL_ONLY else 0
-        return int(llama_cpp.llama_state_seq_get_size_ext(self._ctx, seq, flags))
-
-    @_locked
-    def memory(self) -> MemoryReport:
-        return MemoryReport(
-            kv_bytes_per_token=self.kv_bytes_per_token,
-            recurrent_bytes_per_seq=self.recurrent_bytes_per_seq,
-            seq_state_bytes={s: int(llama_cpp.llama_state_seq_get_size_ext(self._ctx, s, 0))
-                             for s, h in self._hist.items() if h},
-            live_checkpoints=self._live_ckpt[0], live_checkpoint_bytes=self._live_ckpt[1],
-            image_cache_bytes=self.image_cache.nbytes)

@@ -8,8 +8,52 @@ from typing import Any
 import numpy as np
 from llama_cpp import mtmd_cpp
 
-from cachepolicy.errors import ImageError
-from cachepolicy.images import DecodedImage, EncodedImage
+from cachepolicy.engine.locking import locked as _locked
+from cachepolicy.errors import ImageError, NoVisionError
+from cachepolicy.images import DecodedImage, EmbeddingCache, EncodedImage, decode_png
+
+class VisionMixin:
+    """Image methods of the engine (see ``Engine`` for the attributes used)."""
+
+    _mtmd: Any
+    _marker: bytes
+    image_cache: EmbeddingCache
+    n_embd: int
+    uses_mrope: bool
+
+
+    @_locked
+    def encode_image(self, png: bytes | DecodedImage, *,
+                     image_id: str | None = None) -> EncodedImage:
+        """PNG bytes → embedding rows and decoder positions (cached by pixel identity).
+
+        ``image_id`` (the pixel hash, when the caller already knows it) lets a cache hit skip
+        decoding the PNG.
+        """
+        if self._mtmd is None:
+            raise NoVisionError("this engine was loaded without an mmproj")
+        if image_id is not None:
+            hit = self.image_cache.get(image_id)
+            if hit is not None:
+                return hit
+        img = png if isinstance(png, DecodedImage) else decode_png(png)
+        hit = self.image_cache.get(img.image_id)
+        if hit is not None:
+            return hit
+        with MtmdChunks(self._mtmd, img, self._marker) as chunks:
+            enc = chunks.encode(img, self.n_embd, self.uses_mrope)
+        self.image_cache.put(enc)
+        return enc
+
+    @_locked
+    def image_tokens(self, png: bytes | DecodedImage) -> tuple[int, int]:
+        """(n_tokens, n_pos) an image would cost, without running the vision encoder."""
+        if self._mtmd is None:
+            raise NoVisionError("this engine was loaded without an mmproj")
+        img = png if isinstance(png, DecodedImage) else decode_png(png)
+        with MtmdChunks(self._mtmd, img, self._marker) as chunks:
+            return chunks.image_counts()
+
 
 _SECTION_ORDER = ("t", "y", "x", "z")  # llama.cpp's M-RoPE section order for decoder positions
 
