@@ -6,10 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from runtime.commands import bench, check_exact, demo, forge
+from runtime.commands import bench, bench_decode, check_exact, demo, forge
 from runtime.logs import configure_logging
 
-COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo, "bench": bench}
+COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo, "bench": bench,
+            "bench-decode": bench_decode}
 
 
 def build_parser() -> argparse.ArgumentParser:
