@@ -60,6 +60,11 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def rss_peak_bytes() -> int:
+    """The process's resident-set high-water mark (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def step_segments(factory: SegmentFactory, traj: Sequence[BenchStep], i: int) -> tuple:
     segs: tuple = ()
     if i == 0:

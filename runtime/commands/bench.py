@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     from cachepolicy.errors import KvagentCacheError
     from cachepolicy.images import fit_resolution
     from cachepolicy.segments import SegmentFactory
-    from runtime.bench.arms import run_arm
+    from runtime.bench.arms import rss_bytes, rss_peak_bytes, run_arm
     from runtime.bench.report import REFERENCE_ARM, summarize, table
     from runtime.bench.trajectory import screenshot, trajectory
 
@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         # re-prefilled from the cache instead of re-running the vision encoder.
         engine.image_cache.max_bytes = (args.window + 1) * engine.encode_image(traj[0].png).nbytes
         factory = SegmentFactory(engine)
+        rss_loaded = rss_bytes()  # model, mmproj and the preallocated KV buffers are in
         results = []
         for name in args.arm_list:
             def progress(rec, name=name) -> None:
@@ -145,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             "screenshot_size": [w, h], "vm_seconds": args.vm_seconds,
             "decode_tokens": args.decode_tokens, "threads": args.threads,
             "n_batch": args.n_batch, "reference_arm": REFERENCE_ARM,
+            "rss_after_load_bytes": rss_loaded, "rss_peak_bytes": rss_peak_bytes(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}"},
             "arms": arms}
         if concurrency is not None:

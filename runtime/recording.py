@@ -1,0 +1,203 @@
+"""Episode results in OSWorld's layout, written while the episode runs.
+
+One directory per episode::
+
+    {result_dir}/{action_space}/{observation_type}/{model}/{domain}/{task_id}/
+        traj.jsonl      one line per step: step_num, action_timestamp, action (pyautogui code
+                        or DONE / FAIL / WAIT — never the raw model text), response (the
+                        model's text), reward, done, info, screenshot_file
+        step_{n}_{timestamp}.png   the screen after step n's action
+        metrics.jsonl   kvagent's per-step measurements (one line per step)
+        result.txt      the final reward, written when the episode ends
+
+Durability: every line is flushed and fsync'd before the call returns, and a step's PNG is
+on disk before the ``traj.jsonl`` line naming it, so a crash loses at most the step being
+written.  Names that would leave ``result_dir`` (absolute, ``..``, separators, NUL) raise
+``UnsafePathError`` before anything is created.
+
+All methods block (file I/O): call them from a worker thread inside an event loop.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+import structlog
+
+ACTION_SPACE = "pyautogui"
+OBSERVATION_TYPE = "screenshot"
+TRAJ_FILE = "traj.jsonl"
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.txt"
+TIMESTAMP_FORMAT = "%Y%m%d@%H%M%S"  # OSWorld's action_timestamp
+
+log = structlog.get_logger("kvagent.recording")
+
+
+class RecordingError(Exception):
+    """Base class for errors raised while recording results."""
+
+
+class UnsafePathError(RecordingError, ValueError):
+    """A task id, domain or model name would put files outside the result directory."""
+
+
+def check_component(value: object, what: str) -> str:
+    """Return ``value`` if it is usable as one directory name inside the result dir."""
+    if not isinstance(value, str):
+        raise UnsafePathError(f"{what} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise UnsafePathError(f"{what} must not be empty")
+    if value in (".", ".."):
+        raise UnsafePathError(f"{what} {value!r} refers to a directory, not a name")
+    if any(ord(c) < 32 for c in value):
+        raise UnsafePathError(f"{what} {value!r} contains NUL or a control character")
+    seps = {"/", "\\", os.sep} | ({os.altsep} if os.altsep else set())
+    if any(s in value for s in seps):
+        raise UnsafePathError(f"{what} {value!r} contains a path separator")
+    if Path(value).is_absolute():
+        raise UnsafePathError(f"{what} {value!r} is an absolute path")
+    return value
+
+
+@attrs.frozen
+class ResultLayout:
+    """Where a run's episodes go: ``{result_dir}/{action_space}/{observation_type}/{model}/
+    {domain}/{task_id}``.  Every component is validated at construction / lookup."""
+
+    result_dir: Path = attrs.field(converter=Path)
+    model: str
+    domain: str = "simdesk"
+    action_space: str = ACTION_SPACE
+    observation_type: str = OBSERVATION_TYPE
+
+    def __attrs_post_init__(self) -> None:
+        for what in ("action_space", "observation_type", "model", "domain"):
+            check_component(getattr(self, what), what)
+
+    @property
+    def domain_dir(self) -> Path:
+        return (self.result_dir / self.action_space / self.observation_type / self.model
+                / self.domain)
+
+    def task_dir(self, task_id: str) -> Path:
+        """The episode directory of ``task_id`` (resolved; nothing is created)."""
+        check_component(task_id, "task id")
+        root = self.result_dir.resolve()
+        path = (self.domain_dir / task_id).resolve()
+        # Resolution follows symlinks already on disk: a component that links out of the
+        # result dir is refused just like '..'.
+        if not path.is_relative_to(root) or path == root:
+            raise UnsafePathError(f"task id {task_id!r} leads outside {root}")
+        return path
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _json_line(entry: dict[str, Any]) -> str:
+    return json.dumps(entry, default=str, ensure_ascii=False) + "\n"
+
+
+class EpisodeRecorder:
+    """Writes one episode's directory step by step (see the module docstring)."""
+
+    def __init__(self, directory: Path) -> None:
+        """Use ``EpisodeRecorder.create``; this opens files in an existing directory."""
+        self.directory = directory
+        self.steps = 0
+        self._traj: IO[str] | None = open(directory / TRAJ_FILE, "w", encoding="utf-8")
+        self._metrics: IO[str] | None = open(directory / METRICS_FILE, "w", encoding="utf-8")
+        _fsync_dir(directory)
+
+    @classmethod
+    def create(cls, layout: ResultLayout, task_id: str) -> EpisodeRecorder:
+        """Validate, create (or reuse) the episode directory and start empty files there.
+
+        A previous run's files in that directory (traj, metrics, result, step PNGs) are
+        removed first, so the directory never mixes two runs."""
+        directory = layout.task_dir(task_id)  # raises before anything is written
+        directory.mkdir(parents=True, exist_ok=True)
+        for old in directory.iterdir():
+            if old.is_file() and (old.name in (TRAJ_FILE, METRICS_FILE, RESULT_FILE)
+                                  or (old.name.startswith("step_") and old.suffix == ".png")):
+                old.unlink()
+        log.debug("recording_open", path=str(directory))
+        return cls(directory)
+
+    @property
+    def closed(self) -> bool:
+        return self._traj is None
+
+    def _append(self, handle: IO[str] | None, entry: dict[str, Any]) -> None:
+        if handle is None:
+            raise RecordingError(f"the recorder of {self.directory} is closed")
+        handle.write(_json_line(entry))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+    def record_step(self, *, step_num: int, action: str, response: str, reward: float,
+                    done: bool, info: dict[str, Any], screenshot: bytes,
+                    metrics: dict[str, Any], timestamp: dt.datetime | None = None) -> str:
+        """Write the screen after the action, then its traj line, then its metrics line.
+
+        ``action`` must already be what OSWorld executes (``to_pyautogui``); ``timestamp``
+        is when the action started executing (OSWorld takes it just before ``env.step``).
+        Returns the screenshot's file name."""
+        stamp = (timestamp or dt.datetime.now()).strftime(TIMESTAMP_FORMAT)
+        name = f"step_{step_num}_{stamp}.png"
+        with open(self.directory / name, "wb") as f:
+            f.write(screenshot)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(self.directory)  # the PNG's entry exists before a line names it
+        self._append(self._traj, {
+            "step_num": step_num, "action_timestamp": stamp, "action": action,
+            "response": response, "reward": reward, "done": done, "info": info,
+            "screenshot_file": name})
+        self._append(self._metrics, {"step_num": step_num, **metrics})
+        self.steps += 1
+        return name
+
+    def record_metrics(self, metrics: dict[str, Any]) -> None:
+        """A metrics line without a traj line (a step that failed before an action)."""
+        self._append(self._metrics, metrics)
+
+    def record_error(self, message: str) -> None:
+        """OSWorld's runner marks a crashed example with an ``{"Error": ...}`` traj line."""
+        self._append(self._traj, {"Error": message})
+
+    def finish(self, reward: float) -> Path:
+        """Write ``result.txt`` (atomically: a reader sees no result or the whole one)."""
+        path = self.directory / RESULT_FILE
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(f"{reward}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(self.directory)
+        return path
+
+    def close(self) -> None:
+        """Close the files (idempotent)."""
+        for handle in (self._traj, self._metrics):
+            if handle is not None:
+                handle.close()
+        self._traj = self._metrics = None
+
+    def __enter__(self) -> EpisodeRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
