@@ -63,6 +63,11 @@ class Scheduler(PressureMixin):
         self._log = structlog.get_logger("kvagent.scheduler")
         # The image cache is held at its capacity, so encoding never takes the ledger past
         # its budget; rung 1 may shrink the capacity.
+        # (at most a quarter of the budget; the engine's own capacity is restored on close).
+        self._cache_capacity = engine.image_cache.max_bytes
+        engine.image_cache.max_bytes = min(self._cache_capacity, ledger.budget // 4)
+        while engine.image_cache.nbytes > engine.image_cache.max_bytes:
+            engine.image_cache.evict_one()
         ledger.publish(IMAGE_CACHE, engine.image_cache.max_bytes, None)
 
     async def __aenter__(self) -> Scheduler:
@@ -78,6 +83,7 @@ class Scheduler(PressureMixin):
             for slot in list(self._slots.values()):
                 await self.close_episode(slot.cache)
             self.ledger.drop(IMAGE_CACHE)
+            self.engine.image_cache.max_bytes = self._cache_capacity
 
     # ------------------------------------------------------------------ episodes
 
