@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
@@ -47,11 +48,14 @@ class Scheduler(PressureMixin):
     def __init__(self, engine: Engine, ledger: MemoryLedger, factory: SegmentFactory, *,
                  options: StepOptions = StepOptions(), wait_s: float = 2.0,
                  image_cache_floor: int = 0,
-                 fault: Callable[[str], None] | None = None) -> None:
+                 fault: Callable[[str], None] | None = None,
+                 debug: bool | None = None) -> None:
         self.engine, self.ledger, self.factory, self.options = engine, ledger, factory, options
         self.wait_s = wait_s
         self.image_cache_floor = image_cache_floor
         self.fault = fault  # test hook, called in the worker thread before publication
+        # debug: check the ledger's invariant whenever the scheduler goes idle
+        self.debug = os.environ.get("KVAGENT_DEBUG") == "1" if debug is None else debug
         self.counters: Counter[str] = Counter()
         self._free_seqs = [s for s in range(engine.config.n_seq_max) if s != options.scratch_seq]
         self._slots: dict[str, Slot] = {}
@@ -195,6 +199,9 @@ class Scheduler(PressureMixin):
             slot.jobs -= 1
             slot.phase = Phase.IDLE
             slot.last_used = next(self._clock)
+            if self.debug and not any(s.jobs for s in self._slots.values()):
+                self.ledger.check_integrity()
+                self.counters["idle_checks"] += 1
 
     async def _run(self, slot: Slot, txn: Transaction,
                    priority: Priority) -> StepRecord | PrefetchRecord:

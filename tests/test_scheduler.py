@@ -83,11 +83,12 @@ async def test_ledger_invariant_after_every_transaction(big_engine) -> None:
     factory = SegmentFactory(big_engine)
     ledger = MemoryLedger(1 << 30)
     seen = []
-    async with Scheduler(big_engine, ledger, factory, options=OPTS) as sched:
+    async with Scheduler(big_engine, ledger, factory, options=OPTS, debug=True) as sched:
         def check(_episode, _row) -> None:
             ledger.check_integrity()
             seen.append(ledger.snapshot())
         await run_concurrently(sched, factory, traj, 3, on_step=check, **KW)
+        assert sched.counters["idle_checks"] >= 1  # debug mode checked the ledger at idle
     assert len(seen) == 12 and all(s.reserved + s.held <= s.budget for s in seen)
     assert ledger.snapshot().held == 0 and ledger.snapshot().reserved == 0
 
