@@ -1,0 +1,329 @@
+"""KvAgent inside OSWorld's own runner contract, and OSWorldEnv, on the fake DesktopEnv.
+
+The agent runs the real engine on the forged tiny qwen35 (random weights: aimless but valid
+actions); only the VM is faked.  ``run_single_example_like`` mirrors OSWorld's
+``lib_run_single.run_single_example`` step for step, minus its 60 s / 20 s sleeps.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from fake_desktop_env import CheckingDesktopEnv, assert_action_contract, simdesk_example
+from structlog.testing import capture_logs
+
+from cachepolicy.errors import PolicyRefusedError
+from runtime.actions import Click, Done, MoveTo, to_pyautogui
+from runtime.osworld_agent import PORTAL_THREAD_PREFIX, AgentClosedError, KvAgent
+from runtime.session import AgentSession
+from vmenv.errors import EnvClosedError, EpisodeOverError
+from vmenv.osworld import MissingScreenshotError, OSWorldEnv, OSWorldUnavailableError
+from vmenv.png import png_size
+from vmenv.simdesk_widgets import locate
+
+SCREEN = (320, 240)
+TRAJ_KEYS = {"step_num", "action_timestamp", "action", "response", "reward", "done", "info",
+             "screenshot_file"}
+ARGS = SimpleNamespace(sleep_after_execution=0.0)
+
+
+def run_single_example_like(agent: Any, env: Any, example: dict[str, Any], max_steps: int,
+                            instruction: str, args: Any, example_result_dir: str,
+                            scores: list[float]) -> list[tuple[Any, ...]]:
+    """lib_run_single.run_single_example's steps; returns what predict returned."""
+    runtime_logger = logging.getLogger(f"desktopenv.example.{example['id']}")
+    env.reset(task_config=example)
+    try:
+        agent.reset(runtime_logger, vm_ip=env.vm_ip)
+    except Exception:
+        agent.reset(vm_ip=env.vm_ip)
+    obs = env._get_obs()  # (OSWorld sleeps 60 s before this)
+    done = False
+    step_idx = 0
+    env.controller.start_recording()
+    returned: list[tuple[Any, ...]] = []
+    while not done and step_idx < max_steps:
+        response, actions = agent.predict(instruction, obs)
+        returned.append((response, actions))
+        for action in actions:
+            action_timestamp = datetime.datetime.now().strftime("%Y%m%d@%H%M%S%f")
+            obs, reward, done, info = env.step(action, args.sleep_after_execution)
+            shot = f"step_{step_idx + 1}_{action_timestamp}.png"
+            with open(os.path.join(example_result_dir, shot), "wb") as f:
+                f.write(obs["screenshot"])
+            with open(os.path.join(example_result_dir, "traj.jsonl"), "a") as f:
+                f.write(json.dumps({"step_num": step_idx + 1, "action_timestamp": action_timestamp,
+                                    "action": action, "response": response, "reward": reward,
+                                    "done": done, "info": info, "screenshot_file": shot}))
+                f.write("\n")
+            if done:
+                break
+        step_idx += 1
+    result = env.evaluate()  # (OSWorld sleeps 20 s before this)
+    scores.append(result)
+    with open(os.path.join(example_result_dir, "result.txt"), "w", encoding="utf-8") as f:
+        f.write(f"{result}\n")
+    env.controller.end_recording(os.path.join(example_result_dir, "recording.mp4"))
+    return returned
+
+
+class InfoRecorder:
+    """Passes reset/predict through and keeps each step's ``last_info``."""
+
+    def __init__(self, agent: KvAgent) -> None:
+        self.agent, self.infos = agent, []
+
+    def reset(self, *args: Any, **kwargs: Any) -> None:
+        self.agent.reset(*args, **kwargs)
+
+    def predict(self, instruction: str, obs: dict[str, Any]) -> tuple[str, list[str]]:
+        out = self.agent.predict(instruction, obs)
+        self.infos.append(self.agent.last_info)
+        return out
+
+
+@pytest.fixture
+def make_agent(forged: Any) -> Any:
+    made: list[KvAgent] = []
+    model = forged("qwen35")
+
+    def make(**kw: Any) -> KvAgent:
+        opts = dict(n_threads=1, n_ctx=4096, n_batch=64, screen_size=SCREEN,
+                    temperature=1.0, seed=7)
+        opts.update(kw)
+        agent = KvAgent(model.model_path, model.mmproj_path, **opts)
+        made.append(agent)
+        return agent
+
+    yield make
+    for a in made:
+        a.close()
+
+
+def _result_dir(root: Path, example: dict[str, Any]) -> Path:
+    d = root / "pyautogui" / "screenshot" / "kvagent-tiny" / "simdesk" / example["id"]
+    d.mkdir(parents=True)
+    return d
+
+
+def _run(agent: Any, env: Any, task: str, root: Path, max_steps: int = 4,
+         scores: list[float] | None = None) -> tuple[list[tuple[Any, ...]], Path]:
+    example = simdesk_example(task)
+    out = _result_dir(root, example)
+    returned = run_single_example_like(agent, env, example, max_steps, example["instruction"],
+                                       ARGS, str(out), scores if scores is not None else [])
+    return returned, out
+
+
+def test_runner_contract_and_result_layout(make_agent: Any, tmp_path: Path) -> None:
+    agent, env, scores = make_agent(), CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1]), []
+    returned, out = _run(agent, env, "open-terminal", tmp_path, scores=scores)
+    assert 1 <= len(returned) <= 4
+    for response, actions in returned:
+        assert isinstance(response, str) and response
+        assert isinstance(actions, list) and len(actions) == 1
+        assert_action_contract(actions[0], SCREEN)
+    assert env.received == [a[0] for _, a in returned]
+    assert any(a.startswith("pyautogui.click(") for a in env.received)  # seed 7 clicks
+    lines = [json.loads(x) for x in (out / "traj.jsonl").read_text().splitlines()]
+    assert len(lines) == len(returned)
+    for i, (line, (response, actions)) in enumerate(zip(lines, returned), start=1):
+        assert set(line) == TRAJ_KEYS and line["step_num"] == i
+        assert line["action"] == actions[0] and line["response"] == response
+        assert png_size((out / line["screenshot_file"]).read_bytes()) == SCREEN
+    assert (out / "result.txt").read_text() in ("0.0\n", "1.0\n") and len(scores) == 1
+    assert env.controller.recordings == [str(out / "recording.mp4")]
+
+
+def test_overlap_on_and_off_give_identical_steps(make_agent: Any, tmp_path: Path) -> None:
+    runs = {}
+    for overlap in (False, True):
+        rec = InfoRecorder(make_agent(overlap=overlap, seed=1))
+        env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
+        returned, _ = _run(rec, env, "open-terminal", tmp_path / str(overlap), max_steps=5)
+        runs[overlap] = returned, rec.infos
+    (plain, plain_info), (over, over_info) = runs[False], runs[True]
+    assert plain == over and len(over) == 5
+    assert len({r for r, _ in over}) > 1  # the responses are not all the same text
+    for p, o in zip(plain_info[1:], over_info[1:]):
+        # the previous action and the kept screenshots left the critical path
+        assert o["prefetch_prefill_tokens"] > 0 and p["prefetch_prefill_tokens"] == 0
+        assert o["prefill_tokens"] < p["prefill_tokens"]
+
+
+def test_consecutive_episodes_release_the_previous_sequence(make_agent: Any,
+                                                            tmp_path: Path) -> None:
+    agent = make_agent(overlap=True)
+    env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
+    with capture_logs() as logs:
+        _run(agent, env, "open-terminal", tmp_path / "a", max_steps=3)
+        first = agent.episode_id
+        _run(agent, env, "click-ok", tmp_path / "b", max_steps=3)
+        second = agent.episode_id
+    assert first != second and env.resets == 2
+    events = [(e["event"], e.get("episode_id")) for e in logs
+              if e["event"] in ("episode_open", "episode_close")]
+    assert events.index(("episode_close", first)) < events.index(("episode_open", second))
+    status = agent.status()
+    # one sequence in the engine (n_seq_max=1: the second episode got the first one's), and
+    # the ledger holds exactly the image cache and the open episode
+    assert status.episode_id == second and status.seqs_in_use == (0,)
+    assert status.ledger.held == sum(status.held.values()) and status.held[second] > 0
+    agent.reset()  # cancels the prefetch the last step left running
+    after = agent.status()
+    assert second not in after.held and after.episode_id != second
+    assert not after.prefetch_running and after.ledger.reserved == 0
+
+
+def test_missing_screenshot_is_a_wait_not_a_crash(make_agent: Any, tmp_path: Path) -> None:
+    agent = make_agent()
+    for obs in ({"screenshot": None}, {"screenshot": b"not a png"}, {}):
+        response, actions = agent.predict("open the terminal", obs)
+        assert actions == ["WAIT"] and "screenshot" in response
+    # the first observation OSWorld hands over is None (index 1: after reset's own)
+    env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1], missing_screenshots={1})
+    returned, out = _run(agent, env, "open-terminal", tmp_path, max_steps=3)
+    assert returned[0][1] == ["WAIT"] and len(returned) == 3
+    assert all(isinstance(a[0], str) for _, a in returned[1:])
+
+
+def test_reset_forms_and_three_tuple(make_agent: Any) -> None:
+    agent = make_agent()
+    logger = logging.getLogger("desktopenv.agent")
+    ids = []
+    for args, kwargs in (((), {}), ((logger,), {}), ((logger,), {"vm_ip": "10.0.0.2"}),
+                         ((), {"vm_ip": "10.0.0.3"}), ((None,), {"vm_ip": None, "task": 1})):
+        agent.reset(*args, **kwargs)
+        ids.append(agent.episode_id)
+    assert len(set(ids)) == len(ids)
+    env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
+    obs = env.reset()
+    response, actions, info = agent.predict_with_info("Open the Terminal application.", obs)
+    assert isinstance(response, str) and len(actions) == 1
+    assert info["episode_id"] == ids[-1] and info["step"] == 0 and info["code"] == actions[0]
+    assert info["prefill_tokens"] > 0 and info["critical_path_s"] > 0
+    assert isinstance(info["reused_tokens"], int) and info["decode_tokens"] >= 1
+
+
+def test_close_is_idempotent_and_stops_the_portal(make_agent: Any) -> None:
+    agent = make_agent(overlap=True)
+    env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
+    agent.reset()
+    agent.predict("Open the Terminal application.", env.reset())  # a prefetch is now running
+    assert any(t.name.startswith(PORTAL_THREAD_PREFIX) for t in threading.enumerate())
+    agent.close()
+    agent.close()
+    assert not any(t.name.startswith(PORTAL_THREAD_PREFIX) for t in threading.enumerate())
+    with pytest.raises(AgentClosedError):
+        agent.predict("x", env._get_obs())
+    with pytest.raises(AgentClosedError):
+        agent.reset()
+
+
+def test_forgotten_agents_are_closed_by_gc_and_at_exit(forged: Any) -> None:
+    m = forged("qwen35")
+    agent = KvAgent(m.model_path, m.mmproj_path, n_threads=1, n_ctx=2048, screen_size=SCREEN)
+    env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
+    agent.predict("Open the Terminal application.", env.reset())
+    del agent
+    gc.collect()
+    assert not any(t.name.startswith(PORTAL_THREAD_PREFIX) for t in threading.enumerate())
+    script = (
+        "import sys\n"
+        "from runtime.osworld_agent import KvAgent\n"
+        "from vmenv.osworld_fake import FakeDesktopEnv\n"
+        "a = KvAgent(sys.argv[1], sys.argv[2], n_threads=1, n_ctx=2048, screen_size=(320, 240))\n"
+        "print(a.predict('open the terminal', FakeDesktopEnv().reset())[1])\n")
+    done = subprocess.run([sys.executable, "-c", script, str(m.model_path), str(m.mmproj_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "agent_closed" in done.stdout + done.stderr  # the exit hook closed it
+
+
+def test_config_is_checked(forged: Any) -> None:
+    m = forged("qwen35")
+    with pytest.raises(ValueError, match="action_space"):
+        KvAgent(m.model_path, m.mmproj_path, action_space="computer_13")
+    with pytest.raises(ValueError, match="mmproj"):
+        KvAgent(m.model_path, None)
+    with pytest.raises(PolicyRefusedError):  # relocate cannot run on a hybrid model
+        KvAgent(m.model_path, m.mmproj_path, policy="relocate", n_threads=1).start()
+
+
+# ---------------------------------------------------------------------- OSWorldEnv
+
+
+async def test_osworld_env_sends_generated_code() -> None:
+    fake = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
+    env = OSWorldEnv(fake, pause=0.0, settle_s=0.0,
+                     tasks={"t1": simdesk_example("open-terminal", example_id="t1")})
+    obs = await env.reset("t1")
+    assert obs.size == SCREEN and obs.step == 0 and "Terminal" in obs.instruction
+    click = Click(*locate(fake.state, "icon.terminal"))
+    out = await env.step(click)
+    assert fake.received == [to_pyautogui(click)] and out.observation.step == 1
+    assert not out.done and out.reward == 0.0
+    out = await env.step(Done())
+    assert fake.received[-1] == "DONE" and out.done and out.info == {"done": True}
+    assert await env.evaluate() in (0.0, 1.0)
+    with pytest.raises(EpisodeOverError):
+        await env.step(MoveTo(1, 1))
+    await env.close()
+    await env.close()
+    assert fake.closed
+    with pytest.raises(EnvClosedError):
+        await env.reset("t1")
+
+
+async def test_osworld_env_missing_screenshot_and_missing_package() -> None:
+    fake = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1], missing_screenshots={0})
+    env = OSWorldEnv(fake, pause=0.0, settle_s=0.0)
+    with pytest.raises(MissingScreenshotError):
+        await env.reset(simdesk_example("click-ok"))
+    try:
+        import desktop_env  # noqa: F401
+    except ImportError:
+        lazy = OSWorldEnv(desktop_kwargs={"provider_name": "docker"}, settle_s=0.0)
+        with pytest.raises(OSWorldUnavailableError, match="desktop_env"):
+            await lazy.reset(None)
+        await lazy.close()
+
+
+async def test_async_episode_loop_on_osworld_env(engines: Any) -> None:
+    """The async runtime (run_episode + AgentSession) drives the OSWorld adapter too."""
+    from cachepolicy.base import make_policy
+    from cachepolicy.sampling import SamplingParams
+    from cachepolicy.segments import SegmentFactory, model_info
+    from runtime.actions import ACTION_GRAMMAR
+    from runtime.episode import run_episode
+    from scheduler.ledger import MemoryLedger
+    from scheduler.scheduler import Scheduler
+    from scheduler.transaction import StepOptions
+
+    engine = engines("qwen35")
+    factory = SegmentFactory(engine)
+    opts = StepOptions(decode_tokens=48, stop_at_eog=True,
+                       sampling=SamplingParams(temperature=1.0, seed=7, grammar=ACTION_GRAMMAR))
+    fake = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
+    env = OSWorldEnv(fake, pause=0.0, settle_s=0.0,
+                     tasks={"open-terminal": simdesk_example("open-terminal")})
+    async with Scheduler(engine, MemoryLedger(1 << 40), factory, options=opts) as sched:
+        ep = sched.open_episode("osw", make_policy("terminal-slot", model_info(engine),
+                                                   factory.kit, window=3, decode_tokens=48))
+        session = AgentSession(sched, factory, ep, "Open the Terminal application.", SCREEN)
+        try:
+            result = await run_episode(session, env, task="open-terminal", max_steps=3)
+        finally:
+            await env.close()
+    assert result.n_steps >= 1 and len(fake.received) == result.n_steps

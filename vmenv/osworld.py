@@ -1,0 +1,228 @@
+"""``OSWorldEnv``: OSWorld's ``DesktopEnv`` behind kvagent's async ``Env`` interface.
+
+DesktopEnv is synchronous and slow (it boots VMs, runs setup scripts, sleeps after actions),
+so every call into it — construction, ``reset``, ``step``, ``_get_obs``, ``evaluate``,
+``close`` — runs in a worker thread (``anyio.to_thread.run_sync``, one at a time through a
+CapacityLimiter of 1: one DesktopEnv is one VM and is not thread-safe).
+
+Actions cross the boundary as data: ``step`` takes a structured ``Action`` and sends the code
+``to_pyautogui`` generates for it (or OSWorld's 'DONE' / 'FAIL' / 'WAIT'); model text never
+reaches the VM.  ``desktop_env`` is imported only when this adapter has to build a DesktopEnv
+itself; kvagent does not depend on it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import anyio.to_thread
+import structlog
+
+from runtime.actions import TERMINAL_ACTIONS, Action, to_pyautogui
+from vmenv.base import Observation, StepOutcome
+from vmenv.errors import (
+    EnvBusyError, EnvClosedError, EpisodeOverError, NotResetError, ScreenshotError,
+    UnknownTaskError, VmEnvError,
+)
+from vmenv.png import png_size
+
+log = structlog.get_logger("kvagent.osworld_env")
+
+#: lib_run_single waits this long after ``reset`` before the first observation.
+OSWORLD_SETTLE_S = 60.0
+#: DesktopEnv.step's default pause after an action.
+OSWORLD_PAUSE_S = 2.0
+
+
+class OSWorldUnavailableError(VmEnvError):
+    """OSWorld's ``desktop_env`` package is not importable here."""
+
+
+class MissingScreenshotError(ScreenshotError):
+    """The VM returned no screenshot (DesktopEnv gives None after three failed tries)."""
+
+
+class DesktopEnvLike(Protocol):
+    """The part of OSWorld's DesktopEnv this adapter uses."""
+
+    vm_ip: Any
+
+    def reset(self, task_config: dict[str, Any] | None = None, seed: Any = None,
+              options: Any = None) -> dict[str, Any]: ...
+
+    def _get_obs(self) -> dict[str, Any]: ...
+
+    def step(self, action: Any, pause: float = 2) -> tuple[dict[str, Any], float, bool,
+                                                            dict[str, Any]]: ...
+
+    def evaluate(self) -> float: ...
+
+    def close(self) -> None: ...
+
+
+def _build_desktop_env(kwargs: Mapping[str, Any]) -> DesktopEnvLike:
+    try:
+        from desktop_env.desktop_env import DesktopEnv  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise OSWorldUnavailableError(
+            "OSWorld's desktop_env is not installed: `pip install desktop-env` (or put an "
+            "OSWorld checkout on PYTHONPATH), or pass a DesktopEnv you built yourself") from exc
+    env: DesktopEnvLike = DesktopEnv(**kwargs)  # boots the VM: we are in a worker thread
+    return env
+
+
+def _observation(raw: Any, step: int, instruction: str) -> Observation:
+    """DesktopEnv's obs dict → Observation (runs in the worker thread: png_size verifies)."""
+    png = raw.get("screenshot") if isinstance(raw, Mapping) else None
+    if png is None:
+        raise MissingScreenshotError("the VM returned no screenshot")
+    png = bytes(png)
+    width, height = png_size(png)
+    text = raw.get("instruction") or instruction
+    return Observation(screenshot=png, width=width, height=height, instruction=text, step=step)
+
+
+class OSWorldEnv:
+    """An OSWorld VM as an ``Env`` (implements ``vmenv.base.Env``).  One call at a time.
+
+    ``desktop`` is a DesktopEnv (or anything shaped like one); without it one is built on
+    first use as ``DesktopEnv(**desktop_kwargs)`` (pass ``require_a11y_tree=False`` for a
+    screenshot-only agent).  ``reset(task)`` takes an OSWorld example dict, the id of one in
+    ``tasks``, or the path of an example JSON file.  ``pause`` is DesktopEnv.step's sleep after
+    an action; ``settle_s`` the wait between reset and the first observation.
+    """
+
+    def __init__(self, desktop: DesktopEnvLike | None = None, *,
+                 desktop_kwargs: Mapping[str, Any] | None = None,
+                 tasks: Mapping[str, Mapping[str, Any]] | None = None,
+                 pause: float = OSWORLD_PAUSE_S, settle_s: float = OSWORLD_SETTLE_S) -> None:
+        if pause < 0 or settle_s < 0:
+            raise ValueError("pause and settle_s must be >= 0")
+        self._desktop = desktop
+        self._desktop_kwargs = dict(desktop_kwargs or {})
+        self.tasks = dict(tasks or {})
+        self.pause, self.settle_s = pause, settle_s
+        self.last_raw: dict[str, Any] | None = None  # the last obs dict (a11y tree, terminal)
+        self._instruction = ""
+        self._step = 0
+        self._reset_done = False
+        self._done = False
+        self._busy = False
+        self._closed = False
+        self._limiter: anyio.CapacityLimiter | None = None  # made in the event loop
+
+    @property
+    def desktop(self) -> DesktopEnvLike | None:
+        """The wrapped DesktopEnv (None until built)."""
+        return self._desktop
+
+    @property
+    def vm_ip(self) -> Any:
+        return getattr(self._desktop, "vm_ip", None)
+
+    # ------------------------------------------------------------------ Env
+
+    async def reset(self, task: str | Mapping[str, Any] | None = None) -> Observation:
+        """Revert the VM and set ``task`` up; wait ``settle_s``; observe."""
+        config = self._task_config(task)
+        self._enter()
+        try:
+            raw = await self._call(self._reset_sync, config)
+            if self.settle_s:
+                await anyio.sleep(self.settle_s)
+                raw = await self._call(lambda d: d._get_obs())
+            instruction = str((config or {}).get("instruction") or "")
+            obs = await self._call(lambda _d: _observation(raw, 0, instruction))
+        finally:
+            self._busy = False
+        self.last_raw, self._instruction = raw, obs.instruction
+        self._step, self._reset_done, self._done = 0, True, False
+        log.info("osworld_reset", task=(config or {}).get("id"), width=obs.width,
+                 height=obs.height, vm_ip=self.vm_ip)
+        return obs
+
+    async def step(self, action: Action) -> StepOutcome:
+        """Execute ``action`` as generated pyautogui code (or a special string)."""
+        code = to_pyautogui(action)  # typed data in, generated code out: never model text
+        self._enter()
+        try:
+            if not self._reset_done:
+                raise NotResetError("call reset() before step()")
+            if self._done:
+                raise EpisodeOverError("the episode is over; call reset()")
+            raw, reward, done, info = await self._call(lambda d: d.step(code, self.pause))
+            step, instruction = self._step + 1, self._instruction
+            obs = await self._call(lambda _d: _observation(raw, step, instruction))
+        finally:
+            self._busy = False
+        done = bool(done) or isinstance(action, TERMINAL_ACTIONS)
+        self.last_raw, self._step, self._done = raw, step, done
+        log.debug("osworld_step", step=step, action=action.kind, reward=reward, done=done)
+        return StepOutcome(obs, float(reward), done, dict(info or {}))
+
+    async def evaluate(self) -> float:
+        """OSWorld's evaluator score of the current episode."""
+        self._enter()
+        try:
+            if not self._reset_done:
+                raise NotResetError("call reset() before evaluate()")
+            score = await self._call(lambda d: d.evaluate())
+        finally:
+            self._busy = False
+        log.info("osworld_evaluate", score=score)
+        return float(score)
+
+    async def close(self) -> None:
+        """Close the DesktopEnv (stops the VM).  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        desktop, self._desktop = self._desktop, None
+        if desktop is not None:
+            with anyio.CancelScope(shield=True):  # a VM must not be left running
+                await anyio.to_thread.run_sync(desktop.close, limiter=self._get_limiter())
+        log.info("osworld_close")
+
+    # ------------------------------------------------------------------ internals
+
+    def _task_config(self, task: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
+        if task is None or isinstance(task, Mapping):
+            return dict(task) if task is not None else None
+        if task in self.tasks:
+            return dict(self.tasks[task])
+        path = Path(task)
+        if path.suffix == ".json" and path.is_file():
+            config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            return config
+        raise UnknownTaskError(f"unknown task {task!r}: not in tasks and not an example file")
+
+    def _reset_sync(self, desktop: DesktopEnvLike, config: dict[str, Any] | None) -> Any:
+        return desktop.reset(task_config=config)
+
+    def _get_limiter(self) -> anyio.CapacityLimiter:
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(1)
+        return self._limiter
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        """``fn(desktop, *args)`` in a worker thread (the DesktopEnv is built there first)."""
+        def run() -> Any:
+            if self._desktop is None:
+                desktop = _build_desktop_env(self._desktop_kwargs)
+                if self._closed:  # closed while the VM booted: do not leave it running
+                    desktop.close()
+                    raise EnvClosedError("the OSWorld env was closed")
+                self._desktop = desktop
+            return fn(self._desktop, *args)
+        return await anyio.to_thread.run_sync(run, limiter=self._get_limiter())
+
+    def _enter(self) -> None:
+        if self._closed:
+            raise EnvClosedError("the OSWorld env is closed")
+        if self._busy:
+            raise EnvBusyError("another call of this env is running")
+        self._busy = True
