@@ -24,7 +24,7 @@ import datetime as dt
 import json
 import os
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 import attrs
 import structlog
@@ -116,8 +116,11 @@ class EpisodeRecorder:
         """Use ``EpisodeRecorder.create``; this opens files in an existing directory."""
         self.directory = directory
         self.steps = 0
-        self._traj: IO[str] | None = open(directory / TRAJ_FILE, "w", encoding="utf-8")
-        self._metrics: IO[str] | None = open(directory / METRICS_FILE, "w", encoding="utf-8")
+        # held open for the episode (closed by ``close``): one line per step, fsync'd
+        self._traj: IO[str] | None = open(  # noqa: SIM115
+            directory / TRAJ_FILE, "w", encoding="utf-8")
+        self._metrics: IO[str] | None = open(  # noqa: SIM115
+            directory / METRICS_FILE, "w", encoding="utf-8")
         _fsync_dir(directory)
 
     @classmethod
@@ -196,7 +199,7 @@ class EpisodeRecorder:
                 handle.close()
         self._traj = self._metrics = None
 
-    def __enter__(self) -> EpisodeRecorder:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
