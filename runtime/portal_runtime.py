@@ -226,7 +226,8 @@ class AgentRuntime:
         try:
             with job.scope:  # absorbs only its own cancellation (reset/close dropping it)
                 job.record = await session.prefetch()
-        except Exception as exc:  # reported by the next decide; the episode goes on
+        except Exception as exc:  # noqa: BLE001  (reported by the next decide; cancellation
+            # is a BaseException and passes through)
             job.error = f"{type(exc).__name__}: {exc}"
             log.warning("prefetch_failed", episode_id=job.episode_id, reason=job.error)
         finally:
