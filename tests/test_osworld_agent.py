@@ -20,12 +20,18 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from fake_desktop_env import CheckingDesktopEnv, assert_action_contract, simdesk_example
+from fake_desktop_env import (
+    CheckingDesktopEnv, UnsupportedCodeError, assert_action_contract, simdesk_example,
+)
 from structlog.testing import capture_logs
 
 from cachepolicy.errors import PolicyRefusedError
-from runtime.actions import Click, Done, MoveTo, to_pyautogui
-from runtime.osworld_agent import PORTAL_THREAD_PREFIX, AgentClosedError, KvAgent
+from runtime.actions import (
+    Click, Done, DragTo, Hotkey, MoveTo, Press, Scroll, TypeText, to_pyautogui,
+)
+from runtime.osworld_agent import (
+    PORTAL_THREAD_PREFIX, AgentClosedError, AgentStepError, KvAgent,
+)
 from runtime.session import AgentSession
 from vmenv.errors import EnvClosedError, EpisodeOverError
 from vmenv.osworld import MissingScreenshotError, OSWorldEnv, OSWorldUnavailableError
@@ -129,6 +135,7 @@ def _run(agent: Any, env: Any, task: str, root: Path, max_steps: int = 4,
 def test_runner_contract_and_result_layout(make_agent: Any, tmp_path: Path) -> None:
     agent, env, scores = make_agent(), CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1]), []
     returned, out = _run(agent, env, "open-terminal", tmp_path, scores=scores)
+    agent.close()  # cancels the prefetch the last step left running
     assert 1 <= len(returned) <= 4
     for response, actions in returned:
         assert isinstance(response, str) and response
@@ -152,6 +159,7 @@ def test_overlap_on_and_off_give_identical_steps(make_agent: Any, tmp_path: Path
         rec = InfoRecorder(make_agent(overlap=overlap, seed=1))
         env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
         returned, _ = _run(rec, env, "open-terminal", tmp_path / str(overlap), max_steps=5)
+        rec.agent.close()
         runs[overlap] = returned, rec.infos
     (plain, plain_info), (over, over_info) = runs[False], runs[True]
     assert plain == over and len(over) == 5
@@ -196,6 +204,7 @@ def test_missing_screenshot_is_a_wait_not_a_crash(make_agent: Any, tmp_path: Pat
     returned, _ = _run(agent, env, "open-terminal", tmp_path, max_steps=3)
     assert returned[0][1] == ["WAIT"] and len(returned) == 3
     assert all(isinstance(a[0], str) for _, a in returned[1:])
+    agent.close()
 
 
 def test_reset_forms_and_three_tuple(make_agent: Any) -> None:
@@ -214,6 +223,7 @@ def test_reset_forms_and_three_tuple(make_agent: Any) -> None:
     assert info["episode_id"] == ids[-1] and info["step"] == 0 and info["code"] == actions[0]
     assert info["prefill_tokens"] > 0 and info["critical_path_s"] > 0
     assert isinstance(info["reused_tokens"], int) and info["decode_tokens"] >= 1
+    agent.close()
 
 
 def test_close_is_idempotent_and_stops_the_portal(make_agent: Any) -> None:
@@ -251,6 +261,17 @@ def test_forgotten_agents_are_closed_by_gc_and_at_exit(forged: Any) -> None:
     assert "agent_closed" in done.stdout + done.stderr  # the exit hook closed it
 
 
+def test_a_step_that_cannot_fit_the_budget_is_a_typed_error(make_agent: Any) -> None:
+    agent = make_agent(memory_budget="64KiB")  # less than one step needs
+    env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
+    agent.reset()
+    with pytest.raises(AgentStepError, match="after evict, wait, downgrade, fail"):
+        agent.predict("Open the Terminal application.", env.reset())
+    status = agent.status()  # rolled back: nothing reserved, the episode holds nothing
+    assert status.ledger.reserved == 0 and status.held[status.episode_id] == 0
+    agent.close()
+
+
 def test_config_is_checked(forged: Any) -> None:
     m = forged("qwen35")
     with pytest.raises(ValueError, match="action_space"):
@@ -259,6 +280,21 @@ def test_config_is_checked(forged: Any) -> None:
         KvAgent(m.model_path, None)
     with pytest.raises(PolicyRefusedError):  # relocate cannot run on a hybrid model
         KvAgent(m.model_path, m.mmproj_path, policy="relocate", n_threads=1).start()
+
+
+def test_fake_reads_generated_code_and_refuses_anything_else() -> None:
+    env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
+    env.reset(simdesk_example("type-in-field"))
+    field = locate(env.state, "notes.field")
+    for action in (Click(*field), TypeText("kvagent"), DragTo(5, 5, 60, 70), Scroll(0, -3, 9, 9),
+                   Hotkey(("ctrl", "c")), Press("enter")):
+        env.step(to_pyautogui(action), 0)
+        assert env.applied[-1] == action
+    assert env.state.notes.saved == ("kvagent",) and env.evaluate() == 1.0
+    for bad in ("import os", "os.system('true')", "pyautogui.click(x=__import__('os'))",
+                "pyautogui.screenshot('/tmp/x.png')", "print('hi')", "click(1, 2)"):
+        with pytest.raises(UnsupportedCodeError):
+            env.step(bad, 0)
 
 
 # ---------------------------------------------------------------------- OSWorldEnv
