@@ -327,6 +327,12 @@ async def test_osworld_env_missing_screenshot_and_missing_package() -> None:
     env = OSWorldEnv(fake, pause=0.0, settle_s=0.0)
     with pytest.raises(MissingScreenshotError):
         await env.reset(simdesk_example("click-ok"))
+    fake.missing_screenshots = {fake.n_observations + 1}  # the one after the next step
+    await env.reset(simdesk_example("click-ok"))
+    with pytest.raises(MissingScreenshotError):
+        await env.step(Click(*locate(fake.state, "dialog.ok")))
+    obs = await env.observe()  # the action happened; a retry sees its result
+    assert obs.step == 1 and await env.evaluate() == 1.0
     try:
         import desktop_env  # noqa: F401
     except ImportError:

@@ -155,14 +155,30 @@ class OSWorldEnv:
             if self._done:
                 raise EpisodeOverError("the episode is over; call reset()")
             raw, reward, done, info = await self._call(lambda d: d.step(code, self.pause))
-            step, instruction = self._step + 1, self._instruction
+            # The VM executed the action: record that before reading the screenshot, so a
+            # MissingScreenshotError leaves the env consistent (``observe`` can retry).
+            done = bool(done) or isinstance(action, TERMINAL_ACTIONS)
+            self.last_raw, self._step, self._done = raw, self._step + 1, done
+            step, instruction = self._step, self._instruction
             obs = await self._call(lambda _d: _observation(raw, step, instruction))
         finally:
             self._busy = False
-        done = bool(done) or isinstance(action, TERMINAL_ACTIONS)
-        self.last_raw, self._step, self._done = raw, step, done
         log.debug("osworld_step", step=step, action=action.kind, reward=reward, done=done)
         return StepOutcome(obs, float(reward), done, dict(info or {}))
+
+    async def observe(self) -> Observation:
+        """A fresh observation of the current screen (e.g. after a MissingScreenshotError)."""
+        self._enter()
+        try:
+            if not self._reset_done:
+                raise NotResetError("call reset() before observe()")
+            raw = await self._call(lambda d: d._get_obs())
+            step, instruction = self._step, self._instruction
+            obs = await self._call(lambda _d: _observation(raw, step, instruction))
+        finally:
+            self._busy = False
+        self.last_raw = raw
+        return obs
 
     async def evaluate(self) -> float:
         """OSWorld's evaluator score of the current episode."""
