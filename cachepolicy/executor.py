@@ -29,10 +29,12 @@ class Execution:
     logits: np.ndarray | None = attrs.field(eq=False, repr=False)  # the prompt's last logits
     drift_kl: float | None = None
     drift_top1_agree: bool | None = None
+    stopped_at: int | None = None  # a prefetch stopped early: pieces[:stopped_at] are in
 
 
 class Preempted(Exception):
-    """A prefetch was told to stop at a piece boundary (raised by the ``should_stop`` hook)."""
+    """Work stopped at a piece boundary and must not be published (e.g. its caller was
+    cancelled)."""
 
 
 def _prefill_piece(engine: Engine, seq: int, piece: Piece, logits: bool) -> np.ndarray | None:
@@ -74,8 +76,9 @@ def execute(engine: Engine, plan: Plan, seq: int, *, decode_tokens: int = 16,
             sampling: SamplingParams | None = None, stop_at_eog: bool = False,
             scratch_seq: int | None = None,
             should_stop: Callable[[], bool] | None = None) -> Execution:
-    """Run ``plan`` on ``seq``.  ``should_stop`` is polled between pieces (prefetch
-    preemption): when it returns True, ``Preempted`` is raised."""
+    """Run ``plan`` on ``seq``.  ``should_stop`` is polled between pieces: a prefill-only
+    plan (a prefetch) then stops there and reports ``stopped_at`` (what it did is valid and
+    may be published); a decoding plan raises ``Preempted``."""
     t0 = time.perf_counter()
     _apply_start(engine, seq, plan)
     for edit in plan.edits:  # relocate: descending positions, so earlier spans stay valid
@@ -88,7 +91,13 @@ def execute(engine: Engine, plan: Plan, seq: int, *, decode_tokens: int = 16,
         if i in takes:
             made.append(NamedCheckpoint(takes[i].label, engine.checkpoint(seq, takes[i].kind)))
         if should_stop is not None and should_stop():
-            raise Preempted(f"stopped before piece {i}")
+            if plan.decode:
+                raise Preempted(f"stopped before piece {i}")
+            return Execution(new_checkpoints=tuple(made), output_tokens=(),
+                             prefill_tokens=sum(p.n_tokens for p in plan.pieces[
+                                 plan.reused_pieces:i]),
+                             prefill_s=time.perf_counter() - t0, decode_s=0.0, logits=None,
+                             stopped_at=i)
         logits = _prefill_piece(engine, seq, plan.pieces[i], logits=plan.decode and i == last)
     if len(plan.pieces) in takes:
         t = takes[len(plan.pieces)]

@@ -131,8 +131,11 @@ class Scheduler(PressureMixin):
 
     async def prefetch(self, episode: EpisodeCache,
                        build: Callable[[], tuple[Segment, ...]]) -> PrefetchRecord | None:
-        """Speculative prefill of what the next step already knows.  Returns None when it
-        was discarded (preempted, no memory); its segments then join the next step."""
+        """Speculative prefill of what the next step already knows (it appends ``build``'s
+        segments to the log).  Critical work of any episode preempts it at the next piece
+        boundary; what it did by then is published (``record.preempted``).  Returns None when
+        it was discarded (no memory, cancelled, episode closed); its segments then join the
+        episode's next step."""
         result = await self._transact(episode, build, Priority.PREFETCH)
         assert result is None or isinstance(result, PrefetchRecord)
         return result
@@ -158,12 +161,16 @@ class Scheduler(PressureMixin):
                         priority: Priority) -> StepRecord | PrefetchRecord | None:
         slot = self._slots.get(episode.episode_id)
         if slot is None or slot.closed:
+            if priority is Priority.PREFETCH:
+                return None  # its episode ended: the prefetch is simply discarded
             raise EpisodeClosedError(f"episode {episode.episode_id} is closed")
         slot.jobs += 1
         slot.phase = Phase.WAITING
         try:
             async with slot.job_lock:
                 if slot.closed:
+                    if priority is Priority.PREFETCH:
+                        return None
                     raise EpisodeClosedError(f"episode {episode.episode_id} is closed")
                 segments = slot.pending + await self._engine_call(build, priority)
                 slot.pending = ()
@@ -176,8 +183,11 @@ class Scheduler(PressureMixin):
                             return None
                         raise
                     try:
-                        return await self._run(slot, txn, priority)
-                    except Preempted:
+                        result = await self._run(slot, txn, priority)
+                        if isinstance(result, PrefetchRecord) and result.preempted:
+                            self.counters["prefetch_preempted"] += 1
+                        return result
+                    except Preempted:  # cancelled before publication: nothing published
                         slot.pending = segments
                         self.counters["prefetch_discarded"] += 1
                         return None
@@ -223,8 +233,6 @@ class Scheduler(PressureMixin):
         try:
             async with self._hold_engine(priority):
                 slot.phase = Phase.RUNNING
-                if priority is Priority.PREFETCH and self._critical_waiting > 0:
-                    raise Preempted("critical work is waiting")
                 error: Exception | None = None
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(set_on_cancel, stop)

@@ -86,6 +86,7 @@ class PrefetchRecord:
     prefill_tokens: int
     prefill_s: float
     planned: bool  # False: the policy had nothing to prefetch (only the log advanced)
+    preempted: bool = False  # stopped early for critical work; what it did was published
 
 
 @attrs.define(eq=False)
@@ -169,7 +170,7 @@ def commit(engine: Engine, txn: Transaction, ledger: MemoryLedger,
                 checkpoints=len(successor.checkpoints), prefetch=txn.prefetch)
     if txn.prefetch:
         return PrefetchRecord(ep.episode_id, txn.new_log.generation, exe.prefill_tokens,
-                              exe.prefill_s, True)
+                              exe.prefill_s, True, preempted=exe.stopped_at is not None)
     ep.steps_done += 1
     return _record(txn, exe, successor, ledger)
 
@@ -189,8 +190,9 @@ def run_prefetch(engine: Engine, episode: EpisodeCache, segments: tuple[Segment,
                  ledger: MemoryLedger, *, fault: FaultHook | None = None,
                  should_stop: Callable[[], bool] | None = None) -> PrefetchRecord:
     """Append what is known before the next screenshot (the action text) and prefill what
-    the policy can already compute for the next step, as one transaction.  A
-    ``should_stop`` that fires raises ``Preempted`` and rolls back like any failure."""
+    the policy can already compute for the next step, as one transaction.  When
+    ``should_stop`` fires, the prefetch stops at the next piece boundary and publishes what it
+    did (the record says ``preempted``)."""
     txn = begin(engine, episode, segments, prefetch=True)
     admit(txn, ledger)
     record = commit(engine, txn, ledger, fault=fault, should_stop=should_stop)
@@ -200,6 +202,13 @@ def run_prefetch(engine: Engine, episode: EpisodeCache, segments: tuple[Segment,
 
 def _successor(engine: Engine, episode: EpisodeCache, plan: Plan, exe: Execution,
                parent: CacheState) -> CacheState:
+    if exe.stopped_at is not None:
+        # A prefetch stopped early: the plan's anchors may not exist yet, so the parent's
+        # checkpoints stay (still valid restore points: the sequence only grew past them).
+        return CacheState(generation=plan.generation,
+                          checkpoints=parent.checkpoints + exe.new_checkpoints,
+                          seq_bytes=engine.state_bytes(episode.seq),
+                          layout_keys=tuple(p.key for p in plan.pieces[: exe.stopped_at]))
     kept = tuple(c for c in parent.checkpoints if c.label in plan.keep)
     return CacheState(generation=plan.generation, checkpoints=kept + exe.new_checkpoints,
                       seq_bytes=engine.state_bytes(episode.seq),
