@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--result-dir", type=Path, default=Path("results"))
     p.add_argument("--window", type=int, default=3, help="screenshots the model sees (K)")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--screen", default="640x360", help="simdesk screen WxH (min 320x240)")
     p.add_argument("--vm-seconds", type=float, default=0.3,
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     problem = _check(args)
     if problem:
         return _error(problem)
-    model, mmproj, notice = args.model, args.mmproj, None
+    model, mmproj = args.model, args.mmproj
     args.model_name = model.stem if model is not None else "forged-qwen35-tiny"
     from runtime.recording import RecordingError
     from vmenv.errors import VmEnvError
@@ -167,15 +167,17 @@ def run(args: argparse.Namespace) -> int:
     except (RecordingError, VmEnvError, ValueError) as exc:
         return _error(str(exc))
     if model is None:
-        from cachepolicy.forge import forge_cached
+        from cachepolicy.forge import ForgeError, forge_cached
 
-        forged = forge_cached("qwen35", "tiny", vision=True)
+        try:
+            forged = forge_cached("qwen35", "tiny", vision=True)
+        except (ForgeError, OSError) as exc:
+            return _error(f"cannot forge the tiny model: {exc}")
         model, mmproj = forged.model_path, forged.mmproj_path
-        notice = (f"no --model: using the forged tiny qwen35 model with vision "
-                  f"({forged.model_path.parent}). Its weights are random: actions are valid "
-                  f"(grammar-constrained) but aimless; this run shows the runtime, not "
-                  f"intelligence.")
-        print(notice, flush=True)
+        print(f"no --model: using the forged tiny qwen35 model with vision "
+              f"({forged.model_path.parent}). Its weights are random: actions are valid "
+              f"(grammar-constrained) but aimless; this run shows the runtime, not "
+              f"intelligence.", flush=True)
     return _run_loaded(args, config, specs, make_env, layout, model, mmproj)
 
 
@@ -205,12 +207,17 @@ def _load(model: Path, mmproj: Path, args: argparse.Namespace, config: Any, prob
         engine = Engine(model, mmproj, EngineConfig(
             n_ctx_per_seq=max(n_ctx, 512), n_seq_max=config.episodes + 1,
             n_threads=args.threads))
-        need = config.context_tokens(engine.image_tokens(probe)[0], bounded=bounded)
-        if need <= engine.config.n_ctx_per_seq:
-            # room for every episode's window plus the incoming screenshot, no more
-            per_image = engine.encode_image(probe).nbytes
-            engine.image_cache.max_bytes = per_image * (config.window + 1) * config.episodes
-            return engine
+        try:
+            need = config.context_tokens(engine.image_tokens(probe)[0], bounded=bounded)
+            if need <= engine.config.n_ctx_per_seq:
+                # room for every episode's window plus the incoming screenshot, no more
+                per_image = engine.encode_image(probe).nbytes
+                engine.image_cache.max_bytes = (per_image * (config.window + 1)
+                                                * config.episodes)
+                return engine
+        except BaseException:
+            engine.close()
+            raise
         engine.close()
         n_ctx = need
     raise AssertionError("unreachable: the second load is sized from the measured count")

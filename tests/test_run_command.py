@@ -1,0 +1,195 @@
+"""``kvagent run`` end to end as a user runs it (subprocess, forged tiny model), and the
+examples."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from runtime.actions import SPECIAL_ACTIONS
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = ("--episodes", "2", "--max-steps", "3", "--screen", "320x240", "--threads", "1",
+        "--vm-seconds", "0.01")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kvagent-cache")
+
+
+def _env(cache_dir: Path) -> dict[str, str]:
+    return {**os.environ, "KVAGENT_CACHE_DIR": str(cache_dir)}
+
+
+def kvagent_run(cache_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runtime.cli", "run", *args],
+                          capture_output=True, text=True, timeout=300, env=_env(cache_dir))
+
+
+def _episode_dirs(result_dir: Path) -> dict[str, Path]:
+    domain = result_dir / "pyautogui" / "screenshot" / "forged-qwen35-tiny" / "simdesk"
+    return {d.name: d for d in sorted(domain.iterdir())}
+
+
+def _traj(d: Path) -> list[dict]:
+    return [json.loads(line) for line in (d / "traj.jsonl").read_text().splitlines()]
+
+
+def test_run_writes_osworld_results_summary_and_plot(cache_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    res = kvagent_run(cache_dir, *FAST, "--result-dir", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "forged tiny qwen35" in res.stdout and "random" in res.stdout  # says so
+    assert "crit prefill" in res.stdout and "total prefill" in res.stdout  # the table
+    assert f"plot: {out / 'kvagent_steps.png'}" in res.stdout
+    assert "step 3/3" in res.stderr and "episodes: " in res.stderr  # plain progress lines
+    dirs = _episode_dirs(out)
+    assert list(dirs) == ["open-terminal-ep0", "type-in-field-ep1"]
+    for d in dirs.values():
+        traj = _traj(d)
+        assert 1 <= len(traj) <= 3
+        for n, line in enumerate(traj, 1):
+            assert set(line) == {"step_num", "action_timestamp", "action", "response", "reward",
+                                 "done", "info", "screenshot_file"}
+            assert line["step_num"] == n
+            assert line["action"] in SPECIAL_ACTIONS or line["action"].startswith("pyautogui.")
+            assert line["screenshot_file"] == f"step_{n}_{line['action_timestamp']}.png"
+            with Image.open(d / line["screenshot_file"]) as img:
+                assert img.size == (320, 240)
+        float((d / "result.txt").read_text())
+        metrics = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        assert len(metrics) == len(traj)
+        for m in metrics:
+            assert {"prefill_tokens", "reused_tokens", "critical_path_prefill_tokens",
+                    "critical_path_s", "env_s", "prefetch_s", "status"} <= set(m)
+    with Image.open(out / "kvagent_steps.png") as plot:
+        assert plot.format == "PNG" and plot.size[0] > 300
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--episodes", "0"), "--episodes must be >= 1"),
+    (("--screen", "100x50"), "--screen"),
+    (("--memory-budget", "lots"), "--memory-budget"),
+    (("--model", "m.gguf"), "--mmproj"),
+    (("--env", "replay"), "--trajectory"),
+    (("--temperature", "-1"), "--temperature"),
+    (("--task", "make-coffee"), "invalid choice"),
+    (("--episodes", "two"), "invalid int"),
+    (("--policy", "relocate", "--threads", "1"), "does not support hybrid"),
+])
+def test_bad_arguments_exit_2_and_write_nothing(cache_dir: Path, tmp_path: Path,
+                                                args: tuple[str, ...], message: str) -> None:
+    out = tmp_path / "results"
+    res = kvagent_run(cache_dir, *args, "--result-dir", str(out))
+    assert res.returncode == 2
+    assert message in res.stderr
+    assert not out.exists()
+
+
+def test_task_choices_are_simdesks_tasks() -> None:
+    from runtime.commands.run import TASKS
+    from vmenv.simdesk_tasks import default_tasks
+
+    assert TASKS == tuple(default_tasks())
+
+
+def test_a_model_that_does_not_load_exits_2(cache_dir: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf")
+    res = kvagent_run(cache_dir, "--model", str(bad), "--mmproj", str(bad), "--threads", "1",
+                      "--result-dir", str(tmp_path / "results"))
+    assert res.returncode == 2 and "error" in res.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_overlap_does_not_change_what_the_agents_say(cache_dir: Path, tmp_path: Path) -> None:
+    runs = {}
+    for flag in ("--overlap", "--no-overlap"):
+        out = tmp_path / flag
+        res = kvagent_run(cache_dir, *FAST, "--seed", "7", flag, "--result-dir", str(out))
+        assert res.returncode == 0, res.stderr
+        runs[flag] = {name: [line["response"] for line in _traj(d)]
+                      for name, d in _episode_dirs(out).items()}
+    assert runs["--overlap"] == runs["--no-overlap"]
+    assert all(runs["--overlap"].values())
+
+
+def test_replay_env(cache_dir: Path, tmp_path: Path) -> None:
+    import anyio
+
+    from vmenv.replay import record_trajectory
+    from vmenv.simdesk import SimDesk, SimDeskConfig
+
+    async def record() -> None:
+        env = SimDesk(SimDeskConfig(width=320, height=240, done_on_success=False))
+        await env.reset("save-note")
+        await record_trajectory(env, env.solution(), tmp_path / "traj", task="save-note")
+
+    anyio.run(record)
+    out = tmp_path / "results"
+    res = kvagent_run(cache_dir, "--env", "replay", "--trajectory", str(tmp_path / "traj"),
+                      "--episodes", "1", "--threads", "1", "--vm-seconds", "0",
+                      "--result-dir", str(out))
+    assert res.returncode == 0, res.stderr
+    (d,) = (out / "pyautogui" / "screenshot" / "forged-qwen35-tiny" / "replay").iterdir()
+    assert d.name == "traj-ep0" and 1 <= len(_traj(d)) <= 4
+
+
+@pytest.mark.parametrize("example", ["run_simdesk.py", "custom_policy.py"])
+def test_examples_run(cache_dir: Path, tmp_path: Path, example: str) -> None:
+    res = subprocess.run([sys.executable, str(REPO / "examples" / example)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=_env(cache_dir))
+    assert res.returncode == 0, res.stdout + res.stderr
+    if example == "custom_policy.py":
+        assert "outputs identical token for token: yes" in res.stdout
+    else:
+        assert "crit prefill" in res.stdout and (tmp_path / "results-example").is_dir()
+
+
+def _events():
+    from runtime.progress import EpisodeEvent
+    from runtime.run_agents import EpisodeSpec
+
+    spec = EpisodeSpec(0, "ep0", "click-ok", "click-ok-ep0", "Click OK.")
+    line = "episodes: 1 running, 0 waiting | budget: 0.1/2.0 GiB, peak 0.1 GiB | checkpoints: 1"
+    return [EpisodeEvent("start", spec, 8, summary=line),
+            EpisodeEvent("step", spec, 8, step=1, action="click(3, 4)", cache_hit=0.9,
+                         critical_path_s=0.25, summary=line),
+            EpisodeEvent("end", spec, 8, step=1, status="done", reward=1.0, summary=line)]
+
+
+def test_progress_plain_lines_without_a_tty() -> None:
+    import io
+
+    from runtime.progress import ProgressDisplay
+
+    out = io.StringIO()
+    show = ProgressDisplay(out, tty=False)
+    for e in _events():
+        show(e)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and "\x1b" not in out.getvalue()
+    assert lines[1].startswith("ep0 click-ok  step 1/8  click(3, 4)  hit 90%  crit 0.25 s | "
+                               "episodes: 1 running")
+    assert "click(3, 4)  done reward 1" in lines[2]  # the end line keeps the last action
+
+
+def test_progress_redraws_in_place_on_a_tty() -> None:
+    import io
+
+    from runtime.progress import ProgressDisplay
+
+    out = io.StringIO()
+    show = ProgressDisplay(out, tty=True)
+    for e in _events():
+        show(e)
+    text = out.getvalue()
+    assert text.count("\x1b[2A") == 2  # each redraw moves up over the episode + summary lines
+    assert text.count("\x1b[2K") == 6
