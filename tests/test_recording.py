@@ -86,8 +86,8 @@ def test_symlink_out_of_the_result_dir_refused(tmp_path: Path) -> None:
 
 
 def _config(**kw: object) -> AgentRunConfig:
-    base = dict(episodes=2, max_steps=2, screen=(320, 240), vm_seconds=0.01, temperature=1.0,
-                seed=1, memory_budget=1 << 34)
+    base = {"episodes": 2, "max_steps": 2, "screen": (320, 240), "vm_seconds": 0.01,
+            "temperature": 1.0, "seed": 1, "memory_budget": 1 << 34}
     return AgentRunConfig(**{**base, **kw})
 
 

@@ -30,7 +30,8 @@ def _env(cache_dir: Path) -> dict[str, str]:
 
 def kvagent_run(cache_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "runtime.cli", "run", *args],
-                          capture_output=True, text=True, timeout=300, env=_env(cache_dir))
+                          capture_output=True, text=True, timeout=300, env=_env(cache_dir),
+                          check=False)
 
 
 def _episode_dirs(result_dir: Path) -> dict[str, Path]:
@@ -145,7 +146,8 @@ def test_replay_env(cache_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("example", ["run_simdesk.py", "custom_policy.py"])
 def test_examples_run(cache_dir: Path, tmp_path: Path, example: str) -> None:
     res = subprocess.run([sys.executable, str(REPO / "examples" / example)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120, env=_env(cache_dir))
+                         capture_output=True, text=True, timeout=120, env=_env(cache_dir),
+                         check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     if example == "custom_policy.py":
         assert "outputs identical token for token: yes" in res.stdout
