@@ -330,3 +330,17 @@ def test_relative_grammars_also_always_parse(engines, convention: CoordConventio
         text = _generate(e, action_grammar(convention), seed)
         action = parse_action(text, convention=convention, screen=S)
         assert not isinstance(action, NoOp), (seed, text, action)
+
+
+def test_less_than_is_typed_through_shift_comma() -> None:
+    """pyautogui types '<' as '>' on OSWorld's VMs; the generated code avoids typewrite('<')."""
+    import ast
+
+    from runtime.actions import TypeText, to_pyautogui
+
+    code = to_pyautogui(TypeText("a<b<<"))
+    assert "<" not in code
+    calls = [ast.unparse(stmt.value.func) for stmt in ast.parse(code).body]
+    assert calls == ["pyautogui.typewrite", "pyautogui.hotkey", "pyautogui.typewrite",
+                     "pyautogui.hotkey", "pyautogui.hotkey"]
+    assert code.count("hotkey('shift', ',')") == 3

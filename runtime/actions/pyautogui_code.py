@@ -43,7 +43,7 @@ def to_pyautogui(action: Action) -> str:
             return (f"pyautogui.moveTo({x0}, {y0})\n"
                     f"pyautogui.dragTo({x1}, {y1}, duration={DRAG_DURATION_S!r}, button='left')")
         case TypeText(text=text):
-            return f"pyautogui.typewrite({text!r}, interval={TYPE_INTERVAL_S!r})"
+            return _typewrite(text)
         case Hotkey(keys=keys):
             return "pyautogui.hotkey(" + ", ".join(repr(k) for k in keys) + ")"
         case Press(key=key):
@@ -62,3 +62,18 @@ def to_pyautogui(action: Action) -> str:
         case Fail():
             return FAIL
     raise InvalidActionError(f"not an action: {action!r}")
+
+
+def _typewrite(text: str) -> str:
+    """Type ``text``; each '<' goes through ``hotkey('shift', ',')``.
+
+    pyautogui types '<' as '>' on many VM keyboard layouts, and OSWorld's own workaround only
+    rewrites a bare ``typewrite('...')``, so kvagent emits the fix itself.
+    """
+    lines = []
+    for i, part in enumerate(text.split("<")):
+        if i:
+            lines.append("pyautogui.hotkey('shift', ',')")
+        if part:
+            lines.append(f"pyautogui.typewrite({part!r}, interval={TYPE_INTERVAL_S!r})")
+    return "\n".join(lines)
