@@ -255,7 +255,7 @@ class _Runner:
                 recorder = await anyio.to_thread.run_sync(
                     EpisodeRecorder.create, self.layout, spec.task_id, limiter=self.io)
             env = self.make_env(spec)
-            cache = self.sched.open_episode(spec.episode_id, self.policy())
+            cache = self.sched.open_episode(spec.episode_id, self.policy(), seed=spec.index)
             session = AgentSession(self.sched, self.factory, cache, spec.instruction,
                                    config.screen, convention=config.convention,
                                    overlap=config.overlap)

@@ -91,14 +91,15 @@ class Scheduler(PressureMixin):
 
     # ------------------------------------------------------------------ episodes
 
-    def open_episode(self, episode_id: str, policy: CachePolicy) -> EpisodeCache:
+    def open_episode(self, episode_id: str, policy: CachePolicy, *,
+                     seed: int = 0) -> EpisodeCache:
         if episode_id in self._slots:
             raise ValueError(f"episode {episode_id} is already open")
         if not self._free_seqs:
             raise NoFreeSequenceError(
                 f"all {self.engine.config.n_seq_max} sequences are in use; raise n_seq_max")
         seq = self._free_seqs.pop(0)
-        episode = EpisodeCache(episode_id, seq, policy)
+        episode = EpisodeCache(episode_id, seq, policy, seed=seed)
         self._slots[episode_id] = Slot(episode, last_used=next(self._clock))
         self._log.info("episode_open", episode_id=episode_id, seq_id=seq, policy=policy.name)
         return episode

@@ -46,6 +46,7 @@ class EpisodeCache:
     log: ContextLog = attrs.Factory(ContextLog)
     state: CacheState = attrs.Factory(CacheState)
     steps_done: int = 0
+    seed: int = 0  # the episode's sampling seed (mixed with the step index at each step)
     publish_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
 
     def view(self, engine: Engine) -> CacheView:
@@ -154,7 +155,8 @@ def commit(engine: Engine, txn: Transaction, ledger: MemoryLedger,
                 prefill_tokens=plan.prefill_tokens, prefetch=txn.prefetch)
     try:
         exe = execute(engine, plan, ep.seq, decode_tokens=options.decode_tokens,
-                      sampling=options.sampling, stop_at_eog=options.stop_at_eog,
+                      sampling=step_sampling(options.sampling, ep.seed, txn.new_log),
+                      stop_at_eog=options.stop_at_eog,
                       scratch_seq=options.scratch_seq, should_stop=should_stop)
         if fault is not None:
             fault("before_publish")
@@ -173,6 +175,17 @@ def commit(engine: Engine, txn: Transaction, ledger: MemoryLedger,
                               exe.prefill_s, True, preempted=exe.stopped_at is not None)
     ep.steps_done += 1
     return _record(txn, exe, successor, ledger)
+
+
+def step_sampling(params: SamplingParams, episode_seed: int, log_: ContextLog) -> SamplingParams:
+    """The step's sampling: the seed mixes the base seed, the episode's seed and the step
+    index, so steps and episodes draw different numbers while any rerun of the same step
+    (with or without overlap, after a rollback) draws the same ones."""
+    if params.greedy:
+        return params
+    step = log_.step_count()
+    seed = ((params.seed * 1_000_003 + episode_seed) * 1_000_033 + step) % (1 << 63)
+    return attrs.evolve(params, seed=seed)
 
 
 def run_step(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...],
