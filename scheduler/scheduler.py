@@ -173,7 +173,10 @@ class Scheduler(PressureMixin):
                     if priority is Priority.PREFETCH:
                         return None
                     raise EpisodeClosedError(f"episode {episode.episode_id} is closed")
-                segments = slot.pending + await self._engine_call(build, priority)
+                # Building (tokenizing, encoding the screenshot) takes the engine's own lock
+                # call by call, not the scheduler's engine slot: it may interleave with
+                # another job's prefill, and lets this job reach admission meanwhile.
+                segments = slot.pending + await anyio.to_thread.run_sync(build)
                 slot.pending = ()
                 for attempt in range(3):
                     try:

@@ -102,7 +102,11 @@ async def test_run_agents_records_as_it_goes(engines, tmp_path: Path) -> None:
             assert event.summary.startswith("episodes: ")
 
     result = await run_agents(engines("qwen35"), _config(), layout, on_event=on_event)
-    assert sorted(seen) == [("ep0", 1, 1), ("ep0", 2, 2), ("ep1", 1, 1), ("ep1", 2, 2)]
+    # every step's event saw exactly that many lines on disk (an episode may end early: a
+    # random model can sample done())
+    assert all(lines == step for _, step, lines in seen)
+    for e in result.episodes:
+        assert [s for ep, s, _ in seen if ep == e.spec.episode_id] == list(range(1, e.steps + 1))
     for e in result.episodes:
         assert e.status != "error" and e.directory == layout.task_dir(e.spec.task_id)
         assert len(_lines(e.directory / METRICS_FILE)) == e.steps == len(e.metrics)
@@ -116,7 +120,7 @@ async def test_a_failing_episode_does_not_stop_the_others(engines, tmp_path: Pat
     layout = ResultLayout(tmp_path, model="tiny")
     result = await run_agents(engines("qwen35"), config, layout, specs=[good, bad])
     ok, failed = result.episodes
-    assert ok.status != "error" and ok.steps == 2
+    assert ok.status != "error" and ok.steps >= 1
     assert failed.status == "error" and "UnknownTaskError" in failed.error
     assert result.errors == (failed,)
     assert _lines(failed.directory / TRAJ_FILE) == [

@@ -69,7 +69,7 @@ async def test_eight_episodes_on_a_budget_for_about_three(big_engine) -> None:
     assert snap.peak <= budget
     assert snap.held == 0 and snap.reserved == 0  # everything returned
     rungs = {e.get("rung") for e in logs if e["event"] == "fallback"}
-    assert 1 in rungs and 2 in rungs  # evictions and waits happened, and were logged
+    assert 1 in rungs and rungs <= {1, 2, 3}  # evictions (and maybe waits) were logged
     assert any(e["event"] == "evict" for e in logs)
     # exact whatever the pressure: every non-degraded episode matches the unpressured one
     for r in runs:
@@ -245,3 +245,45 @@ async def test_prefetch_is_preempted_by_critical_work(big_engine) -> None:
     async with Scheduler(big_engine, ledger2, factory, options=OPTS) as sched2:
         ref = await run_sequentially(sched2, factory, traj, 1, **KW)
     assert list(rec.output_tokens) == ref[0].steps[3]["output_tokens"]
+
+
+async def test_a_step_waits_for_an_in_flight_transaction(big_engine) -> None:
+    """Rung 2, deterministically: A's step is in flight (its reservation held) when B asks
+    for memory that only A's release can give; B waits, then runs."""
+    import threading
+
+    traj = trajectory(2, 96, 64)
+    peak_one, _ = await _one_episode_peak(big_engine, traj)
+    factory = SegmentFactory(big_engine)
+    ledger = MemoryLedger(peak_one)  # room for one step in flight, not two
+    release_a, a_running = threading.Event(), threading.Event()
+
+    def fault(point: str) -> None:  # A's first piece boundary blocks until B has waited
+        if point == "between_pieces" and not a_running.is_set():
+            a_running.set()
+            release_a.wait(timeout=10)
+
+    with capture_logs() as logs:
+        async with Scheduler(big_engine, ledger, factory, options=OPTS, fault=fault,
+                             wait_s=10.0, image_cache_floor=1 << 40) as sched:
+            policy = make_policy("terminal-slot", model_info(big_engine), factory.kit,
+                                 window=3, decode_tokens=4)
+            a, b = sched.open_episode("a", policy), sched.open_episode("b", policy)
+            done = {}
+            async with anyio.create_task_group() as tg:
+                async def run(ep, name) -> None:
+                    done[name] = await sched.step(ep, lambda: step_segments(factory, traj, 0))
+                tg.start_soon(run, a, "a")
+                await anyio.to_thread.run_sync(a_running.wait, 10)
+                tg.start_soon(run, b, "b")
+                try:
+                    with anyio.fail_after(10):
+                        while sched.counters["rung2"] == 0:
+                            await anyio.sleep(0.001)
+                finally:
+                    release_a.set()
+            ledger.check_integrity()
+    assert done["a"].status == done["b"].status == "ok"
+    waits = [e for e in logs if e["event"] == "fallback" and e.get("rung") == 2]
+    assert waits and waits[0]["episode_id"] == "b"
+    assert ledger.snapshot().peak <= ledger.budget
