@@ -1,14 +1,7 @@
 """The Engine: one llama.cpp model + context holding ``n_seq_max`` sequences.
 
-Numerical contract (see ../shared/notes/llama-cpp.md, and ``kvagent check-exact``):
-* flash attention is OFF and n_ubatch == n_batch, so splitting a prefill into several calls
-  gives bitwise the same logits as one call;
-* no prefill ever sends a 1-token batch when it has more than one token (a 1-token batch takes
-  another kernel); a 1-token prefill call is refused unless explicitly allowed;
-* each sequence has its own KV stream (``kv_unified=False``), so a sequence's KV cells sit at
-  the same indices whether it was prefilled from scratch or restored from a checkpoint;
-* edits that llama.cpp would accept but that silently corrupt a recurrent state (a middle-range
-  removal, a tail trim without a recurrent checkpoint) are refused with ``UnsafeEditError``.
+The numerical contract it keeps is stated in the package docstring
+(``cachepolicy.engine``) and checked by ``kvagent check-exact``.
 
 Every public method takes the engine's lock: one llama context is not thread-safe.  The class
 is synchronous; ``AsyncEngine`` runs it in a worker thread for the event loop.
