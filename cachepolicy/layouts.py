@@ -21,19 +21,17 @@ class PromptKit:
     older_header: tuple[int, ...] = ()  # "Earlier steps:" line used by the evict layout
 
 
-def _head(log: ContextLog, new: frozenset[str]) -> list[Piece]:
-    toks = tuple(t for s in log.head for t in s.tokens)
-    return [text_piece("head", toks, new=bool(new & {s.key for s in log.head}))]
+def _head(log: ContextLog) -> list[Piece]:
+    return [text_piece("head", tuple(t for s in log.head for t in s.tokens))]
 
 
-def _shot(s: Segment, new: frozenset[str]) -> list[Piece]:
-    fresh = s.key in new
-    return [text_piece(f"{s.key}:intro", s.intro, new=fresh), image_piece(s, new=fresh),
-            text_piece(f"{s.key}:outro", s.outro, new=fresh)]
+def _shot(s: Segment) -> list[Piece]:
+    return [text_piece(f"{s.key}:intro", s.intro), image_piece(s),
+            text_piece(f"{s.key}:outro", s.outro)]
 
 
-def _action(a: Segment, new: frozenset[str]) -> Piece:
-    return text_piece(a.key, a.tokens, new=a.key in new)
+def _action(a: Segment) -> Piece:
+    return text_piece(a.key, a.tokens)
 
 
 def window_of(log: ContextLog, window: int | None) -> tuple[Segment, ...]:
@@ -41,51 +39,49 @@ def window_of(log: ContextLog, window: int | None) -> tuple[Segment, ...]:
     return shots if window is None else shots[-window:] if window > 0 else ()
 
 
-def terminal(log: ContextLog, kit: PromptKit, window: int, new: frozenset[str], *,
+def terminal(log: ContextLog, kit: PromptKit, window: int, *,
              generation_prompt: bool = True) -> tuple[list[Piece], int]:
     """``[head][action…][≤K screenshots][generation prompt]``; returns (pieces, region start)."""
-    pieces = _head(log, new) + [_action(a, new) for a in log.actions]
+    pieces = _head(log) + [_action(a) for a in log.actions]
     region = len(pieces)
     for s in window_of(log, window):
-        pieces += _shot(s, new)
+        pieces += _shot(s)
     if generation_prompt:
-        pieces.append(text_piece("gen", kit.generation_prompt, new=True))
+        pieces.append(text_piece("gen", kit.generation_prompt))
     return pieces, region
 
 
-def interleaved(log: ContextLog, kit: PromptKit, window: int | None,
-                new: frozenset[str]) -> list[Piece]:
+def interleaved(log: ContextLog, kit: PromptKit, window: int | None) -> list[Piece]:
     """Chat turns as today's agents send them: one user turn per screenshot, one assistant
     turn per action; steps older than the window fold into text in the first user turn."""
     shown = window_of(log, window)
     first_step = shown[0].step if shown else 10**9
     actions = {a.step: a for a in log.actions}
-    pieces = _head(log, new)
+    pieces = _head(log)
     older = [a for a in log.actions if a.step < first_step]
     if older:
         pieces.append(text_piece("older_header", kit.older_header))
-        pieces += [_action(a, new) for a in older]
+        pieces += [_action(a) for a in older]
     for s in shown:
-        pieces += _shot(s, new)
+        pieces += _shot(s)
         if s.step in actions:
             pieces.append(text_piece(f"open@{s.step}", kit.generation_prompt))
-            pieces.append(_action(actions[s.step], new))
+            pieces.append(_action(actions[s.step]))
             pieces.append(text_piece(f"break@{s.step}", kit.turn_break))
-    pieces.append(text_piece("gen", kit.generation_prompt, new=True))
+    pieces.append(text_piece("gen", kit.generation_prompt))
     return pieces
 
 
-def chronological(log: ContextLog, kit: PromptKit, window: int,
-                  new: frozenset[str]) -> list[Piece]:
+def chronological(log: ContextLog, kit: PromptKit, window: int) -> list[Piece]:
     """Relocate's layout: actions in step order, screenshots kept only inside the window,
     each in its own piece so a dropped screenshot's span is a run of the sequence."""
     shown = {s.step for s in window_of(log, window)}
     actions = {a.step: a for a in log.actions}
-    pieces = _head(log, new)
+    pieces = _head(log)
     for s in log.screenshots:
         if s.step in shown:
-            pieces += _shot(s, new)
+            pieces += _shot(s)
         if s.step in actions:
-            pieces.append(_action(actions[s.step], new))
-    pieces.append(text_piece("gen", kit.generation_prompt, new=True))
+            pieces.append(_action(actions[s.step]))
+    pieces.append(text_piece("gen", kit.generation_prompt))
     return pieces

@@ -24,7 +24,6 @@ class Piece:
     tokens: tuple[int, ...] = ()
     image: Segment | None = attrs.field(default=None, eq=False)
     image_id: str | None = None  # identity of the image (eq uses this, not the segment)
-    new: bool = False  # holds content that did not exist at the previous step
 
     @property
     def is_image(self) -> bool:
@@ -46,12 +45,12 @@ class Piece:
                             np.asarray(self.tokens, dtype=np.int32).tobytes())
 
 
-def text_piece(key: str, tokens: Sequence[int], *, new: bool = False) -> Piece:
-    return Piece(key=key, tokens=tuple(tokens), new=new)
+def text_piece(key: str, tokens: Sequence[int]) -> Piece:
+    return Piece(key=key, tokens=tuple(tokens))
 
 
-def image_piece(segment: Segment, *, new: bool = False) -> Piece:
-    return Piece(key=segment.key, image=segment, image_id=segment.image_id, new=new)
+def image_piece(segment: Segment) -> Piece:
+    return Piece(key=segment.key, image=segment, image_id=segment.image_id)
 
 
 def digests(pieces: Iterable[Piece]) -> list[bytes]:
@@ -75,8 +74,7 @@ def merge_text(pieces: Sequence[Piece], *, keep_before: frozenset[int] = frozens
             continue
         if (out and not p.is_image and not out[-1].is_image and i not in keep_before):
             last = out[-1]
-            out[-1] = Piece(key=f"{last.key}+{p.key}", tokens=last.tokens + p.tokens,
-                            new=last.new or p.new)
+            out[-1] = Piece(key=f"{last.key}+{p.key}", tokens=last.tokens + p.tokens)
         else:
             out.append(p)
     return tuple(out)

@@ -160,9 +160,6 @@ class Plan:
     def context_tokens(self) -> int:
         return sum(p.n_tokens for p in self.pieces)
 
-    @property
-    def new_content_tokens(self) -> int:
-        return sum(p.n_tokens for p in self.pieces if p.new)
 
 
 @attrs.frozen

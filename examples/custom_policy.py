@@ -29,25 +29,24 @@ from runtime.bench.trajectory import trajectory
 from runtime.logs import configure_logging
 
 
-def pinned_first_pieces(policy: CachePolicy, log: ContextLog,
-                        new: frozenset[str]) -> tuple[tuple[Piece, ...], int]:
+def pinned_first_pieces(policy: CachePolicy,
+                        log: ContextLog) -> tuple[tuple[Piece, ...], int]:
     """The layout above; returns (pieces, index where the recent-screenshot region starts)."""
     def shot(s: Segment) -> list[Piece]:
-        fresh = s.key in new
-        return [text_piece(f"{s.key}:intro", s.intro, new=fresh), image_piece(s, new=fresh),
-                text_piece(f"{s.key}:outro", s.outro, new=fresh)]
+        return [text_piece(f"{s.key}:intro", s.intro), image_piece(s),
+                text_piece(f"{s.key}:outro", s.outro)]
 
     head = tuple(t for s in log.head for t in s.tokens)
-    raw = [text_piece("head", head, new=bool(new & {s.key for s in log.head}))]
+    raw = [text_piece("head", head)]
     shots = log.screenshots
     if shots:  # the pinned first screenshot, then the append-only action history
         raw += shot(shots[0])
-    raw += [text_piece(a.key, a.tokens, new=a.key in new) for a in log.actions]
+    raw += [text_piece(a.key, a.tokens) for a in log.actions]
     region = len(raw)
     recent = shots[1:][-(policy.window - 1):] if policy.window > 1 else ()
     for s in recent:
         raw += shot(s)
-    raw.append(text_piece("gen", policy.kit.generation_prompt, new=True))
+    raw.append(text_piece("gen", policy.kit.generation_prompt))
     # Keep every piece up to the region start separate, so last step's checkpoint digest is
     # a prefix of this step's prompt (merge_text would otherwise fuse the history's text).
     return merge_text(raw, keep_before=frozenset(range(1, region + 1))), region
@@ -65,7 +64,7 @@ class PinnedFirstPolicy(CachePolicy):
 
     def select(self, log: ContextLog, view: CacheView, *,
                new: frozenset[str] = frozenset()) -> Plan:
-        pieces, region = pinned_first_pieces(self, log, new)
+        pieces, region = pinned_first_pieces(self, log)
         return self.plan_reusing(log, view, pieces, anchors=[(region, "region")])
 
 
@@ -75,7 +74,7 @@ class PinnedFirstScratchPolicy(PinnedFirstPolicy):
 
     def select(self, log: ContextLog, view: CacheView, *,
                new: frozenset[str] = frozenset()) -> Plan:
-        pieces, _ = pinned_first_pieces(self, log, new)
+        pieces, _ = pinned_first_pieces(self, log)
         return self.plan_reusing(log, view, pieces, reuse=False)
 
 

@@ -253,6 +253,10 @@ class Scheduler(PressureMixin):
         finally:
             abort(txn, self.ledger)
             self._notify_release()
+            self._log.info("release", episode_id=txn.episode.episode_id,
+                           seq_id=txn.episode.seq, txn_id=txn.txn_id,
+                           held=self.ledger.held_by(txn.episode.episode_id),
+                           free=self.ledger.snapshot().free)
         self._log.info("publish", episode_id=txn.episode.episode_id, seq_id=txn.episode.seq,
                        txn_id=txn.txn_id, generation=txn.new_log.generation,
                        degraded=txn.degraded or None)

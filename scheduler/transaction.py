@@ -228,6 +228,15 @@ def _successor(engine: Engine, episode: EpisodeCache, plan: Plan, exe: Execution
                       layout_keys=tuple(p.key for p in plan.pieces))
 
 
+def new_content_tokens(txn: Transaction) -> int:
+    """Tokens of content that did not exist at the previous step: the segments this
+    transaction appended (the new screenshot with its label, the text delta) and the
+    generation prompt, which every step adds anew.  Policy-independent, so arms compare."""
+    added = txn.new_log.added_since(txn.parent_log)
+    return (sum(s.n_tokens for s in added)
+            + len(txn.episode.policy.kit.generation_prompt))
+
+
 def _record(txn: Transaction, exe: Execution, state: CacheState,
             ledger: MemoryLedger) -> StepRecord:
     plan, ep = txn.plan, txn.episode
@@ -235,7 +244,7 @@ def _record(txn: Transaction, exe: Execution, state: CacheState,
     return StepRecord(
         episode_id=ep.episode_id, step=ep.log.step_count() - 1, policy=plan.policy,
         generation=plan.generation, start=plan.start.kind.value,
-        new_content_tokens=plan.new_content_tokens, prefill_tokens=exe.prefill_tokens,
+        new_content_tokens=new_content_tokens(txn), prefill_tokens=exe.prefill_tokens,
         reused_tokens=plan.reused_tokens, critical_path_prefill_tokens=exe.prefill_tokens,
         prefill_s=exe.prefill_s, decode_tokens=len(exe.output_tokens), decode_s=exe.decode_s,
         context_tokens=plan.context_tokens, kv_bytes=state.seq_bytes,

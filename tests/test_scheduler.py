@@ -71,6 +71,10 @@ async def test_eight_episodes_on_a_budget_for_about_three(big_engine) -> None:
     rungs = {e.get("rung") for e in logs if e["event"] == "fallback"}
     assert 1 in rungs and rungs <= {1, 2, 3}  # evictions (and maybe waits) were logged
     assert any(e["event"] == "evict" for e in logs)
+    events = {e["event"] for e in logs}
+    assert {"admit", "fallback", "publish", "release", "evict"} <= events
+    admits = [e for e in logs if e["event"] == "admit"]
+    assert all({"episode_id", "seq_id", "txn_id"} <= set(e) for e in admits)
     # exact whatever the pressure: every non-degraded episode matches the unpressured one
     for r in runs:
         if r.status == "ok":

@@ -22,5 +22,5 @@ class EvictPolicy(CachePolicy):
         supports=frozenset(ModelKind))
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
-        pieces = merge_text(interleaved(log, self.kit, self.window, new))
+        pieces = merge_text(interleaved(log, self.kit, self.window))
         return self.plan_reusing(log, view, pieces, reuse=False)

@@ -22,7 +22,7 @@ class NoEvictPolicy(CachePolicy):
         supports=frozenset(ModelKind))
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
-        raw = interleaved(log, self.kit, None, new)
+        raw = interleaved(log, self.kit, None)
         # Keep each step's turn pieces apart from the next step's so earlier pieces keep their
         # digests as the log grows (merging would change a piece when text is appended to it).
         pieces = merge_text(raw, keep_before=frozenset(

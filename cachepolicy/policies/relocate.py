@@ -26,9 +26,9 @@ class RelocatePolicy(CachePolicy):
         supports=frozenset({ModelKind.ATTENTION}))
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
-        pieces = tuple(p for p in chronological(log, self.kit, self.window, new)
+        pieces = tuple(p for p in chronological(log, self.kit, self.window)
                        if p.is_image or p.tokens)
-        reference, _ = terminal(log, self.kit, self.window, new)
+        reference, _ = terminal(log, self.kit, self.window)
         keys = [p.key for p in pieces]
         held = list(view.state.layout_keys)
         hist = view.seq.history

@@ -23,5 +23,5 @@ class TerminalScratchPolicy(CachePolicy):
         supports=frozenset(ModelKind))
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
-        pieces, _ = terminal(log, self.kit, self.window, new)
+        pieces, _ = terminal(log, self.kit, self.window)
         return self.plan_reusing(log, view, merge_text(pieces), reuse=False)

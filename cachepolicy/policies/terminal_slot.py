@@ -27,22 +27,22 @@ class TerminalSlotPolicy(CachePolicy):
         omitted_recoverable=True, quality="exact", bounded=True,
         supports=frozenset(ModelKind))
 
-    def _pieces(self, log: ContextLog, window: int, new: frozenset[str],
+    def _pieces(self, log: ContextLog, window: int,
                 generation_prompt: bool) -> tuple[tuple[Piece, ...], int]:
-        raw, region = terminal(log, self.kit, window, new, generation_prompt=generation_prompt)
+        raw, region = terminal(log, self.kit, window, generation_prompt=generation_prompt)
         # Every history piece stays its own run (one per step) so that last step's checkpoint
         # digest is a prefix of this step's prompt; the region start is a piece boundary.
         return merge_text(raw, keep_before=frozenset(range(1, region + 1))), region
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
-        pieces, region = self._pieces(log, self.window, new, True)
+        pieces, region = self._pieces(log, self.window, True)
         return self.plan_reusing(log, view, pieces, anchors=[(region, REGION)])
 
     def prefetch(self, log: ContextLog, view: CacheView) -> Plan | None:
         """Everything of the next window already known: the action text (then the advanced
         checkpoint) and the K-1 retained screenshots; stops after the last known image, whose
         closing text joins the next screenshot's intro."""
-        pieces, region = self._pieces(log, self.window - 1, frozenset(), False)
+        pieces, region = self._pieces(log, self.window - 1, False)
         if pieces and not pieces[-1].is_image and len(pieces) > region:
             pieces = pieces[:-1]
         return self.plan_reusing(log, view, pieces, anchors=[(region, REGION)], decode=False)
