@@ -60,13 +60,15 @@ class CachePolicy(abc.ABC):
                      anchors: Sequence[tuple[int, str]] = (), reuse: bool = True,
                      decode: bool = True, edits: tuple[RemoveSpan, ...] = (),
                      start: tuple[Start, int] | None = None,
-                     drift_reference: tuple[Piece, ...] = ()) -> Plan:
+                     drift_reference: tuple[Piece, ...] = (),
+                     trim_after: int | None = None) -> Plan:
         """Build a plan that starts from the best restore point (or from scratch).
 
         ``anchors`` are (piece boundary, label) where the successor must hold a checkpoint:
         reused if the parent has one with the same history, taken during the prefill otherwise.
         Attention-only models need no checkpoint to cut back (a plain trim), so there an anchor
-        costs nothing and none is taken.
+        costs nothing and none is taken.  ``trim_after`` (default: the first anchor, or 0) is
+        how much of the prompt the next step can reuse.
         """
         pieces = tuple(pieces)
         if start is None:
@@ -91,7 +93,9 @@ class CachePolicy(abc.ABC):
         return Plan(policy=self.name, generation=log.generation, visible=log.segments,
                     pieces=pieces, start=begin, reused_pieces=reused, edits=edits,
                     checkpoints=tuple(takes), keep=tuple(keep), forecast=forecast,
-                    decode=decode, drift_reference=drift_reference)
+                    decode=decode, drift_reference=drift_reference,
+                    trim_after=(trim_after if trim_after is not None
+                                else anchors[0][0] if anchors else 0))
 
     def _forecast(self, view: CacheView, pieces: tuple[Piece, ...], reused: int,
                   takes: Sequence[TakeCheckpoint], keep: Sequence[str],
@@ -101,8 +105,8 @@ class CachePolicy(abc.ABC):
         total = n_tokens(pieces) + (self.decode_tokens if decode else 0)
         new_ckpts = sum(m.checkpoint_bytes(t.kind, n_tokens(pieces[: t.after_piece]))
                         for t in takes)
-        workspace = sum(p.n_tokens * m.n_embd * _FLOAT for p in pieces[reused:] if p.is_image)
-        workspace += m.n_vocab * _FLOAT
+        workspace = max((p.n_tokens * m.n_embd * _FLOAT for p in pieces[reused:] if p.is_image),
+                        default=0) + m.n_vocab * _FLOAT
         return ByteForecast(parent_bytes=view.state.held_bytes,
                             parent_seq_bytes=view.state.seq_bytes,
                             successor_seq_bytes=m.state_bytes(total),

@@ -53,6 +53,9 @@ class CacheState:
     checkpoints: tuple[NamedCheckpoint, ...] = ()
     seq_bytes: int = 0  # the sequence's state size when published (as llama.cpp reports)
     layout_keys: tuple[str, ...] = ()  # piece keys the sequence holds, in order (relocate)
+    # Where the sequence can be cut while idle without costing the next step any reuse
+    # (terminal-slot: the region checkpoint; scratch policies: 0).  Memory pressure uses it.
+    trim_pos: int = 0
 
     @property
     def checkpoint_bytes(self) -> int:
@@ -107,7 +110,9 @@ class ByteForecast:
 
     The parent's checkpoints stay live until publication; the sequence's KV cells are edited in
     place, so the sequence costs the larger of its size before and after; new checkpoints and
-    the workspace (image rows being prefilled, logits) come on top.  An upper bound.
+    the workspace (logits, and one image's rows: retained screenshots' rows live in the
+    embedding cache, whose capacity the scheduler holds; at most the image being prefilled
+    may be outside it) come on top.  An upper bound.
     """
 
     parent_bytes: int  # already held by the published state (sequence + checkpoints)
@@ -140,7 +145,8 @@ class Plan:
     checkpoints: tuple[TakeCheckpoint, ...]
     keep: tuple[str, ...]  # labels of the parent's checkpoints the successor keeps
     forecast: ByteForecast
-    decode: bool = True  # False for prefetch plans: prefill only, publish nothing
+    decode: bool = True  # False for prefetch plans: prefill only
+    trim_after: int = 0  # pieces[:trim_after] are what the next step can reuse
     # relocate: the exact reference prompt (terminal-scratch's pieces) to measure drift against
     drift_reference: tuple[Piece, ...] = attrs.field(default=(), eq=False)
 

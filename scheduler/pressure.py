@@ -8,7 +8,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import attrs
 
+from cachepolicy.checkpoint import CheckpointKind
 from cachepolicy.context_log import Segment
+from cachepolicy.engine import Engine
+from cachepolicy.errors import UnsafeEditError
+from cachepolicy.plan import CacheState
 from scheduler.slots import IMAGE_CACHE, Priority, Slot
 from scheduler.transaction import Transaction
 
@@ -24,6 +28,15 @@ class PressureMixin:
         first), then shrink the image cache.  Yields a reason after each eviction."""
         victims = sorted((s for s in self._slots.values() if s is not exclude and s.evictable),
                          key=lambda s: s.last_used)
+        # First the free part: cut idle sequences back to what their next step reuses anyway
+        # (terminal-slot: the region checkpoint), which costs those episodes nothing.
+        for victim in victims:
+            if not victim.evictable:
+                continue
+            freed = await self._trim_to_reuse_point(victim)
+            if freed > 0:
+                yield (f"trimmed idle episode {victim.cache.episode_id}'s sequence back to its "
+                       f"reuse point ({freed} bytes)")
         for victim in victims:
             if not victim.evictable:
                 continue  # started planning or running meanwhile: pinned
@@ -35,7 +48,7 @@ class PressureMixin:
                                         Priority.CRITICAL)
                 with ep.publish_lock:  # a smaller published state: nothing but the log
                     ep.state = attrs.evolve(ep.state, checkpoints=(), seq_bytes=0,
-                                            layout_keys=())
+                                            layout_keys=(), trim_pos=0)
                     self.ledger.publish(ep.episode_id, 0, None)
             finally:
                 victim.evicting = False
@@ -52,6 +65,29 @@ class PressureMixin:
             self.ledger.publish(IMAGE_CACHE, cache.max_bytes, None)
             self._log.info("evict", owner=IMAGE_CACHE, freed=freed)
             yield f"shrank the image-embedding cache by {freed} bytes"
+
+    async def _trim_to_reuse_point(self: Scheduler, victim: Slot) -> int:
+        """Cut an idle episode's sequence back to its state's ``trim_pos``; bytes freed."""
+        ep = victim.cache
+        state = ep.state
+        victim.evicting = True
+        try:
+            new_bytes = await self._engine_call(
+                functools.partial(_trim_sequence, self.engine, ep.seq, state),
+                Priority.CRITICAL)
+            if new_bytes is None or new_bytes >= state.seq_bytes:
+                return 0
+            with ep.publish_lock:
+                ep.state = attrs.evolve(state, seq_bytes=new_bytes)
+                self.ledger.publish(ep.episode_id, ep.state.held_bytes, None)
+        finally:
+            victim.evicting = False
+            self._notify_release()
+        freed = state.seq_bytes - new_bytes
+        self.counters["trimmed_episodes"] += 1
+        self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed,
+                       kind="trim", trim_pos=state.trim_pos)
+        return freed
 
     async def _wait_for_memory(self: Scheduler, slot: Slot, segments: tuple[Segment, ...],
                                priority: Priority) -> Transaction | None:
@@ -79,3 +115,26 @@ class PressureMixin:
         finally:
             self._mem_queue.remove(ticket)
             self._notify_release()
+
+
+def _trim_sequence(engine: Engine, seq: int, state: CacheState) -> int | None:
+    """In the engine thread: cut ``seq`` back to ``state.trim_pos`` if that is safe; returns
+    the sequence's new size, or None when there is nothing (safe) to cut."""
+    info = engine.seq_info(seq)
+    if state.trim_pos >= info.next_pos:
+        return None
+    if state.trim_pos == 0:
+        engine.clear(seq)
+    elif not engine.kind.has_recurrent_state:
+        engine.truncate(seq, state.trim_pos)
+    else:
+        via = next((c.checkpoint for c in state.checkpoints
+                    if c.checkpoint.kind is CheckpointKind.PARTIAL_ONLY
+                    and c.checkpoint.pos == state.trim_pos), None)
+        if via is None:
+            return None
+        try:
+            engine.truncate(seq, state.trim_pos, via=via)
+        except UnsafeEditError:  # the checkpoint is not of this sequence's history: leave it
+            return None
+    return engine.state_bytes(seq)

@@ -46,7 +46,7 @@ T = TypeVar("T")
 
 class Scheduler(PressureMixin):
     def __init__(self, engine: Engine, ledger: MemoryLedger, factory: SegmentFactory, *,
-                 options: StepOptions = StepOptions(), wait_s: float = 2.0,
+                 options: StepOptions = StepOptions(), wait_s: float = 30.0,
                  image_cache_floor: int = 0,
                  fault: Callable[[str], None] | None = None,
                  debug: bool | None = None) -> None:

@@ -215,17 +215,25 @@ def run_prefetch(engine: Engine, episode: EpisodeCache, segments: tuple[Segment,
 
 def _successor(engine: Engine, episode: EpisodeCache, plan: Plan, exe: Execution,
                parent: CacheState) -> CacheState:
+    history = engine.seq_info(episode.seq).history
     if exe.stopped_at is not None:
         # A prefetch stopped early: the plan's anchors may not exist yet, so the parent's
         # checkpoints stay (still valid restore points: the sequence only grew past them).
         return CacheState(generation=plan.generation,
                           checkpoints=parent.checkpoints + exe.new_checkpoints,
                           seq_bytes=engine.state_bytes(episode.seq),
-                          layout_keys=tuple(p.key for p in plan.pieces[: exe.stopped_at]))
+                          layout_keys=tuple(p.key for p in plan.pieces[: exe.stopped_at]),
+                          trim_pos=min(parent.trim_pos, _end_of(history, exe.stopped_at)))
     kept = tuple(c for c in parent.checkpoints if c.label in plan.keep)
     return CacheState(generation=plan.generation, checkpoints=kept + exe.new_checkpoints,
                       seq_bytes=engine.state_bytes(episode.seq),
-                      layout_keys=tuple(p.key for p in plan.pieces))
+                      layout_keys=tuple(p.key for p in plan.pieces),
+                      trim_pos=_end_of(history, plan.trim_after))
+
+
+def _end_of(history: tuple, n_pieces: int) -> int:
+    """The position after the first ``n_pieces`` pieces (one run each) of the sequence."""
+    return history[n_pieces - 1].end_pos if 0 < n_pieces <= len(history) else 0
 
 
 def new_content_tokens(txn: Transaction) -> int:

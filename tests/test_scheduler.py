@@ -291,3 +291,33 @@ async def test_a_step_waits_for_an_in_flight_transaction(big_engine) -> None:
     waits = [e for e in logs if e["event"] == "fallback" and e.get("rung") == 2]
     assert waits and waits[0]["episode_id"] == "b"
     assert ledger.snapshot().peak <= ledger.budget
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "llama"])
+async def test_idle_episodes_are_trimmed_to_their_reuse_point_for_free(forged, arch) -> None:
+    """Rung 1's first pass: an idle terminal-slot episode's window is cut back to its region
+    checkpoint; its next step reuses exactly as much as before and its outputs do not change."""
+    from cachepolicy.engine import Engine, EngineConfig
+
+    m = forged(arch)
+    traj = trajectory(4, 96, 64)
+    with Engine(m.model_path, m.mmproj_path,
+                EngineConfig(n_ctx_per_seq=2048, n_seq_max=2, n_batch=32, n_threads=1)) as e:
+        factory = SegmentFactory(e)
+        ledger = MemoryLedger(1 << 30)
+        async with Scheduler(e, ledger, factory, options=OPTS) as sched:
+            ref = await run_sequentially(sched, factory, traj, 1, **KW)
+        async with Scheduler(e, ledger, factory, options=OPTS) as sched:
+            ep = sched.open_episode("a", make_policy("terminal-slot", model_info(e),
+                                                     factory.kit, window=3, decode_tokens=4))
+            for i in range(3):
+                await sched.step(ep, lambda i=i: step_segments(factory, traj, i))
+            before = ep.state
+            freed = await sched._trim_to_reuse_point(sched._slots["a"])
+            assert freed > 0 and ep.state.seq_bytes == before.seq_bytes - freed
+            assert e.seq_info(ep.seq).next_pos == before.trim_pos > 0
+            assert ledger.held_by("a") == ep.state.held_bytes
+            ledger.check_integrity()
+            rec = await sched.step(ep, lambda: step_segments(factory, traj, 3))
+            assert rec.start == "keep"  # nothing the step needed was lost
+            assert list(rec.output_tokens) == ref[0].steps[3]["output_tokens"]

@@ -35,11 +35,12 @@ class RelocatePolicy(CachePolicy):
         if held and held[-1] == "gen":
             held.pop()
         kept = [k for k in held if k in keys]
-        consistent = (bool(held) and len(hist) >= len(held) + 1
+        consistent = (bool(held) and len(hist) >= len(held)
                       and keys[: len(kept)] == kept)
         if not consistent:  # first step, or the sequence is not what we published
             return self.plan_reusing(log, view, pieces, reuse=False,
-                                     drift_reference=merge_text(reference))
+                                     drift_reference=merge_text(reference),
+                                     trim_after=len(pieces) - 1)
         spans: list[RemoveSpan] = []
         for i, key in enumerate(held):
             if key in keys:
@@ -49,7 +50,10 @@ class RelocatePolicy(CachePolicy):
                 spans[-1] = RemoveSpan(spans[-1].p0, run.end_pos)
             else:
                 spans.append(RemoveSpan(run.pos0, run.end_pos))
-        start = Start(StartKind.TRIM, pos=hist[len(held)].pos0)  # drop gen + decoded tokens
+        # drop the generation prompt and the decoded tokens (unless already trimmed away)
+        end = hist[len(held)].pos0 if len(hist) > len(held) else view.seq.next_pos
+        start = Start(StartKind.TRIM, pos=end)
         return self.plan_reusing(log, view, pieces, start=(start, len(kept)),
                                  edits=tuple(reversed(spans)),
-                                 drift_reference=merge_text(reference))
+                                 drift_reference=merge_text(reference),
+                                 trim_after=len(pieces) - 1)

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "episode's measured peak (3.2x); default: unlimited")
     p.add_argument("--policy", default="terminal-slot", choices=POLICY_ARMS[:4],
                    help="the cache policy of the --episodes runs")
-    p.add_argument("--wait-seconds", type=float, default=5.0,
+    p.add_argument("--wait-seconds", type=float, default=30.0,
                    help="bound of the scheduler's wait-for-release rung")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--window", type=int, default=3, help="screenshots kept (K)")
