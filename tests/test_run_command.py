@@ -195,3 +195,14 @@ def test_progress_redraws_in_place_on_a_tty() -> None:
     text = out.getvalue()
     assert text.count("\x1b[2A") == 2  # each redraw moves up over the episode + summary lines
     assert text.count("\x1b[2K") == 6
+
+
+def test_osworld_runner_example_runs_against_the_fake(cache_dir: Path, tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, str(REPO / "examples" / "osworld_runner.py"), "--fake",
+                          "--threads", "1", "--max-steps", "3", "--result-dir",
+                          str(tmp_path / "res")], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=180, env=_env(cache_dir), check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    trajs = list((tmp_path / "res").rglob("traj.jsonl"))
+    assert len(trajs) == 2 and all(t.read_text().strip() for t in trajs)
+    assert all((t.parent / "result.txt").exists() for t in trajs)
