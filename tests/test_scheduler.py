@@ -34,6 +34,11 @@ def big_engine(forged):
         yield engine
 
 
+def _slot_policy(engine, factory):
+    return make_policy("terminal-slot", model_info(engine), factory.kit, window=3,
+                       decode_tokens=4)
+
+
 def _outputs(runs):
     return [[s["output_tokens"] for s in r.steps] for r in runs]
 
@@ -102,8 +107,7 @@ async def test_cancelled_episode_releases_everything(big_engine) -> None:
     factory = SegmentFactory(big_engine)
     ledger = MemoryLedger(1 << 30)
     async with Scheduler(big_engine, ledger, factory, options=OPTS) as sched:
-        victim = sched.open_episode("victim", make_policy(
-            "terminal-slot", model_info(big_engine), factory.kit, window=3, decode_tokens=4))
+        victim = sched.open_episode("victim", _slot_policy(big_engine, factory))
         seq = victim.seq
         doomed_scope = anyio.CancelScope()
         other_runs = []
@@ -139,8 +143,7 @@ async def test_cancelling_mid_step_rolls_back_and_frees(big_engine) -> None:
     factory = SegmentFactory(big_engine)
     ledger = MemoryLedger(1 << 30)
     async with Scheduler(big_engine, ledger, factory, options=OPTS) as sched:
-        ep = sched.open_episode("victim", make_policy(
-            "terminal-slot", model_info(big_engine), factory.kit, window=3, decode_tokens=4))
+        ep = sched.open_episode("victim", _slot_policy(big_engine, factory))
         seq = ep.seq
         await sched.step(ep, lambda: step_segments(factory, traj, 0))
         published = ep.state
@@ -214,8 +217,7 @@ async def test_prefetch_is_preempted_by_critical_work(big_engine) -> None:
             critical_queued.wait(timeout=10)
 
     async with Scheduler(big_engine, ledger, factory, options=OPTS, fault=fault) as sched:
-        policy = make_policy("terminal-slot", model_info(big_engine), factory.kit, window=3,
-                             decode_tokens=4)
+        policy = _slot_policy(big_engine, factory)
         a, b = sched.open_episode("a", policy), sched.open_episode("b", policy)
         prefetch_running.set()  # let the warm-up steps through the hook
         for i in range(3):
@@ -270,8 +272,7 @@ async def test_a_step_waits_for_an_in_flight_transaction(big_engine) -> None:
     with capture_logs() as logs:
         async with Scheduler(big_engine, ledger, factory, options=OPTS, fault=fault,
                              wait_s=10.0, image_cache_floor=1 << 40) as sched:
-            policy = make_policy("terminal-slot", model_info(big_engine), factory.kit,
-                                 window=3, decode_tokens=4)
+            policy = _slot_policy(big_engine, factory)
             a, b = sched.open_episode("a", policy), sched.open_episode("b", policy)
             done = {}
             async with anyio.create_task_group() as tg:
@@ -308,8 +309,7 @@ async def test_idle_episodes_are_trimmed_to_their_reuse_point_for_free(forged, a
         async with Scheduler(e, ledger, factory, options=OPTS) as sched:
             ref = await run_sequentially(sched, factory, traj, 1, **KW)
         async with Scheduler(e, ledger, factory, options=OPTS) as sched:
-            ep = sched.open_episode("a", make_policy("terminal-slot", model_info(e),
-                                                     factory.kit, window=3, decode_tokens=4))
+            ep = sched.open_episode("a", _slot_policy(e, factory))
             for i in range(3):
                 await sched.step(ep, lambda i=i: step_segments(factory, traj, i))
             before = ep.state
