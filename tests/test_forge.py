@@ -1,6 +1,6 @@
 """The model forge writes GGUF files that the real llama.cpp (llama-cpp-python) loads and runs.
 
-Nothing here is mocked: every forged tiny model is loaded with the low-level llama_cpp API,
+No stand-ins here: every forged tiny model is loaded with the low-level llama_cpp API,
 prompts are decoded with a llama_batch, and images are tokenized/encoded with mtmd.
 """
 
