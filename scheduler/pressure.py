@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -66,6 +67,19 @@ class PressureMixin:
             self._log.info("evict", owner=IMAGE_CACHE, freed=freed)
             yield f"shrank the image-embedding cache by {freed} bytes"
 
+    async def _evict_until_admitted(self: Scheduler, slot: Slot, segments: tuple[Segment, ...],
+                                    priority: Priority,
+                                    txn: Transaction) -> Transaction | None:
+        """Rung 1: evict idle state one victim at a time, re-planning and retrying after each;
+        the admitted transaction, or None when nothing more can be evicted."""
+        async with aclosing(self._evict_idle(exclude=slot)) as evictions:
+            async for reason in evictions:
+                self._fallback(slot.cache, 1, reason, txn.need_bytes)
+                txn = await self._begin(slot, segments, priority)
+                if self._try_admit(slot, txn):
+                    return txn
+        return None
+
     async def _trim_to_reuse_point(self: Scheduler, victim: Slot) -> int:
         """Cut an idle episode's sequence back to its state's ``trim_pos``; bytes freed."""
         ep = victim.cache
@@ -102,11 +116,10 @@ class PressureMixin:
                         txn = await self._begin(slot, segments, priority)
                         if self._try_admit(slot, txn):
                             return txn
-                        async for reason in self._evict_idle(exclude=slot):
-                            self._fallback(slot.cache, 1, reason, txn.need_bytes)
-                            txn = await self._begin(slot, segments, priority)
-                            if self._try_admit(slot, txn):
-                                return txn
+                        admitted = await self._evict_until_admitted(slot, segments, priority,
+                                                                    txn)
+                        if admitted is not None:
+                            return admitted
                     others_busy = any(s.jobs for s in self._slots.values() if s is not slot)
                     if not others_busy:
                         return None  # nothing will be released: waiting cannot help

@@ -307,11 +307,9 @@ class Scheduler(PressureMixin):
                 return self._admitted(txn, rungs)
             rungs.append("evict")
             if not self._mem_queue:
-                async for reason in self._evict_idle(exclude=slot):
-                    self._fallback(ep, 1, reason, txn.need_bytes)
-                    txn = await self._begin(slot, segments, priority)
-                    if self._try_admit(slot, txn):
-                        return self._admitted(txn, rungs)
+                admitted = await self._evict_until_admitted(slot, segments, priority, txn)
+                if admitted is not None:
+                    return self._admitted(admitted, rungs)
             rungs.append("wait")
             self._fallback(ep, 2, "waiting for in-flight transactions to release",
                            txn.need_bytes)
