@@ -14,7 +14,7 @@ from cachepolicy.checkpoint import CheckpointKind
 from cachepolicy.context_log import ContextLog
 from cachepolicy.errors import PolicyError, PolicyRefusedError
 from cachepolicy.layouts import PromptKit
-from cachepolicy.pieces import Piece, digests, n_tokens
+from cachepolicy.pieces import Piece, digests, n_tokens, shown_keys
 from cachepolicy.plan import (
     ByteForecast, CacheView, ModelInfo, Plan, PolicyManifest, RemoveSpan, Start, StartKind,
     TakeCheckpoint,
@@ -90,7 +90,9 @@ class CachePolicy(abc.ABC):
                 # else: the boundary lies inside the reused prefix but its checkpoint is gone
                 # (e.g. after a failed step); the next step will start further back.
         forecast = self._forecast(view, pieces, reused, takes, keep, decode)
-        return Plan(policy=self.name, generation=log.generation, visible=log.segments,
+        by_key = {s.key: s for s in log.segments}
+        return Plan(policy=self.name, generation=log.generation,
+                    visible=tuple(by_key[k] for k in shown_keys(pieces)),
                     pieces=pieces, start=begin, reused_pieces=reused, edits=edits,
                     checkpoints=tuple(takes), keep=tuple(keep), forecast=forecast,
                     decode=decode, drift_reference=drift_reference,

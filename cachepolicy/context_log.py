@@ -43,10 +43,6 @@ class Segment:
     n_image_pos: int = 0
 
     @property
-    def is_image(self) -> bool:
-        return self.kind is SegmentKind.SCREENSHOT
-
-    @property
     def n_tokens(self) -> int:
         """Every token (KV cell) this segment costs when visible."""
         return len(self.tokens) + len(self.intro) + len(self.outro) + self.n_image_tokens

@@ -22,16 +22,17 @@ class PromptKit:
 
 
 def _head(log: ContextLog) -> list[Piece]:
-    return [text_piece("head", tuple(t for s in log.head for t in s.tokens))]
+    return [text_piece("head", tuple(t for s in log.head for t in s.tokens),
+                       tuple(s.key for s in log.head))]
 
 
 def _shot(s: Segment) -> list[Piece]:
-    return [text_piece(f"{s.key}:intro", s.intro), image_piece(s),
-            text_piece(f"{s.key}:outro", s.outro)]
+    return [text_piece(f"{s.key}:intro", s.intro, (s.key,)), image_piece(s),
+            text_piece(f"{s.key}:outro", s.outro, (s.key,))]
 
 
 def _action(a: Segment) -> Piece:
-    return text_piece(a.key, a.tokens)
+    return text_piece(a.key, a.tokens, (a.key,))
 
 
 def window_of(log: ContextLog, window: int | None) -> tuple[Segment, ...]:

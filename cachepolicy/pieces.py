@@ -24,6 +24,7 @@ class Piece:
     tokens: tuple[int, ...] = ()
     image: Segment | None = attrs.field(default=None, eq=False)
     image_id: str | None = None  # identity of the image (eq uses this, not the segment)
+    sources: tuple[str, ...] = attrs.field(default=(), eq=False)  # keys of segments shown
 
     @property
     def is_image(self) -> bool:
@@ -45,12 +46,18 @@ class Piece:
                             np.asarray(self.tokens, dtype=np.int32).tobytes())
 
 
-def text_piece(key: str, tokens: Sequence[int]) -> Piece:
-    return Piece(key=key, tokens=tuple(tokens))
+def text_piece(key: str, tokens: Sequence[int], sources: Sequence[str] = ()) -> Piece:
+    return Piece(key=key, tokens=tuple(tokens), sources=tuple(sources))
 
 
 def image_piece(segment: Segment) -> Piece:
-    return Piece(key=segment.key, image=segment, image_id=segment.image_id)
+    return Piece(key=segment.key, image=segment, image_id=segment.image_id,
+                 sources=(segment.key,))
+
+
+def shown_keys(pieces: Iterable[Piece]) -> tuple[str, ...]:
+    """The keys of the segments the pieces show, in prompt order, each once."""
+    return tuple(dict.fromkeys(k for p in pieces for k in p.sources))
 
 
 def digests(pieces: Iterable[Piece]) -> list[bytes]:
@@ -74,7 +81,8 @@ def merge_text(pieces: Sequence[Piece], *, keep_before: frozenset[int] = frozens
             continue
         if (out and not p.is_image and not out[-1].is_image and i not in keep_before):
             last = out[-1]
-            out[-1] = Piece(key=f"{last.key}+{p.key}", tokens=last.tokens + p.tokens)
+            out[-1] = Piece(key=f"{last.key}+{p.key}", tokens=last.tokens + p.tokens,
+                            sources=last.sources + p.sources)
         else:
             out.append(p)
     return tuple(out)

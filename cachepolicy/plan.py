@@ -137,7 +137,7 @@ class ByteForecast:
 class Plan:
     policy: str
     generation: int  # the log generation this plan renders
-    visible: tuple[Segment, ...] = attrs.field(eq=False)
+    visible: tuple[Segment, ...] = attrs.field(eq=False)  # the segments shown, in order
     pieces: tuple[Piece, ...]  # the whole prompt, in order
     start: Start
     reused_pieces: int  # pieces[:reused_pieces] are already in the sequence after ``start``

@@ -33,15 +33,15 @@ def pinned_first_pieces(policy: CachePolicy,
                         log: ContextLog) -> tuple[tuple[Piece, ...], int]:
     """The layout above; returns (pieces, index where the recent-screenshot region starts)."""
     def shot(s: Segment) -> list[Piece]:
-        return [text_piece(f"{s.key}:intro", s.intro), image_piece(s),
-                text_piece(f"{s.key}:outro", s.outro)]
+        return [text_piece(f"{s.key}:intro", s.intro, (s.key,)), image_piece(s),
+                text_piece(f"{s.key}:outro", s.outro, (s.key,))]
 
     head = tuple(t for s in log.head for t in s.tokens)
-    raw = [text_piece("head", head)]
+    raw = [text_piece("head", head, tuple(s.key for s in log.head))]
     shots = log.screenshots
     if shots:  # the pinned first screenshot, then the append-only action history
         raw += shot(shots[0])
-    raw += [text_piece(a.key, a.tokens) for a in log.actions]
+    raw += [text_piece(a.key, a.tokens, (a.key,)) for a in log.actions]
     region = len(raw)
     recent = shots[1:][-(policy.window - 1):] if policy.window > 1 else ()
     for s in recent:

@@ -57,9 +57,6 @@ class MemoryLedger:
         with self._lock:
             return self._held.get(owner, 0)
 
-    def can_reserve(self, nbytes: int) -> bool:
-        return nbytes <= self.free
-
     def check_integrity(self) -> None:
         """Assert the ledger's invariant (cheap; tests call it after every transaction)."""
         snap = self.snapshot()

@@ -282,16 +282,11 @@ class Scheduler(PressureMixin):
         """Reserve iff the plan is still current; pins the episode's state on success."""
         if txn.parent is not slot.cache.state or slot.evicting:
             return False
-        if not self._try_reserve(txn):
-            return False
-        slot.pinned = True
-        return True
-
-    def _try_reserve(self, txn: Transaction) -> bool:
         try:
             admit(txn, self.ledger)
         except BudgetExceededError:
             return False
+        slot.pinned = True
         return True
 
     async def _admit(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority, *,

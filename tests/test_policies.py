@@ -134,3 +134,26 @@ def test_terminal_slot_prefetch_leaves_only_the_new_screenshot(engines, arch, tr
         prefilled, shot_tokens = critical[t]
         prev_outro = len(factory.screenshot(t - 1, traj[t - 1].png).outro)
         assert prefilled == shot_tokens + prev_outro + gen  # nothing else on the critical path
+
+
+@pytest.mark.parametrize("policy", ["terminal-slot", "terminal-scratch", "evict", "noevict"])
+def test_plan_names_the_visible_segments_in_order(engines, traj, policy) -> None:
+    from cachepolicy.context_log import ContextLog
+    from cachepolicy.plan import CacheState, CacheView
+    from runtime.bench.arms import step_segments
+
+    e = engines("qwen35")
+    factory = SegmentFactory(e)
+    log = ContextLog()
+    for i in range(6):
+        log = log.append(*step_segments(factory, traj, i))
+    plan = make_policy(policy, model_info(e), factory.kit, window=WINDOW).select(
+        log, CacheView(CacheState(), e.seq_info(0)))
+    keys = [s.key for s in plan.visible]
+    shots = [k for k in keys if k.startswith("screenshot@")]
+    expected = [f"screenshot@{i}" for i in (range(6) if policy == "noevict" else range(3, 6))]
+    assert shots == expected
+    assert keys[:2] == ["preamble@-1", "instruction@-1"]
+    assert [k for k in keys if k.startswith("action@")] == [f"action@{i}" for i in range(5)]
+    if policy.startswith("terminal"):  # the text history comes before the screenshot region
+        assert keys.index("action@4") < keys.index("screenshot@3")
