@@ -15,7 +15,7 @@ from cachepolicy.segments import SegmentFactory
 from runtime.actions import (
     CoordConvention, NoOp, format_action, parse_action,
 )
-from runtime.actions.types import Action
+from vmenv.actions import Action
 from scheduler.records import StepRecord
 from scheduler.scheduler import Scheduler
 from scheduler.transaction import EpisodeCache, PrefetchRecord

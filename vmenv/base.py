@@ -2,7 +2,7 @@
 
 An episode is ``reset(task)`` → ``Observation``, then ``step(action)`` → ``StepOutcome``
 until ``outcome.done``; ``close()`` releases the env.  Actions are the structured records of
-``runtime.actions`` (never raw model text); how an env executes them is its own business
+``vmenv.actions`` (never raw model text); how an env executes them is its own business
 (the simulated desktop applies them, OSWorld receives generated pyautogui code).
 """
 
@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from runtime.actions import Action
+from vmenv.actions import Action
 
 
 @attrs.frozen

@@ -22,7 +22,7 @@ import anyio
 import anyio.to_thread
 import structlog
 
-from runtime.actions import TERMINAL_ACTIONS, Action, to_pyautogui
+from vmenv.actions import TERMINAL_ACTIONS, Action, to_pyautogui
 from vmenv.base import Observation, StepOutcome
 from vmenv.errors import (
     EnvBusyError, EnvClosedError, EpisodeOverError, NotResetError, ScreenshotError,

@@ -9,7 +9,7 @@ semantics: reward is always 0, only 'DONE' / 'FAIL' end an episode (info ``{"don
 
 The pyautogui code it receives is READ, never executed: ``ast.parse`` and only statements of
 the form ``pyautogui.<function>(<literal arguments>)`` from a fixed list are accepted, turned
-into ``runtime.actions`` records and applied to the desktop state.  Anything else raises
+into ``vmenv.actions`` records and applied to the desktop state.  Anything else raises
 ``UnsupportedCodeError`` and leaves the desktop as it was (a step is all or nothing).
 """
 
@@ -22,8 +22,9 @@ from typing import Any
 
 import attrs
 
-from runtime.actions import (
-    Action, ActionError, Click, DragTo, Hotkey, MoveTo, Press, Scroll, TypeText,
+from vmenv.actions import (
+    SPECIAL_ACTIONS, Action, ActionError, Click, DragTo, Hotkey, MoveTo, Press, Scroll,
+    TypeText,
 )
 from vmenv.errors import EnvClosedError, NotResetError, UnknownTaskError, VmEnvError
 from vmenv.simdesk_apply import apply_action
@@ -31,8 +32,6 @@ from vmenv.simdesk_render import render_png
 from vmenv.simdesk_state import DeskState
 from vmenv.simdesk_tasks import Task, default_tasks
 
-#: OSWorld's action strings that are not code.
-SPECIAL_ACTIONS = frozenset({"WAIT", "DONE", "FAIL"})
 #: The evaluator ``func`` of an OSWorld-shaped example that names a simulated-desktop task.
 SIMDESK_EVALUATOR = "simdesk_check"
 

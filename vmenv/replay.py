@@ -19,7 +19,7 @@ import anyio
 import anyio.to_thread
 import structlog
 
-from runtime.actions import Action, format_action, to_pyautogui
+from vmenv.actions import Action, format_action, to_pyautogui
 from vmenv.base import Env, Observation, StepOutcome
 from vmenv.errors import (
     EnvBusyError, EnvClosedError, EpisodeOverError, NotResetError, TrajectoryError,

@@ -21,7 +21,7 @@ import anyio.to_thread
 import attrs
 import structlog
 
-from runtime.actions import TERMINAL_ACTIONS, Action, NoOp, format_action
+from vmenv.actions import TERMINAL_ACTIONS, Action, NoOp, format_action
 from vmenv.base import Observation, StepOutcome
 from vmenv.errors import (
     EnvBusyError, EnvClosedError, EpisodeOverError, NotResetError, UnknownTaskError,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import attrs
 
-from runtime.actions import Action, Click, DragTo, Hotkey, MoveTo, Press, Scroll, TypeText
+from vmenv.actions import Action, Click, DragTo, Hotkey, MoveTo, Press, Scroll, TypeText
 from vmenv import simdesk_geometry as geo
 from vmenv.simdesk_geometry import App
 from vmenv.simdesk_state import (

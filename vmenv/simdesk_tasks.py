@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import attrs
 
-from runtime.actions import Action, Click, TypeText
+from vmenv.actions import Action, Click, TypeText
 from vmenv.simdesk_apply import apply_action
 from vmenv.simdesk_state import DeskState, Dialog
 from vmenv.simdesk_widgets import locate

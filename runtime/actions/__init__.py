@@ -1,21 +1,23 @@
-"""The action layer: structured actions, the action grammar, parsing and pyautogui code.
+"""The runtime's side of actions: the grammar that constrains decoding and the parser that
+turns model text into ``Action`` records.  The vocabulary itself (records, keys, coordinates,
+pyautogui code) lives in ``vmenv.actions`` and is re-exported here for convenience.
 
 Model output is data: ``parse_action`` turns text into an ``Action`` record (or ``NoOp``),
 ``to_pyautogui`` generates code from the record.  Raw model text is never executed.
 """
 
-from runtime.actions.coords import CoordConvention, Screen, from_screen, to_screen
-from runtime.actions.errors import (
+from vmenv.actions.coords import CoordConvention, Screen, from_screen, to_screen
+from vmenv.actions.errors import (
     ActionError, ActionParseError, InvalidActionError, InvalidKeyError,
 )
-from runtime.actions.format import format_action
+from vmenv.actions.format import format_action
 from runtime.actions.grammar import (
     ACTION_GRAMMAR, MAX_ACTION_CHARS, action_grammar, max_action_chars,
 )
-from runtime.actions.keys import KEY_NAMES, normalize_key
+from vmenv.actions.keys import KEY_NAMES, normalize_key
 from runtime.actions.parser import parse_action, parse_action_strict
-from runtime.actions.pyautogui_code import DONE, FAIL, SPECIAL_ACTIONS, WAIT, to_pyautogui
-from runtime.actions.types import (
+from vmenv.actions.pyautogui_code import DONE, FAIL, SPECIAL_ACTIONS, WAIT, to_pyautogui
+from vmenv.actions.types import (
     TERMINAL_ACTIONS, Action, Click, Done, DragTo, Fail, Hotkey, MouseButton, MoveTo, NoOp,
     Press, Scroll, TypeText, Wait,
 )

@@ -26,8 +26,8 @@ import functools
 
 import attrs
 
-from runtime.actions.coords import CoordConvention
-from runtime.actions.keys import GRAMMAR_MODIFIERS, GRAMMAR_NAMED_KEYS
+from vmenv.actions.coords import CoordConvention
+from vmenv.actions.keys import GRAMMAR_MODIFIERS, GRAMMAR_NAMED_KEYS
 
 #: The longest action text the grammar admits (one token per character, worst case).
 MAX_ACTION_CHARS = 47

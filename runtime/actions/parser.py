@@ -26,9 +26,9 @@ from typing import Any
 
 import structlog
 
-from runtime.actions.coords import CoordConvention, Screen, to_screen
-from runtime.actions.errors import ActionError, ActionParseError, InvalidActionError
-from runtime.actions.types import (
+from vmenv.actions.coords import CoordConvention, Screen, to_screen
+from vmenv.actions.errors import ActionError, ActionParseError, InvalidActionError
+from vmenv.actions.types import (
     Action, Click, Done, DragTo, Fail, Hotkey, MoveTo, NoOp, Press, Scroll, TypeText, Wait,
 )
 

@@ -7,7 +7,7 @@ in the VM while the agent believes it pressed a key.  We therefore validate ever
 
 from __future__ import annotations
 
-from runtime.actions.errors import InvalidKeyError
+from vmenv.actions.errors import InvalidKeyError
 
 _SINGLE_CHARS = (*"\t\n\r !\"#$%&'()*+,-./0123456789:;<=>?@[\\]^_`",
                  *"abcdefghijklmnopqrstuvwxyz{|}~")

@@ -15,8 +15,8 @@ from typing import Any, ClassVar, Literal
 
 import attrs
 
-from runtime.actions.errors import InvalidActionError
-from runtime.actions.keys import normalize_key
+from vmenv.actions.errors import InvalidActionError
+from vmenv.actions.keys import normalize_key
 
 MouseButton = Literal["left", "right", "middle"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import math
 
-from runtime.actions.errors import InvalidActionError
+from vmenv.actions.errors import InvalidActionError
 
 Screen = tuple[int, int]
 """(width, height) in pixels."""

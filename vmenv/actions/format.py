@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 
-from runtime.actions.coords import CoordConvention, Screen, from_screen
-from runtime.actions.errors import InvalidActionError
-from runtime.actions.types import (
+from vmenv.actions.coords import CoordConvention, Screen, from_screen
+from vmenv.actions.errors import InvalidActionError
+from vmenv.actions.types import (
     Action, Click, Done, DragTo, Fail, Hotkey, MoveTo, NoOp, Press, Scroll, TypeText, Wait,
 )
 

@@ -11,8 +11,8 @@ unparsable output (``NoOp``) → 'WAIT' (the VM idles one step; the agent sees t
 
 from __future__ import annotations
 
-from runtime.actions.errors import InvalidActionError
-from runtime.actions.types import (
+from vmenv.actions.errors import InvalidActionError
+from vmenv.actions.types import (
     Action, Click, Done, DragTo, Fail, Hotkey, MoveTo, NoOp, Press, Scroll, TypeText, Wait,
 )
 

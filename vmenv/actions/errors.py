@@ -6,7 +6,7 @@
 * ``InvalidKeyError`` — a key name is not one pyautogui knows (after alias normalisation).
 * ``ActionParseError`` — model text is not an action of the action language.
 
-``parse_action`` never lets these escape for model text: it turns them into ``NoOp(reason,
+``runtime.actions.parse_action`` never lets these escape for model text: it turns them into ``NoOp(reason,
 raw)``.  ``parse_action_strict`` raises them, for callers that want the cause.
 """
 
