@@ -24,12 +24,13 @@ class Execution:
     new_checkpoints: tuple[NamedCheckpoint, ...]
     output_tokens: tuple[int, ...]
     prefill_tokens: int
-    prefill_s: float
+    prefill_s: float  # restore, edits, prefill and checkpoints (the vision encoder excluded)
     decode_s: float
     logits: np.ndarray | None = attrs.field(eq=False, repr=False)  # the prompt's last logits
     drift_kl: float | None = None
     drift_top1_agree: bool | None = None
     stopped_at: int | None = None  # a prefetch stopped early: pieces[:stopped_at] are in
+    encode_s: float = 0.0  # the vision encoder, for images the embedding cache did not hold
 
 
 class Preempted(Exception):
@@ -37,11 +38,21 @@ class Preempted(Exception):
     cancelled)."""
 
 
-def _prefill_piece(engine: Engine, seq: int, piece: Piece, logits: bool) -> np.ndarray | None:
+class _EncodeClock:
+    """Seconds spent in the vision encoder (cache misses) while a plan runs."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+def _prefill_piece(engine: Engine, seq: int, piece: Piece, logits: bool,
+                   clock: _EncodeClock) -> np.ndarray | None:
     if piece.image is not None:
         seg = piece.image
         assert seg.png is not None, "a screenshot segment must carry its PNG"
+        t0 = time.perf_counter()
         image = engine.encode_image(seg.png, image_id=seg.image_id)
+        clock.seconds += time.perf_counter() - t0
         return engine.prefill_image(seq, image, logits=logits)
     # A 1-token piece is fine here: every policy that is compared with another prefills the
     # same pieces with the same boundaries, so both paths take the same kernel.
@@ -80,6 +91,7 @@ def execute(engine: Engine, plan: Plan, seq: int, *, decode_tokens: int = 16,
     plan (a prefetch) then stops there and reports ``stopped_at`` (what it did is valid and
     may be published); a decoding plan raises ``Preempted``."""
     t0 = time.perf_counter()
+    clock = _EncodeClock()
     _apply_start(engine, seq, plan)
     for edit in plan.edits:  # relocate: descending positions, so earlier spans stay valid
         engine.remove_range(seq, edit.p0, edit.p1)
@@ -96,9 +108,9 @@ def execute(engine: Engine, plan: Plan, seq: int, *, decode_tokens: int = 16,
             return Execution(new_checkpoints=tuple(made), output_tokens=(),
                              prefill_tokens=sum(p.n_tokens for p in plan.pieces[
                                  plan.reused_pieces:i]),
-                             prefill_s=time.perf_counter() - t0, decode_s=0.0, logits=None,
-                             stopped_at=i)
-        logits = _prefill_piece(engine, seq, plan.pieces[i], logits=plan.decode and i == last)
+                             prefill_s=time.perf_counter() - t0 - clock.seconds, decode_s=0.0,
+                             logits=None, stopped_at=i, encode_s=clock.seconds)
+        logits = _prefill_piece(engine, seq, plan.pieces[i], plan.decode and i == last, clock)
     if len(plan.pieces) in takes:
         t = takes[len(plan.pieces)]
         made.append(NamedCheckpoint(t.label, engine.checkpoint(seq, t.kind)))
@@ -114,11 +126,13 @@ def execute(engine: Engine, plan: Plan, seq: int, *, decode_tokens: int = 16,
         engine.clear(scratch_seq)
         ref = None
         for j, piece in enumerate(plan.drift_reference):
-            ref = _prefill_piece(engine, scratch_seq, piece, j == len(plan.drift_reference) - 1)
+            ref = _prefill_piece(engine, scratch_seq, piece,
+                                 j == len(plan.drift_reference) - 1, _EncodeClock())
         engine.clear(scratch_seq)
         assert ref is not None
         kl = kl_divergence(ref, logits)
         agree = bool(int(np.argmax(ref)) == int(np.argmax(logits)))
     return Execution(new_checkpoints=tuple(made), output_tokens=tuple(output),
-                     prefill_tokens=plan.prefill_tokens, prefill_s=t1 - t0, decode_s=t2 - t1,
-                     logits=logits, drift_kl=kl, drift_top1_agree=agree)
+                     prefill_tokens=plan.prefill_tokens, prefill_s=t1 - t0 - clock.seconds,
+                     decode_s=t2 - t1, logits=logits, drift_kl=kl, drift_top1_agree=agree,
+                     encode_s=clock.seconds)

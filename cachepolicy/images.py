@@ -146,6 +146,10 @@ class EmbeddingCache:
         self._items.clear()
         self.nbytes = 0
 
+    def entry_bytes(self) -> int:
+        """The bytes of the entries, summed afresh (``nbytes`` is the running count)."""
+        return sum(item.nbytes for item in self._items.values())
+
 
 def grid_for_tokens(target_tokens: int, aspect: float = 16 / 9) -> tuple[int, int]:
     """A (columns, rows) token grid near ``aspect`` whose product is close to the target."""

@@ -9,11 +9,16 @@ import attrs
 import numpy as np
 
 
+#: Beyond this a softmax is uniform to float precision; inf or NaN would poison it.
+MAX_TEMPERATURE = 100.0
+
+
 @attrs.frozen
 class SamplingParams:
     """How to pick the next token.  ``temperature == 0`` means greedy (argmax)."""
 
-    temperature: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
+    temperature: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0),
+                                                              attrs.validators.le(MAX_TEMPERATURE)])
     top_p: float = attrs.field(default=1.0, validator=[attrs.validators.gt(0.0),
                                                       attrs.validators.le(1.0)])
     seed: int = 0

@@ -16,6 +16,8 @@ bench trajectory with a forged tiny model (random weights) and compared token fo
 
 from __future__ import annotations
 
+import attrs
+
 from cachepolicy.base import CachePolicy, register
 from cachepolicy.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog, Segment
@@ -23,9 +25,9 @@ from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.forge import forge_cached
 from cachepolicy.pieces import Piece, image_piece, merge_text, text_piece
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
-from cachepolicy.segments import SegmentFactory
-from runtime.bench.arms import run_arm
+from runtime.bench.arms import run_arms
 from runtime.bench.trajectory import trajectory
+from runtime.commands.agent_args import bench_agent_defaults
 from runtime.logs import configure_logging
 
 
@@ -83,11 +85,10 @@ def main() -> None:
     forged = forge_cached("qwen35", "tiny", vision=True)
     print(f"forged tiny qwen35 (random weights) in {forged.model_path.parent}")
     config = EngineConfig(n_ctx_per_seq=4096, n_seq_max=2, n_threads=2)
+    agent = attrs.evolve(bench_agent_defaults(), decode_tokens=8)  # fixed decode, greedy
     with Engine(forged.model_path, forged.mmproj_path, config) as engine:
-        factory = SegmentFactory(engine)
-        traj = trajectory(8, 320, 240)
-        runs = {name: run_arm(engine, factory, name, traj, window=3, decode_tokens=8)
-                for name in ("pinned-first-scratch", "pinned-first")}
+        arms = ("pinned-first-scratch", "pinned-first")
+        runs = dict(zip(arms, run_arms(engine, arms, trajectory(8, 320, 240), agent)))
     for name, res in runs.items():
         prefill = [s["prefill_tokens"] for s in res.steps]
         print(f"{name:>21}: prefill tokens per step {prefill}")

@@ -20,14 +20,16 @@ from cachepolicy.forge import forge_cached
 from runtime.logs import configure_logging
 from runtime.progress import ProgressDisplay, summary_table
 from runtime.recording import ResultLayout
-from runtime.run_agents import AgentRunConfig, run_agents
+from runtime.config import AgentConfig
+from runtime.run_agents import RunConfig, run_agents
 
 
 def main() -> None:
     configure_logging("warning")
     forged = forge_cached("qwen35", "tiny", vision=True)
-    config = AgentRunConfig(episodes=2, tasks=("open-terminal", "click-ok"), max_steps=4,
-                            screen=(320, 240), vm_seconds=0.05, memory_budget=1 << 30)
+    config = RunConfig(agent=AgentConfig(temperature=1.0), episodes=2,
+                       tasks=("open-terminal", "click-ok"), max_steps=4, screen=(320, 240),
+                       vm_seconds=0.05, memory_budget=1 << 30)
     # A 320x240 screenshot costs 80 tokens on this projector; size each sequence for that.
     engine_config = EngineConfig(n_ctx_per_seq=config.context_tokens(80),
                                  n_seq_max=config.episodes + 1, n_threads=2)
@@ -38,7 +40,7 @@ def main() -> None:
     progress.close()
     print(summary_table(result))
     for episode in result.episodes:
-        print(f"{episode.spec.episode_id}: {episode.directory}")
+        print(f"{episode.episode_id}: {result.directories[episode.episode_id]}")
 
 
 if __name__ == "__main__":

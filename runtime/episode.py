@@ -1,108 +1,77 @@
-"""The async episode loop: observe → act (critical step) → execute in the env, with the
-prefetch of the next step overlapping the env's execution.
+"""The async env loop: observe → ``driver.act`` (critical path) → the env executes the action
+while the driver prefetches the next step.
 
-Every task has an owner (one task group per step); blocking env work is the env's business
-(its methods are coroutines that offload); cancellation propagates and the caller's
-``finally`` closes the episode's cache.
+One task group per episode owns the prefetch task; blocking env work is the env's business
+(its methods are coroutines that offload); cancellation propagates, and the caller closes the
+driver (``aclose``) in its ``finally``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
-import attrs
 import structlog
 
-from runtime.actions import TERMINAL_ACTIONS, Fail, format_action
-from runtime.session import ActStep, AgentSession
+from runtime.driver import DriverStep, EpisodeDriver
+from runtime.metrics import EpisodeResult, StepMetrics
 from scheduler.errors import SchedulerError
+from vmenv.actions import TERMINAL_ACTIONS, Fail
 from vmenv.base import Env, Observation, StepOutcome
 
 log = structlog.get_logger("kvagent.episode")
 
-
-@attrs.frozen
-class StepResult:
-    act: ActStep | None  # None when the step failed before an action was decided
-    outcome: StepOutcome | None
-    critical_path_s: float  # screenshot in hand → action ready
-    env_s: float  # the env executing the action (VM time)
-    prefetch_s: float  # the overlapped prefetch's engine time
-    error: str = ""
+#: Called after every decided step: (step index, its observation, the step, the env outcome,
+#: the step's final metrics); awaited when it returns an awaitable.
+StepHook = Callable[[int, Observation, DriverStep, StepOutcome, StepMetrics],
+                    Awaitable[None] | None]
 
 
-@attrs.frozen
-class EpisodeResult:
-    episode_id: str
-    task: str | None
-    steps: tuple[StepResult, ...]
-    reward: float
-    status: str  # done | fail | max_steps | error
-
-    @property
-    def n_steps(self) -> int:
-        return len(self.steps)
-
-
-StepHook = Callable[[int, Observation, StepResult], Awaitable[None] | None]
-
-
-async def run_episode(session: AgentSession, env: Env, *, task: str | None = None,
-                      max_steps: int = 15,
-                      on_step: StepHook | None = None) -> EpisodeResult:
-    """Run until done() / fail(), the env says done, or ``max_steps``."""
-    ep_id = session.episode.episode_id
-    bound = log.bind(episode_id=ep_id, seq_id=session.episode.seq)
+async def run_episode(driver: EpisodeDriver, env: Env, *, task: str | None = None,
+                      max_steps: int = 15, on_step: StepHook | None = None) -> EpisodeResult:
+    """Run until done() / fail(), the env says done, or ``max_steps``.  A step the scheduler
+    cannot admit (its typed error) ends the episode with status ``error``, recorded."""
+    bound = log.bind(episode_id=driver.episode_id)
     obs = await env.reset(task)
-    steps: list[StepResult] = []
-    reward, status = 0.0, "max_steps"
-    for t in range(max_steps):
-        t0 = time.perf_counter()
-        try:
-            act = await session.act(obs.screenshot)
-        except SchedulerError as exc:  # rung 4: this episode's step failed, explained
-            bound.warning("step_failed", step=t, reason=str(exc))
-            steps.append(StepResult(None, None, time.perf_counter() - t0, 0.0, 0.0, str(exc)))
-            status = "error"
-            break
-        critical = time.perf_counter() - t0
-        bound.info("step_decided", step=t, action=format_action(act.action)
-                   if act.parsed else None, parsed=act.parsed,
-                   prefill_tokens=act.record.prefill_tokens, critical_path_s=round(critical, 4))
-        outcome, env_s, prefetch_s = await _execute(session, env, act)
-        result = StepResult(act, outcome, critical, env_s, prefetch_s)
-        steps.append(result)
-        if on_step is not None:
-            maybe = on_step(t, obs, result)
-            if maybe is not None:
-                await maybe
-        reward = outcome.reward
-        obs = outcome.observation
-        if isinstance(act.action, TERMINAL_ACTIONS) or outcome.done:
-            status = "fail" if isinstance(act.action, Fail) else "done"
-            break
-    bound.info("episode_end", status=status, reward=reward, steps=len(steps),
-               unparsable=session.unparsable)
-    return EpisodeResult(ep_id, task, tuple(steps), reward, status)
-
-
-async def _execute(session: AgentSession, env: Env,
-                   act: ActStep) -> tuple[StepOutcome, float, float]:
-    """The env executes the action while (with overlap) the next step is prefetched."""
-    timings: dict[str, Any] = {}
-
-    async def prefetch() -> None:
-        t = time.perf_counter()
-        rec = await session.prefetch()
-        timings["prefetch_s"] = rec.prefill_s if rec is not None else time.perf_counter() - t
-
+    steps: list[StepMetrics] = []
+    reward, status, error = 0.0, "max_steps", ""
+    failure: Exception | None = None
     async with anyio.create_task_group() as tg:
-        if session.overlap and not isinstance(act.action, TERMINAL_ACTIONS):
-            tg.start_soon(prefetch)
-        t0 = time.perf_counter()
-        outcome = await env.step(act.action)
-        env_s = time.perf_counter() - t0
-    return outcome, env_s, timings.get("prefetch_s", 0.0)
+        for t in range(max_steps):
+            arrived = time.perf_counter()  # the screenshot's bytes are in hand
+            try:
+                step = await driver.act(obs.screenshot, arrived_at=arrived)
+            except SchedulerError as exc:  # rung 4: this episode's step failed, explained
+                error = f"{type(exc).__name__}: {exc}"
+                bound.warning("step_failed", step=t, reason=error)
+                steps.append(StepMetrics.failed(driver.episode_id, t, error,
+                                                critical_path_s=time.perf_counter() - arrived))
+                status = "error"
+                break
+            driver.start_prefetch(tg, step)
+            try:
+                t_env = time.perf_counter()
+                outcome = await env.step(step.act.action)
+                now = time.perf_counter()
+                metrics = step.metrics.after_env(vm_s=now - t_env, step_wall_s=now - arrived)
+                steps.append(metrics)
+                if on_step is not None:
+                    maybe = on_step(t, obs, step, outcome, metrics)
+                    if maybe is not None:
+                        await maybe
+            except Exception as exc:  # noqa: BLE001  re-raised below, outside the task
+                failure = exc         # group, so callers see the cause, not a group
+                break
+            reward, obs = outcome.reward, outcome.observation
+            if isinstance(step.act.action, TERMINAL_ACTIONS) or outcome.done:
+                status = "fail" if isinstance(step.act.action, Fail) else "done"
+                break
+        # the episode is over: a prefetch for a step that will not come is dropped
+        await driver.cancel_prefetch()
+    if failure is not None:
+        raise failure
+    bound.info("episode_end", status=status, reward=reward, steps=len(steps),
+               unparsable=driver.session.unparsable)
+    return EpisodeResult(driver.episode_id, task, status, reward, tuple(steps),
+                         driver.session.unparsable, error)

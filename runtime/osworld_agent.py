@@ -31,11 +31,13 @@ from typing import Any, Self
 
 import structlog
 
-from runtime.actions import MAX_ACTION_CHARS, WAIT, CoordConvention, format_action, to_pyautogui
+from runtime.config import AgentConfig
+from runtime.driver import DriverStep
 from runtime.osworld_host import PORTAL_THREAD_PREFIX, AgentHost, KvAgentConfig
 from runtime.portal_runtime import (
-    AgentClosedError, AgentStepError, Decision, KvAgentError, RuntimeStatus,
+    AgentClosedError, AgentStepError, KvAgentError, RuntimeStatus,
 )
+from vmenv.actions import WAIT, CoordConvention, to_pyautogui
 from vmenv.errors import ScreenshotError
 from vmenv.png import png_size
 
@@ -54,8 +56,10 @@ class KvAgent:
     policy (terminal-slot: exact and bounded); ``window``: screenshots kept; ``overlap``:
     prefetch the next step while OSWorld executes the action; ``coord_convention``: how the
     model writes coordinates (actions always come out in absolute screenshot pixels);
-    ``max_tokens`` per action; ``temperature`` / ``seed`` (0.0: greedy); ``grammar``: constrain
-    outputs to the action language; ``memory_budget``: bytes or "8GiB" for the ledger;
+    ``max_tokens`` per action (None: what the grammar needs); ``temperature`` / ``seed`` (0.0:
+    greedy); ``grammar``: constrain outputs to the action language; ``system_prompt``: replace
+    the runtime's prompt (the ``AgentConfig`` fields, shared with ``kvagent run`` and the
+    bench, with the same defaults); ``memory_budget``: bytes or "8GiB" for the ledger;
     ``screen_size``: the VM screen expected (the screenshot's own size is what coordinates
     refer to; a mismatch is logged).  Other keyword arguments: see ``KvAgentConfig``.
     """
@@ -64,18 +68,20 @@ class KvAgent:
                  mmproj_path: str | Path | None = None, *, policy: str = "terminal-slot",
                  window: int = 3, overlap: bool = True,
                  coord_convention: CoordConvention | str = CoordConvention.ABSOLUTE,
-                 max_tokens: int = MAX_ACTION_CHARS + 1, temperature: float = 0.0,
-                 seed: int = 0, n_threads: int | None = None,
-                 memory_budget: int | str | None = None,
+                 max_tokens: int | None = None, temperature: float = 0.0, seed: int = 0,
+                 grammar: bool = True, system_prompt: str | None = None,
+                 n_threads: int | None = None, memory_budget: int | str | None = None,
                  screen_size: tuple[int, int] = (1920, 1080), action_space: str = "pyautogui",
                  **options: Any) -> None:
         if n_threads is not None:
             options["n_threads"] = n_threads
+        agent = AgentConfig(policy=policy, window=window, overlap=overlap,
+                            convention=coord_convention, decode_tokens=max_tokens,
+                            temperature=temperature, seed=seed, grammar=grammar,
+                            system_prompt=system_prompt)
         self.config = KvAgentConfig(
-            model_path, mmproj_path, policy=policy, window=window, overlap=overlap,
-            convention=coord_convention, max_tokens=max_tokens, temperature=temperature,
-            seed=seed, memory_budget=memory_budget, screen_size=tuple(screen_size),
-            action_space=action_space, **options)
+            model_path, mmproj_path, agent=agent, memory_budget=memory_budget,
+            screen_size=tuple(screen_size), action_space=action_space, **options)
         self._host: AgentHost | None = None
         self._finalizer: weakref.finalize | None = None
         self._closed = False
@@ -131,7 +137,7 @@ class KvAgent:
         """``predict`` plus a per-step metrics dict (the 3-tuple runners such as OpenCUA's
         expect): prefill / reused / decode tokens, critical_path_s, prefetch timings."""
         host = self._ensure_host()
-        t0 = time.perf_counter()
+        arrived = time.perf_counter()  # the screenshot's bytes are in hand
         png = obs.get("screenshot") if isinstance(obs, Mapping) else None
         if png is None:
             return self._wait("the observation has no screenshot (the VM did not answer)")
@@ -144,19 +150,20 @@ class KvAgent:
             self._warned_screen = True  # once: OSWorld's screen does not change mid-run
             self._log.warning("screen_size_mismatch", expected=self.config.screen_size,
                               screenshot=screen, note="coordinates follow the screenshot")
-        decision: Decision = host.call(host.runtime.decide, instruction, png, screen)
-        critical = time.perf_counter() - t0
-        code = to_pyautogui(decision.act.action)
-        info = self._info(decision, critical, code)
-        self._episode_id, self.last_info = decision.episode_id, info
-        self._log.info("osworld_step", episode_id=decision.episode_id, step=info["step"],
+        step: DriverStep = host.call(host.runtime.decide, instruction, png, screen, arrived)
+        code = to_pyautogui(step.act.action)
+        info = {**step.metrics.as_dict(), "code": code}
+        info.pop("output_tokens")
+        self._episode_id, self.last_info = step.metrics.episode_id, info
+        self._log.info("osworld_step", episode_id=self._episode_id, step=step.act.index,
                        action=info["action"], parsed=info["parsed"],
                        prefill_tokens=info["prefill_tokens"],
-                       critical_path_s=round(critical, 4))
+                       critical_path_s=round(step.metrics.critical_path_s, 4))
         if self._runtime_logger is not None:
             self._runtime_logger.info("kvagent step %d: %s (critical path %.3f s)",
-                                      info["step"], info["action"], critical)
-        return decision.act.response, [code], info
+                                      step.act.index, info["action"],
+                                      step.metrics.critical_path_s)
+        return step.act.response, [code], info
 
     def status(self) -> RuntimeStatus:
         """The runtime's current episode, ledger and engine sequences (diagnostics)."""
@@ -176,8 +183,9 @@ class KvAgent:
         if self._host is None:
             self._host = AgentHost(self.config)
             self._finalizer = weakref.finalize(self, self._host.close)
-            self._log.info("agent_started", policy=self.config.policy,
-                           overlap=self.config.overlap, window=self.config.window)
+            a = self.config.agent
+            self._log.info("agent_started", policy=a.policy, overlap=a.overlap,
+                           window=a.window)
         return self._host
 
     def _wait(self, why: str) -> tuple[str, list[str], dict[str, Any]]:
@@ -186,20 +194,3 @@ class KvAgent:
                 "action": WAIT}
         self.last_info = info
         return f"No usable screenshot: {why}. Waiting for the next one.", [WAIT], info
-
-    @staticmethod
-    def _info(d: Decision, critical_s: float, code: str) -> dict[str, Any]:
-        r, act = d.act.record, d.act
-        pre = act.prefetch
-        return {
-            "episode_id": d.episode_id, "step": act.index, "status": r.status,
-            "action": format_action(act.action), "code": code, "parsed": act.parsed,
-            "prefill_tokens": r.prefill_tokens, "reused_tokens": r.reused_tokens,
-            "critical_path_prefill_tokens": r.critical_path_prefill_tokens,
-            "context_tokens": r.context_tokens, "decode_tokens": r.decode_tokens,
-            "prefill_s": r.prefill_s, "decode_s": r.decode_s, "critical_path_s": critical_s,
-            "prefetch_prefill_tokens": pre.prefill_tokens if pre is not None else 0,
-            "prefetch_s": d.prefetch_s, "prefetch_wait_s": d.prefetch_wait_s,
-            "prefetch_error": d.prefetch_error or None,
-            "kv_bytes": r.kv_bytes, "checkpoint_bytes": r.checkpoint_bytes,
-        }

@@ -21,43 +21,30 @@ import attrs
 import structlog
 
 from cachepolicy.engine import Engine, EngineConfig
-from cachepolicy.sampling import SamplingParams
 from cachepolicy.segments import SegmentFactory
-from runtime.actions import MAX_ACTION_CHARS, CoordConvention, action_grammar
-from runtime.portal_runtime import AgentClosedError, AgentRuntime, KvAgentError, RuntimeSpec
-from runtime.sizes import parse_bytes
-from scheduler.transaction import StepOptions
+from runtime.config import AgentConfig
+from runtime.portal_runtime import AgentClosedError, AgentRuntime, KvAgentError
+from scheduler.sizes import UNLIMITED_BYTES, parse_budget
 
 log = structlog.get_logger("kvagent.osworld")
 
-#: The ledger budget when none is given: effectively unlimited.
-UNLIMITED_BYTES = 1 << 50
 PORTAL_THREAD_PREFIX = "kvagent-portal"
 
 
-def _convention(value: CoordConvention | str) -> CoordConvention:
-    return value if isinstance(value, CoordConvention) else CoordConvention(value)
-
-
 def _budget(value: int | str | None) -> int | None:
-    return parse_bytes(value) if isinstance(value, str) else value
+    budget = parse_budget(value, relative=False)
+    return None if budget.unlimited else budget.resolve()
 
 
 @attrs.frozen
 class KvAgentConfig:
-    """Everything a KvAgent is built from (see ``KvAgent`` for the meaning of each)."""
+    """Where and with what a KvAgent runs: the model files, the engine's sizes, the memory
+    budget, what OSWorld hands it — and ``agent``, how it decides (the ``AgentConfig`` that
+    ``kvagent run`` and the bench use too)."""
 
     model_path: Path | None = attrs.field(converter=attrs.converters.optional(Path))
     mmproj_path: Path | None = attrs.field(converter=attrs.converters.optional(Path))
-    policy: str = "terminal-slot"
-    window: int = attrs.field(default=3, validator=attrs.validators.ge(1))
-    overlap: bool = True
-    convention: CoordConvention = attrs.field(default=CoordConvention.ABSOLUTE,
-                                              converter=_convention)
-    max_tokens: int = attrs.field(default=MAX_ACTION_CHARS + 1, validator=attrs.validators.ge(1))
-    temperature: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
-    seed: int = 0
-    grammar: bool = True
+    agent: AgentConfig = attrs.Factory(AgentConfig)
     n_threads: int = attrs.field(factory=lambda: os.cpu_count() or 1,
                                  validator=attrs.validators.ge(1))
     n_ctx: int = attrs.field(default=16384, validator=attrs.validators.ge(256))
@@ -66,7 +53,6 @@ class KvAgentConfig:
     screen_size: tuple[int, int] = (1920, 1080)
     action_space: str = "pyautogui"
     observation_type: str = "screenshot"
-    system_prompt: str | None = None
     name: str = attrs.field(factory=lambda: f"kvagent-{os.getpid()}")
 
     def __attrs_post_init__(self) -> None:
@@ -80,8 +66,6 @@ class KvAgentConfig:
                              "neither (the forged tiny test model)")
         if len(self.screen_size) != 2 or min(self.screen_size) < 1:
             raise ValueError(f"screen_size must be (width, height), got {self.screen_size}")
-        if self.memory_budget is not None and self.memory_budget <= 0:
-            raise ValueError("memory_budget must be positive")
 
 
 class AgentHost:
@@ -104,18 +88,10 @@ class AgentHost:
         try:
             if not self.engine.has_vision:
                 raise KvAgentError(f"{mmproj} gave no vision projector: KvAgent needs one")
-            sampling = SamplingParams(
-                temperature=config.temperature, seed=config.seed,
-                grammar=action_grammar(config.convention) if config.grammar else None)
-            spec = RuntimeSpec(
-                policy=config.policy, window=config.window, overlap=config.overlap,
-                convention=config.convention, name=config.name,
-                options=StepOptions(decode_tokens=config.max_tokens, stop_at_eog=True,
-                                    sampling=sampling),
-                budget_bytes=config.memory_budget or UNLIMITED_BYTES,
-                system_prompt=config.system_prompt)
-            self.runtime = AgentRuntime(SegmentFactory(self.engine), spec)
-            self.runtime.make_policy()  # refuse a policy the model cannot run, now
+            factory = SegmentFactory(self.engine)
+            config.agent.make_policy(factory)  # refuse a policy the model cannot run, now
+            self.runtime = AgentRuntime(factory, config.agent, name=config.name,
+                                        budget_bytes=config.memory_budget or UNLIMITED_BYTES)
             self._portal_cm: AbstractContextManager[anyio.from_thread.BlockingPortal] = (
                 anyio.from_thread.start_blocking_portal(
                     name=f"{PORTAL_THREAD_PREFIX}-{config.name}"))

@@ -2,14 +2,17 @@
 
 Top panel: prefill tokens per step for each episode — on the critical path (solid) and in
 total, critical plus prefetch (dashed).  Bottom panel: critical-path seconds per step.  The
-rows are ``metrics.jsonl`` lines (``runtime.run_agents.metrics_row``).
+rows are ``metrics.jsonl`` lines (``runtime.metrics.StepMetrics.as_dict``).
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from vmenv.trajectory_writer import write_durably
 
 PLOT_FILE = "kvagent_steps.png"
 
@@ -39,7 +42,7 @@ def plot_steps(episodes: Mapping[str, Sequence[Mapping[str, Any]]], out: str | P
         color = f"C{i % 10}"
         xs, ys = _series(rows, "critical_path_prefill_tokens")
         tokens.plot(xs, ys, "o-", color=color, label=f"{label} critical path")
-        xs, ys = _series(rows, "total_prefill_tokens")
+        xs, ys = _series(rows, "prefill_tokens")
         tokens.plot(xs, ys, "s--", color=color, alpha=0.6, label=f"{label} total")
         xs, ys = _series(rows, "critical_path_s")
         latency.plot(xs, ys, "o-", color=color, label=label)
@@ -56,5 +59,7 @@ def plot_steps(episodes: Mapping[str, Sequence[Mapping[str, Any]]], out: str | P
     latency.xaxis.get_major_locator().set_params(integer=True)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    write_durably(path, buf.getvalue())  # a reader never sees half a PNG
     return path

@@ -1,17 +1,14 @@
-"""The async half of ``KvAgent``: a Scheduler and the current episode's ``AgentSession``,
+"""The async half of ``KvAgent``: a Scheduler and the current episode's ``EpisodeDriver``,
 living in the event loop of a blocking portal (a background thread).  ``KvAgent`` drives it
 from OSWorld's synchronous runner with ``portal.call``.
 
-Ownership: ``serve`` owns the Scheduler (``async with``) and one task group.  The only task
-ever started is the overlapped prefetch of the next step, a task of that group referenced
-by ``_prefetch``: the next ``decide`` waits for it, ``new_episode`` / ``end_episode`` and
-``stop`` cancel it (speculative work is dropped, never published half-way).  Invariant: at
-most one episode is open and at most one prefetch runs, and it belongs to that episode.
+Ownership: ``serve`` owns the Scheduler (``async with``) and one task group, the one the
+driver's prefetch runs in (started by ``decide`` after the action is decided, while OSWorld
+executes it).  The next ``decide`` settles it through the driver; ``new_episode`` /
+``end_episode`` and ``stop`` cancel it.  Invariant: at most one episode (one driver) is open.
 """
 
 from __future__ import annotations
-
-import time
 
 import anyio
 import anyio.abc
@@ -19,16 +16,14 @@ import anyio.to_thread
 import attrs
 import structlog
 
-from cachepolicy.base import CachePolicy, make_policy
 from cachepolicy.engine import Engine
 from cachepolicy.errors import KvagentCacheError
-from cachepolicy.segments import SegmentFactory, model_info
-from runtime.actions import TERMINAL_ACTIONS, CoordConvention
-from runtime.session import ActStep, AgentSession
+from cachepolicy.segments import SegmentFactory
+from runtime.config import AgentConfig
+from runtime.driver import DriverStep, EpisodeDriver
 from scheduler.errors import SchedulerError
 from scheduler.ledger import LedgerSnapshot, MemoryLedger
 from scheduler.scheduler import IMAGE_CACHE, Scheduler
-from scheduler.transaction import EpisodeCache, PrefetchRecord, StepOptions
 
 log = structlog.get_logger("kvagent.osworld")
 
@@ -47,32 +42,6 @@ class AgentStepError(KvAgentError):
 
 
 @attrs.frozen
-class RuntimeSpec:
-    """What the runtime needs to make policies and sessions."""
-
-    policy: str
-    window: int
-    overlap: bool
-    convention: CoordConvention
-    options: StepOptions
-    budget_bytes: int
-    name: str  # episode ids are f"{name}/ep{n}"
-    system_prompt: str | None = None
-
-
-@attrs.frozen
-class Decision:
-    """One decided step, with how the overlapped prefetch before it went."""
-
-    episode_id: str
-    act: ActStep
-    prefetch_wait_s: float  # the critical path waited this long for the previous prefetch
-    prefetch_s: float  # the previous prefetch's own duration (0.0: none ran)
-    prefetch_error: str  # why the previous prefetch failed ("" if it did not)
-    prefetch_started: bool  # a prefetch for the next step is running now
-
-
-@attrs.frozen
 class RuntimeStatus:
     """A snapshot for logs and tests."""
 
@@ -85,56 +54,42 @@ class RuntimeStatus:
     summary: str
 
 
-@attrs.define(eq=False)
-class _PrefetchJob:
-    episode_id: str
-    scope: anyio.CancelScope
-    done: anyio.Event
-    record: PrefetchRecord | None = None
-    error: str = ""
-    seconds: float = 0.0
-
-
 class AgentRuntime:
     """Lives in one event loop: start ``serve`` with ``portal.start_task``, call the other
     coroutines with ``portal.call``.  Not thread-safe (the loop serialises it)."""
 
-    def __init__(self, factory: SegmentFactory, spec: RuntimeSpec) -> None:
-        self.factory, self.spec = factory, spec
+    def __init__(self, factory: SegmentFactory, config: AgentConfig, *, budget_bytes: int,
+                 name: str) -> None:
+        self.factory, self.config, self.name = factory, config, name
         self.engine: Engine = factory.engine
-        self.ledger = MemoryLedger(spec.budget_bytes)
+        self.ledger = MemoryLedger(budget_bytes)
         self._scheduler: Scheduler | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._stopping: anyio.Event | None = None
-        self._episode: EpisodeCache | None = None
-        self._session: AgentSession | None = None
-        self._prefetch: _PrefetchJob | None = None
+        self._driver: EpisodeDriver | None = None
         self._n_episodes = 0
-
-    def make_policy(self) -> CachePolicy:
-        """The episode policy (raises PolicyRefusedError for e.g. relocate on a hybrid)."""
-        return make_policy(self.spec.policy, model_info(self.engine), self.factory.kit,
-                           window=self.spec.window, decode_tokens=self.spec.options.decode_tokens)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
                     ) -> None:
         """Own the scheduler and the task group until ``stop``; on the way out the prefetch
-        is cancelled and the scheduler closes the open episode (the ledger returns to 0)."""
+        is cancelled and the episode and scheduler close (the ledger returns to 0)."""
         self._stopping = anyio.Event()
         async with Scheduler(self.engine, self.ledger, self.factory,
-                             options=self.spec.options) as scheduler:
+                             options=self.config.step_options()) as scheduler:
             self._scheduler = scheduler
             try:
                 async with anyio.create_task_group() as tg:
                     self._tg = tg
                     task_status.started()
                     await self._stopping.wait()
-                    tg.cancel_scope.cancel()  # a running prefetch is speculative: drop it
+                    await self.end_episode()
             finally:
-                self._tg, self._prefetch = None, None
-                self._episode, self._session = None, None
+                self._tg = None
+                if self._driver is not None:  # cancelled on the way: still close it
+                    await self._driver.aclose()
+                    self._driver = None
 
     def stop(self) -> None:
         """Ask ``serve`` to wind down (call from the loop; returns at once)."""
@@ -144,104 +99,78 @@ class AgentRuntime:
     # ------------------------------------------------------------------ episodes
 
     async def new_episode(self) -> str:
-        """Close the current episode's cache (if any) and open a fresh one."""
+        """Close the current episode's cache (if any) and start a fresh episode id (its
+        sequence is taken by the first ``decide``)."""
         await self.end_episode()
-        scheduler = self._running()
+        self._running()
         self._n_episodes += 1
-        episode_id = f"{self.spec.name}/ep{self._n_episodes}"
-        self._episode = scheduler.open_episode(episode_id, self.make_policy())
-        return episode_id
+        return self._episode_id()
 
     async def end_episode(self) -> None:
         """Cancel the prefetch and free the episode's sequence and ledger holdings."""
-        await self._settle_prefetch(cancel=True)
-        episode, self._episode, self._session = self._episode, None, None
-        if episode is not None and self._scheduler is not None:
-            await self._scheduler.close_episode(episode)
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            await driver.aclose()
 
     # ------------------------------------------------------------------ steps
 
-    async def decide(self, instruction: str, png: bytes, screen: tuple[int, int]) -> Decision:
-        """The critical step: wait for the previous prefetch, then ``session.act``; with
-        overlap, start prefetching the next step before returning the action."""
-        t0 = time.perf_counter()
-        job = await self._settle_prefetch(cancel=False)
-        waited = time.perf_counter() - t0
-        if self._session is not None and self._session.instruction != instruction:
+    async def decide(self, instruction: str, png: bytes, screen: tuple[int, int],
+                     arrived_at: float) -> DriverStep:
+        """The critical step through the driver; with overlap, the prefetch of the next step
+        starts before the action is returned."""
+        scheduler = self._running()
+        driver = self._driver
+        if driver is not None and driver.session.instruction != instruction:
             # A new task without reset(): its history must not leak into this one.
-            log.warning("instruction_changed", episode_id=self._session.episode.episode_id)
+            log.warning("instruction_changed", episode_id=driver.episode_id)
             await self.end_episode()
-        if self._episode is None:
-            await self.new_episode()
-        assert self._episode is not None
-        session = self._session
-        if session is None:
-            session = self._session = AgentSession(
-                self._running(), self.factory, self._episode, instruction, screen,
-                convention=self.spec.convention, overlap=self.spec.overlap,
-                system_prompt=self.spec.system_prompt)
-        elif session.screen != screen:
-            log.warning("screen_size_changed", episode_id=self._episode.episode_id,
-                        old=session.screen, new=screen)
-            session.screen = screen  # coordinates refer to the screenshot the model sees
+            self._n_episodes += 1
+            driver = None
+        if driver is None:
+            if self._n_episodes == 0:
+                self._n_episodes = 1
+            driver = self._driver = EpisodeDriver.open(
+                scheduler, self.factory, self.config, self._episode_id(), instruction, screen,
+                seed=self._n_episodes)
+        elif driver.session.screen != screen:
+            log.warning("screen_size_changed", episode_id=driver.episode_id,
+                        old=driver.session.screen, new=screen)
+            driver.session.screen = screen  # coordinates refer to the screenshot the model sees
         try:
-            act = await session.act(png)
+            step = await driver.act(png, arrived_at=arrived_at)
         except (SchedulerError, KvagentCacheError) as exc:
-            raise AgentStepError(f"step {session._index} of {self._episode.episode_id} "
-                                 f"failed: {exc}") from exc
-        started = self.spec.overlap and not isinstance(act.action, TERMINAL_ACTIONS)
-        if started:
-            self._start_prefetch(session)
-        return Decision(self._episode.episode_id, act, waited,
-                        job.seconds if job is not None else 0.0,
-                        job.error if job is not None else "", started)
+            raise AgentStepError(f"step {driver.session.steps_decided} of "
+                                 f"{driver.episode_id} failed: {exc}") from exc
+        assert self._tg is not None
+        driver.start_prefetch(self._tg, step)
+        return step
 
     async def status(self) -> RuntimeStatus:
         mem = await anyio.to_thread.run_sync(self.engine.memory)
         scheduler = self._running()
-        owners = [IMAGE_CACHE] + ([self._episode.episode_id] if self._episode else [])
+        driver = self._driver
+        owners = [IMAGE_CACHE] + ([driver.episode_id] if driver is not None else [])
         return RuntimeStatus(
-            episode_id=self._episode.episode_id if self._episode else None,
-            steps=self._session._index if self._session else 0,
-            prefetch_running=self._prefetch is not None and not self._prefetch.done.is_set(),
+            episode_id=driver.episode_id if driver is not None else None,
+            steps=driver.session.steps_decided if driver is not None else 0,
+            prefetch_running=driver is not None and driver.prefetch_running,
             ledger=self.ledger.snapshot(), held={o: self.ledger.held_by(o) for o in owners},
             seqs_in_use=tuple(sorted(mem.seq_state_bytes)), summary=scheduler.summary())
 
+    async def check_integrity(self) -> None:
+        """The scheduler's integrity check (ledger vs engine), between steps."""
+        scheduler = self._running()
+        driver = self._driver
+        if driver is not None:
+            await driver.cancel_prefetch()
+        await anyio.to_thread.run_sync(scheduler.check_integrity)
+
     # ------------------------------------------------------------------ internals
+
+    def _episode_id(self) -> str:
+        return f"{self.name}/ep{self._n_episodes}"
 
     def _running(self) -> Scheduler:
         if self._scheduler is None or self._tg is None:
             raise AgentClosedError("the agent's runtime is not running")
         return self._scheduler
-
-    def _start_prefetch(self, session: AgentSession) -> None:
-        assert self._tg is not None and self._prefetch is None
-        job = _PrefetchJob(session.episode.episode_id, anyio.CancelScope(), anyio.Event())
-        self._prefetch = job
-        self._tg.start_soon(self._run_prefetch, session, job,
-                            name=f"prefetch {session.episode.episode_id}")
-
-    async def _run_prefetch(self, session: AgentSession, job: _PrefetchJob) -> None:
-        t0 = time.perf_counter()
-        try:
-            with job.scope:  # absorbs only its own cancellation (reset/close dropping it)
-                job.record = await session.prefetch()
-        except Exception as exc:  # noqa: BLE001  (reported by the next decide; cancellation
-            # is a BaseException and passes through)
-            job.error = f"{type(exc).__name__}: {exc}"
-            log.warning("prefetch_failed", episode_id=job.episode_id, reason=job.error)
-        finally:
-            job.seconds = time.perf_counter() - t0
-            job.done.set()
-
-    async def _settle_prefetch(self, *, cancel: bool) -> _PrefetchJob | None:
-        """Wait for (or cancel and wait for) the running prefetch."""
-        job = self._prefetch
-        if job is None:
-            return None
-        if cancel:
-            job.scope.cancel()
-        await job.done.wait()
-        if self._prefetch is job:
-            self._prefetch = None
-        return job

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TextIO
 import attrs
 
 if TYPE_CHECKING:
+    from runtime.metrics import StepMetrics
     from runtime.run_agents import EpisodeSpec, RunResult
 
 
@@ -27,13 +28,24 @@ class EpisodeEvent:
     spec: EpisodeSpec
     max_steps: int
     step: int = 0  # steps done
-    action: str = ""  # the last action, in the action language
-    cache_hit: float | None = None  # reused / (reused + prefilled) tokens of the last step
-    critical_path_s: float | None = None
+    metrics: StepMetrics | None = None  # on step: the step's measurements
     status: str = ""  # on end: done | fail | max_steps | error
     reward: float | None = None
     error: str = ""
     summary: str = ""  # the scheduler's one-line state when the event happened
+
+    @property
+    def action(self) -> str:
+        """The step's action in the action language ("" for a NoOp or no step)."""
+        return (self.metrics.action or "") if self.metrics is not None else ""
+
+    @property
+    def cache_hit(self) -> float | None:
+        return self.metrics.cache_hit if self.metrics is not None else None
+
+    @property
+    def critical_path_s(self) -> float | None:
+        return self.metrics.critical_path_s if self.metrics is not None else None
 
 
 _UP = "\x1b[{n}A"  # cursor up n lines
@@ -48,7 +60,7 @@ def _secs(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f} s"
 
 
-def episode_line(e: EpisodeEvent) -> str:
+def episode_line(e: EpisodeEvent, action: str = "") -> str:
     """``ep0 open-terminal  step 3/8  click(12, 40)  hit 91%  crit 0.41 s``"""
     head = f"{e.spec.episode_id} {e.spec.task}"
     if e.kind == "start":
@@ -56,7 +68,7 @@ def episode_line(e: EpisodeEvent) -> str:
     tail = (f"  hit {_pct(e.cache_hit)}  crit {_secs(e.critical_path_s)}"
             if e.kind == "step" else f"  {e.status} reward {e.reward:g}"
             + (f" ({e.error})" if e.error else ""))
-    return f"{head}  step {e.step}/{e.max_steps}  {e.action or '-'}{tail}"
+    return f"{head}  step {e.step}/{e.max_steps}  {e.action or action or '-'}{tail}"
 
 
 class ProgressDisplay:
@@ -74,10 +86,8 @@ class ProgressDisplay:
         ep = event.spec.episode_id
         if event.kind == "step":
             self._actions[ep] = event.action
-        elif event.kind == "end" and not event.action:
-            # the end event carries no action: keep showing the last one
-            event = _with_action(event, self._actions.get(ep, ""))
-        self._lines[ep] = episode_line(event)
+        # the end event carries no action: keep showing the last one
+        self._lines[ep] = episode_line(event, self._actions.get(ep, ""))
         self._summary = event.summary
         if self.tty:
             self._redraw()
@@ -100,33 +110,29 @@ class ProgressDisplay:
         self._drawn = 0
 
 
-def _with_action(event: EpisodeEvent, action: str) -> EpisodeEvent:
-    return attrs.evolve(event, action=action)
-
-
 def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
 SUMMARY_COLUMNS = ("episode", "task", "steps", "status", "reward", "unparsable",
-                   "crit prefill", "crit s", "total prefill")
+                   "crit prefill", "crit s", "prefill")
 
 
 def summary_table(result: RunResult) -> str:
     """One row per episode: steps, status, reward, unparsable outputs, and the means of
-    critical-path prefill tokens, critical-path seconds and total (critical + prefetch)
-    prefill tokens per step."""
+    critical-path prefill tokens, critical-path seconds and prefill tokens (critical path +
+    prefetch) per step."""
     rows = [SUMMARY_COLUMNS]
     for e in result.episodes:
-        rows.append((e.spec.episode_id, e.spec.task, str(e.steps), e.status,
+        rows.append((e.episode_id, e.task or "-", str(e.n_steps), e.status,
                      f"{e.reward:g}", str(e.unparsable),
                      _num(e.mean("critical_path_prefill_tokens"), ".0f"),
                      _num(e.mean("critical_path_s"), ".2f"),
-                     _num(e.mean("total_prefill_tokens"), ".0f")))
+                     _num(e.mean("prefill_tokens"), ".0f")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(SUMMARY_COLUMNS))]
     lines = ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w)
                        for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for e in result.errors:
-        lines.append(f"{e.spec.episode_id}: {e.error}")
+        lines.append(f"{e.episode_id}: {e.error}")
     return "\n".join(lines)

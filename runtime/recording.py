@@ -29,9 +29,10 @@ from typing import IO, Any, Self
 import attrs
 import structlog
 
+from vmenv.trajectory_writer import TRAJ_FILE, TrajectoryWriter, write_durably
+
 ACTION_SPACE = "pyautogui"
 OBSERVATION_TYPE = "screenshot"
-TRAJ_FILE = "traj.jsonl"
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.txt"
 TIMESTAMP_FORMAT = "%Y%m%d@%H%M%S"  # OSWorld's action_timestamp
@@ -97,31 +98,18 @@ class ResultLayout:
         return path
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _json_line(entry: dict[str, Any]) -> str:
-    return json.dumps(entry, default=str, ensure_ascii=False) + "\n"
-
-
 class EpisodeRecorder:
-    """Writes one episode's directory step by step (see the module docstring)."""
+    """Writes one episode's directory step by step (see the module docstring): traj.jsonl
+    through vmenv's one ``TrajectoryWriter``, plus metrics.jsonl and result.txt."""
 
     def __init__(self, directory: Path) -> None:
         """Use ``EpisodeRecorder.create``; this opens files in an existing directory."""
         self.directory = directory
         self.steps = 0
+        self._traj: TrajectoryWriter | None = TrajectoryWriter(directory)
         # held open for the episode (closed by ``close``): one line per step, fsync'd
-        self._traj: IO[str] | None = open(  # noqa: SIM115
-            directory / TRAJ_FILE, "w", encoding="utf-8")
         self._metrics: IO[str] | None = open(  # noqa: SIM115
-            directory / METRICS_FILE, "w", encoding="utf-8")
-        _fsync_dir(directory)
+            directory / METRICS_FILE, "a", encoding="utf-8")
 
     @classmethod
     def create(cls, layout: ResultLayout, task_id: str) -> EpisodeRecorder:
@@ -142,12 +130,17 @@ class EpisodeRecorder:
     def closed(self) -> bool:
         return self._traj is None
 
-    def _append(self, handle: IO[str] | None, entry: dict[str, Any]) -> None:
-        if handle is None:
+    def _writer(self) -> TrajectoryWriter:
+        if self._traj is None:
             raise RecordingError(f"the recorder of {self.directory} is closed")
-        handle.write(_json_line(entry))
-        handle.flush()
-        os.fsync(handle.fileno())
+        return self._traj
+
+    def _metrics_line(self, entry: dict[str, Any]) -> None:
+        if self._metrics is None:
+            raise RecordingError(f"the recorder of {self.directory} is closed")
+        self._metrics.write(json.dumps(entry, default=str, ensure_ascii=False) + "\n")
+        self._metrics.flush()
+        os.fsync(self._metrics.fileno())
 
     def record_step(self, *, step_num: int, action: str, response: str, reward: float,
                     done: bool, info: dict[str, Any], screenshot: bytes,
@@ -158,45 +151,34 @@ class EpisodeRecorder:
         is when the action started executing (OSWorld takes it just before ``env.step``).
         Returns the screenshot's file name."""
         stamp = (timestamp or dt.datetime.now()).strftime(TIMESTAMP_FORMAT)
-        name = f"step_{step_num}_{stamp}.png"
-        with open(self.directory / name, "wb") as f:
-            f.write(screenshot)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(self.directory)  # the PNG's entry exists before a line names it
-        self._append(self._traj, {
-            "step_num": step_num, "action_timestamp": stamp, "action": action,
-            "response": response, "reward": reward, "done": done, "info": info,
-            "screenshot_file": name})
-        self._append(self._metrics, {"step_num": step_num, **metrics})
+        name = self._writer().write_step(
+            step_num, screenshot=screenshot, screenshot_file=f"step_{step_num}_{stamp}.png",
+            action_timestamp=stamp, action=action, response=response, reward=reward, done=done,
+            info=info)
+        self._metrics_line({"step_num": step_num, **metrics})
         self.steps += 1
         return name
 
     def record_metrics(self, metrics: dict[str, Any]) -> None:
         """A metrics line without a traj line (a step that failed before an action)."""
-        self._append(self._metrics, metrics)
+        self._metrics_line(metrics)
 
     def record_error(self, message: str) -> None:
         """OSWorld's runner marks a crashed example with an ``{"Error": ...}`` traj line."""
-        self._append(self._traj, {"Error": message})
+        self._writer().write_error(message)
 
     def finish(self, reward: float) -> Path:
         """Write ``result.txt`` (atomically: a reader sees no result or the whole one)."""
         path = self.directory / RESULT_FILE
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(f"{reward}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(self.directory)
+        write_durably(path, f"{reward}\n".encode())
         return path
 
     def close(self) -> None:
         """Close the files (idempotent)."""
-        for handle in (self._traj, self._metrics):
-            if handle is not None:
-                handle.close()
+        if self._traj is not None:
+            self._traj.close()
+        if self._metrics is not None:
+            self._metrics.close()
         self._traj = self._metrics = None
 
     def __enter__(self) -> Self:

@@ -5,20 +5,25 @@ no prefetch carried it) and turns the decoded text into an ``Action`` record; ``
 (overlap) submits the previous action's text and lets the policy prefill what the next step
 already knows while the VM executes the action.  Outputs are token-for-token the same with or
 without overlap: the same segments reach the log, prefilled in the same pieces.
+
+``EpisodeDriver`` (runtime/driver.py) is the one place that calls these two; use it.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import attrs
 
+from cachepolicy.context_log import Segment
 from cachepolicy.segments import SegmentFactory
-from runtime.actions import (
-    CoordConvention, NoOp, format_action, parse_action,
-)
-from vmenv.actions import Action
+from runtime.actions import CoordConvention, NoOp, format_action, parse_action
+from runtime.config import AgentConfig
 from scheduler.records import StepRecord
 from scheduler.scheduler import Scheduler
 from scheduler.transaction import EpisodeCache, PrefetchRecord
+from vmenv.actions import Action
 
 NOOP_TEXT = "noop()"  # what an unparsable step leaves in the history (never the raw text)
 
@@ -34,6 +39,17 @@ _COORDS = {
     CoordConvention.RELATIVE_1: "Coordinates are fractions 0-1 of the screen.",
 }
 
+#: Teacher forcing: the history text of step i, or None to use what the model decided.
+Teacher = Callable[[int], str | None]
+
+
+def system_prompt(config: AgentConfig, screen: tuple[int, int]) -> str:
+    """The system prompt an agent with ``config`` sees on a ``screen``-sized desktop."""
+    if config.system_prompt is not None:
+        return config.system_prompt
+    return SYSTEM_PROMPT.format(width=screen[0], height=screen[1],
+                                coords=_COORDS[config.convention])
+
 
 @attrs.frozen
 class ActStep:
@@ -44,6 +60,7 @@ class ActStep:
     response: str
     record: StepRecord
     prefetch: PrefetchRecord | None  # the prefetch that prepared this step, if any
+    encode_s: float  # decoding + encoding the new screenshot (before the transaction)
 
     @property
     def parsed(self) -> bool:
@@ -52,49 +69,62 @@ class ActStep:
 
 @attrs.define(eq=False)
 class AgentSession:
+    """One episode's agent state: its step index and the text its last action leaves in the
+    history.  ``teacher`` (replays, benchmarks) replaces that text with a recorded one, so
+    every run of a recorded trajectory sees the same history whatever it decoded."""
+
     scheduler: Scheduler
     factory: SegmentFactory
     episode: EpisodeCache
+    config: AgentConfig
     instruction: str
     screen: tuple[int, int]
-    convention: CoordConvention = CoordConvention.ABSOLUTE
-    overlap: bool = True
-    system_prompt: str | None = None
+    teacher: Teacher | None = None
     _index: int = 0
     _history_text: str | None = None  # the previous action as it enters the history
     _prefetched: bool = False  # the previous action's text went in with a prefetch
     _last_prefetch: PrefetchRecord | None = None
     unparsable: int = 0
 
-    def _system(self) -> str:
-        if self.system_prompt is not None:
-            return self.system_prompt
-        return SYSTEM_PROMPT.format(width=self.screen[0], height=self.screen[1],
-                                    coords=_COORDS[self.convention])
+    @property
+    def steps_decided(self) -> int:
+        return self._index
+
+    @property
+    def history_text(self) -> str | None:
+        """The text the last decided action leaves in the history."""
+        return self._history_text
 
     async def act(self, screenshot_png: bytes) -> ActStep:
         """Decide the action for a new screenshot (the critical path)."""
         i, f = self._index, self.factory
         carry = self._history_text if (i > 0 and not self._prefetched) else None
+        encode = [0.0]
 
-        def build() -> tuple:
-            segs: tuple = ()
+        def build() -> tuple[Segment, ...]:
+            segs: tuple[Segment, ...] = ()
             if i == 0:
-                segs = (f.preamble(self._system()), f.instruction(self.instruction))
+                segs = (f.preamble(system_prompt(self.config, self.screen)),
+                        f.instruction(self.instruction))
             if carry is not None:
                 segs += (f.action(i - 1, carry),)
-            return segs + (f.screenshot(i, screenshot_png),)
+            t0 = time.perf_counter()
+            shot = f.screenshot(i, screenshot_png)  # PNG decode + vision encoder
+            encode[0] = time.perf_counter() - t0
+            return segs + (shot,)
 
         record = await self.scheduler.step(self.episode, build)
-        response = f.engine.detokenize(record.output_tokens)
-        action = parse_action(response, convention=self.convention, screen=self.screen)
+        response = record.output_text
+        action = parse_action(response, convention=self.config.convention, screen=self.screen)
         if isinstance(action, NoOp):
             self.unparsable += 1
-            self._history_text = NOOP_TEXT
+            history = NOOP_TEXT
         else:
-            self._history_text = format_action(action, convention=self.convention,
-                                               screen=self.screen)
-        step = ActStep(i, action, response, record, self._last_prefetch)
+            history = format_action(action, convention=self.config.convention,
+                                    screen=self.screen)
+        forced = self.teacher(i) if self.teacher is not None else None
+        self._history_text = forced if forced is not None else history
+        step = ActStep(i, action, response, record, self._last_prefetch, encode[0])
         self._index, self._prefetched, self._last_prefetch = i + 1, False, None
         return step
 

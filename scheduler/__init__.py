@@ -9,11 +9,10 @@ from scheduler.ledger import LedgerSnapshot, MemoryLedger, Reservation
 from scheduler.records import StepRecord
 from scheduler.scheduler import Scheduler
 from scheduler.slots import Priority
-from scheduler.transaction import EpisodeCache, PrefetchRecord, StepOptions, run_prefetch, run_step
+from scheduler.transaction import EpisodeCache, PrefetchRecord, StepOptions
 
 __all__ = [
     "AdmissionError", "BudgetExceededError", "EpisodeCache", "EpisodeClosedError",
     "LedgerSnapshot", "MemoryLedger", "NoFreeSequenceError", "PrefetchRecord", "Priority",
-    "Reservation", "Scheduler", "SchedulerError", "StepOptions", "StepRecord", "run_prefetch",
-    "run_step",
+    "Reservation", "Scheduler", "SchedulerError", "StepOptions", "StepRecord",
 ]

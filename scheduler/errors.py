@@ -35,3 +35,9 @@ class NoFreeSequenceError(SchedulerError):
 
 class EpisodeClosedError(SchedulerError):
     """The episode was closed; it accepts no more work."""
+
+
+class IntegrityError(AssertionError):
+    """The ledger's accounts and the engine's own report disagree: an internal invariant is
+    broken (a bug, not bad input or memory pressure), so it is not a ``SchedulerError`` that
+    the episode loop would record as a failed step."""

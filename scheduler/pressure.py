@@ -1,153 +1,208 @@
-"""Rungs 1 and 2 of the fallback ladder: evict idle state, wait (fairly) for releases."""
+"""Memory pressure: decide what one admission attempt does next, then do it.
+
+``MemoryPressure.decide`` is synchronous — it reads the ledger and the episodes' bookkeeping,
+and either reserves the transaction's bytes (``Admit``) or says what to do instead: cut an
+idle episode back to its reuse point (``Trim``, free for that episode), drop an idle
+episode's cache state (``Evict``), shrink the image-embedding cache (``Shrink``), ``Wait``
+for in-flight work to release, or ``GiveUp``.  It marks what it picked (the victim as
+``evicting``) before returning, so no other decision picks it too — the httpcore pool's way:
+bookkeeping under the (event-loop) lock, effects outside it.  ``carry_out`` performs the
+effect; the caller re-plans and decides again.
+
+Order of rung 1: every free trim first, then evictions (least recently used first), then the
+embedding cache.  A job that is not first in the memory queue waits (FIFO): nobody jumps the
+queue — so under pressure the work serializes instead of failing.  A prefetch (speculative)
+takes only what fits now.
+"""
 
 from __future__ import annotations
 
 import functools
-from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+import weakref
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import attrs
+import structlog
 
-from cachepolicy.checkpoint import CheckpointKind
-from cachepolicy.context_log import Segment
 from cachepolicy.engine import Engine
-from cachepolicy.errors import UnsafeEditError
-from cachepolicy.plan import CacheState
-from scheduler.slots import IMAGE_CACHE, Priority, Slot
-from scheduler.transaction import Transaction
+from scheduler.errors import BudgetExceededError
+from scheduler.ledger import MemoryLedger
+from scheduler.slots import IMAGE_CACHE, Slot
+from scheduler.transaction import Transaction, admit
+from scheduler.trim import cut_to_reuse_point
 
-if TYPE_CHECKING:
-    from scheduler.scheduler import Scheduler
+EngineCall = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
-class PressureMixin:
-    """Memory-pressure behaviour of the ``Scheduler`` (kept apart to keep files small)."""
+@attrs.frozen
+class Admit:
+    """The transaction's bytes are reserved; its episode is pinned."""
 
-    async def _evict_idle(self: Scheduler, exclude: Slot) -> Any:
-        """Rung 1: drop the cache state of idle or parked episodes (least recently used
-        first), then shrink the image cache.  Yields a reason after each eviction."""
-        victims = sorted((s for s in self._slots.values() if s is not exclude and s.evictable),
+
+@attrs.frozen
+class Replan:
+    """The episode's published state changed since the plan was made: plan again."""
+
+
+@attrs.frozen
+class Trim:
+    victim: Slot
+
+
+@attrs.frozen
+class Evict:
+    victim: Slot
+
+
+@attrs.frozen
+class Shrink:
+    """Give the embedding cache's bytes back (down to the floor)."""
+
+
+@attrs.frozen
+class Wait:
+    """Others hold or will release memory: wait for a release."""
+
+
+@attrs.frozen
+class GiveUp:
+    """Nothing is in flight and nothing more can be freed: waiting cannot help."""
+
+
+Decision = Admit | Replan | Trim | Evict | Shrink | Wait | GiveUp
+
+
+class MemoryPressure:
+    """Rungs 1 and 2 of the fallback ladder over one ledger and the scheduler's episodes."""
+
+    def __init__(self, engine: Engine, ledger: MemoryLedger, slots: dict[str, Slot], *,
+                 engine_call: EngineCall, notify_release: Callable[[], None],
+                 counters: Counter[str], image_cache_floor: int = 0) -> None:
+        self.engine, self.ledger, self.slots = engine, ledger, slots
+        self._engine_call, self._notify = engine_call, notify_release
+        self.counters = counters
+        self.image_cache_floor = image_cache_floor
+        self._log = structlog.get_logger("kvagent.scheduler")
+
+    # ------------------------------------------------------------------ decide (sync)
+
+    def try_admit(self, slot: Slot, txn: Transaction) -> bool:
+        """Reserve iff the plan is still current; pins the episode's state on success."""
+        if txn.parent is not slot.cache.state or slot.evicting:
+            return False
+        try:
+            admit(txn, self.ledger)
+        except BudgetExceededError:
+            return False
+        slot.pinned = True
+        return True
+
+    def decide(self, slot: Slot, txn: Transaction, *, first_in_queue: bool,
+               speculative: bool = False) -> Decision:
+        """What this admission attempt does next (see the module docstring).  A
+        ``speculative`` job (a prefetch) never waits, never takes a place in the queue and
+        never evicts another episode's state: it fits now — after free trims — or gives up
+        (its work then joins the episode's next critical step)."""
+        if txn.parent is not slot.cache.state or slot.evicting:
+            return Replan()
+        if not first_in_queue:
+            return GiveUp() if speculative else Wait()
+        if self.try_admit(slot, txn):
+            return Admit()
+        victims = sorted((s for s in self.slots.values() if s is not slot and s.evictable),
                          key=lambda s: s.last_used)
-        # First the free part: cut idle sequences back to what their next step reuses anyway
-        # (terminal-slot: the region checkpoint), which costs those episodes nothing.
+        for victim in victims:  # free first: cut idle sequences back to their reuse point
+            if not victim.was_trimmed():
+                victim.evicting = True
+                return Trim(victim)
+        if speculative:
+            return GiveUp()
         for victim in victims:
-            if not victim.evictable:
-                continue
-            freed = await self._trim_to_reuse_point(victim)
-            if freed > 0:
-                yield (f"trimmed idle episode {victim.cache.episode_id}'s sequence back to its "
-                       f"reuse point ({freed} bytes)")
-        for victim in victims:
-            if not victim.evictable:
-                continue  # started planning or running meanwhile: pinned
-            ep = victim.cache
-            freed = ep.state.held_bytes
             victim.evicting = True
-            try:
-                await self._engine_call(functools.partial(self.engine.clear, ep.seq),
-                                        Priority.CRITICAL)
-                with ep.publish_lock:  # a smaller published state: nothing but the log
-                    ep.state = attrs.evolve(ep.state, checkpoints=(), seq_bytes=0,
-                                            layout_keys=(), trim_pos=0)
-                    self.ledger.publish(ep.episode_id, 0, None)
-            finally:
-                victim.evicting = False
-                self._notify_release()
-            self.counters["evicted_episodes"] += 1
-            self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed)
-            yield f"evicted idle episode {ep.episode_id}'s cache state ({freed} bytes)"
+            return Evict(victim)
         cache = self.engine.image_cache
-        freed = 0
-        while cache.max_bytes - freed > self.image_cache_floor and len(cache):
-            freed += await self._engine_call(cache.evict_one, Priority.CRITICAL)
-        if freed:
-            cache.max_bytes = max(self.image_cache_floor, cache.max_bytes - freed)
-            self.ledger.publish(IMAGE_CACHE, cache.max_bytes, None)
-            self._log.info("evict", owner=IMAGE_CACHE, freed=freed)
-            yield f"shrank the image-embedding cache by {freed} bytes"
+        if cache.max_bytes > self.image_cache_floor and len(cache):
+            return Shrink()
+        others_busy = any(s.jobs for s in self.slots.values() if s is not slot)
+        return Wait() if others_busy else GiveUp()
 
-    async def _evict_until_admitted(self: Scheduler, slot: Slot, segments: tuple[Segment, ...],
-                                    priority: Priority,
-                                    txn: Transaction) -> Transaction | None:
-        """Rung 1: evict idle state one victim at a time, re-planning and retrying after each;
-        the admitted transaction, or None when nothing more can be evicted."""
-        async with aclosing(self._evict_idle(exclude=slot)) as evictions:
-            async for reason in evictions:
-                self._fallback(slot.cache, 1, reason, txn.need_bytes)
-                txn = await self._begin(slot, segments, priority)
-                if self._try_admit(slot, txn):
-                    return txn
-        return None
+    # ------------------------------------------------------------------ act (async)
 
-    async def _trim_to_reuse_point(self: Scheduler, victim: Slot) -> int:
-        """Cut an idle episode's sequence back to its state's ``trim_pos``; bytes freed."""
+    async def carry_out(self, decision: Trim | Evict | Shrink) -> str:
+        """Perform a rung-1 decision; returns the reason to log ("" if nothing was freed)."""
+        if isinstance(decision, Trim):
+            freed = await self._trim(decision.victim)
+            return (f"trimmed idle episode {decision.victim.cache.episode_id}'s sequence back "
+                    f"to its reuse point ({freed} bytes)") if freed else ""
+        if isinstance(decision, Evict):
+            freed = await self._evict(decision.victim)
+            return f"evicted idle episode {decision.victim.cache.episode_id}'s cache state " \
+                   f"({freed} bytes)"
+        freed = await self._shrink_image_cache()
+        return f"shrank the image-embedding cache by {freed} bytes" if freed else ""
+
+    async def trim_to_reuse_point(self, victim: Slot) -> int:
+        """Cut an idle episode's sequence back to its state's ``trim_pos``; bytes freed.
+        (Marks the victim itself; ``decide`` does so for the ladder.)"""
+        victim.evicting = True
+        return await self._trim(victim)
+
+    async def _trim(self, victim: Slot) -> int:
         ep = victim.cache
         state = ep.state
-        victim.evicting = True
         try:
             new_bytes = await self._engine_call(
-                functools.partial(_trim_sequence, self.engine, ep.seq, state),
-                Priority.CRITICAL)
+                functools.partial(cut_to_reuse_point, self.engine, ep.seq, state))
             if new_bytes is None or new_bytes >= state.seq_bytes:
+                victim.trimmed = weakref.ref(state)
                 return 0
             with ep.publish_lock:
                 ep.state = attrs.evolve(state, seq_bytes=new_bytes)
                 self.ledger.publish(ep.episode_id, ep.state.held_bytes, None)
+            victim.trimmed = weakref.ref(ep.state)
         finally:
             victim.evicting = False
-            self._notify_release()
+            self._notify()
         freed = state.seq_bytes - new_bytes
         self.counters["trimmed_episodes"] += 1
         self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed,
                        kind="trim", trim_pos=state.trim_pos)
         return freed
 
-    async def _wait_for_memory(self: Scheduler, slot: Slot, segments: tuple[Segment, ...],
-                               priority: Priority) -> Transaction | None:
-        """Rung 2: wait (bounded, first come first served) for other transactions to release
-        or other episodes to become evictable; re-plans after every wake-up."""
-        ticket = object()
-        self._mem_queue.append(ticket)
+    async def _evict(self, victim: Slot) -> int:
+        ep = victim.cache
+        freed = ep.state.held_bytes
         try:
-            with anyio.move_on_after(self.wait_s):
-                while True:
-                    if self._mem_queue[0] is ticket:
-                        txn = await self._begin(slot, segments, priority)
-                        if self._try_admit(slot, txn):
-                            return txn
-                        admitted = await self._evict_until_admitted(slot, segments, priority,
-                                                                    txn)
-                        if admitted is not None:
-                            return admitted
-                    others_busy = any(s.jobs for s in self._slots.values() if s is not slot)
-                    if not others_busy:
-                        return None  # nothing will be released: waiting cannot help
-                    await self._released.wait()
-            return None
+            await self._engine_call(functools.partial(self.engine.clear, ep.seq))
+            with ep.publish_lock:  # a smaller published state: nothing but the log
+                ep.state = attrs.evolve(ep.state, checkpoints=(), seq_bytes=0,
+                                        layout_keys=(), trim_pos=0)
+                self.ledger.publish(ep.episode_id, 0, None)
         finally:
-            self._mem_queue.remove(ticket)
-            self._notify_release()
+            victim.evicting = False
+            self._notify()
+        self.counters["evicted_episodes"] += 1
+        self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed)
+        return freed
 
+    async def _shrink_image_cache(self) -> int:
+        cache = self.engine.image_cache
+        freed = 0
+        while cache.max_bytes - freed > self.image_cache_floor and len(cache):
+            freed += await self._engine_call(cache.evict_one)
+        if freed:
+            cache.max_bytes = max(self.image_cache_floor, cache.max_bytes - freed)
+            self.ledger.publish(IMAGE_CACHE, cache.max_bytes, None)
+            self._log.info("evict", owner=IMAGE_CACHE, freed=freed)
+            self._notify()
+        return freed
 
-def _trim_sequence(engine: Engine, seq: int, state: CacheState) -> int | None:
-    """In the engine thread: cut ``seq`` back to ``state.trim_pos`` if that is safe; returns
-    the sequence's new size, or None when there is nothing (safe) to cut."""
-    info = engine.seq_info(seq)
-    if state.trim_pos >= info.next_pos:
-        return None
-    if state.trim_pos == 0:
-        engine.clear(seq)
-    elif not engine.kind.has_recurrent_state:
-        engine.truncate(seq, state.trim_pos)
-    else:
-        via = next((c.checkpoint for c in state.checkpoints
-                    if c.checkpoint.kind is CheckpointKind.PARTIAL_ONLY
-                    and c.checkpoint.pos == state.trim_pos), None)
-        if via is None:
-            return None
-        try:
-            engine.truncate(seq, state.trim_pos, via=via)
-        except UnsafeEditError:  # the checkpoint is not of this sequence's history: leave it
-            return None
-    return engine.state_bytes(seq)
+    async def wait_for_release(self, released: anyio.Event, timeout: float) -> bool:
+        """Rung 2: wait for a release, at most ``timeout`` seconds; False when none came."""
+        with anyio.move_on_after(timeout):
+            await released.wait()
+            return True
+        return False

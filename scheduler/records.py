@@ -18,7 +18,7 @@ class StepRecord:
     prefill_tokens: int
     reused_tokens: int
     critical_path_prefill_tokens: int  # prefilled while the agent waited for this action
-    prefill_s: float
+    prefill_s: float  # restore, prefill, checkpoints (the vision encoder excluded)
     decode_tokens: int
     decode_s: float
     context_tokens: int  # tokens the model saw (the whole prompt)
@@ -27,6 +27,8 @@ class StepRecord:
     forecast_peak_bytes: int
     ledger_peak_bytes: int
     output_tokens: tuple[int, ...]
+    output_text: str  # the output tokens detokenized (in the engine's worker thread)
+    encode_s: float = 0.0  # vision encoder seconds inside the transaction (cache misses)
     status: str = "ok"  # ok | degraded | failed
     reason: str = ""
     drift_kl: float | None = None

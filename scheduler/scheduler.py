@@ -2,6 +2,10 @@
 budget; engine work runs one job at a time, critical path before prefetch; memory pressure
 goes down a fallback ladder instead of crashing the process.
 
+Collaborators, each with explicit dependencies: the ``EngineGate`` (who runs engine work
+next), ``MemoryPressure`` (rungs 1 and 2: decide what frees memory, then do it) and the
+``MemoryLedger``.  Admission is decided synchronously and acted on outside the decision.
+
 Ownership: the scheduler owns the engine's sequences (one per live episode), the ledger's
 holdings (published states and the image cache) and the order of engine work.  It starts no
 background task of its own: each caller's coroutine drives its own job, and every wait is
@@ -16,9 +20,11 @@ import os
 import threading
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
+import anyio.lowlevel
+import attrs
 import structlog
 
 from cachepolicy.base import CachePolicy
@@ -28,23 +34,26 @@ from cachepolicy.errors import DecodeError
 from cachepolicy.executor import Preempted
 from cachepolicy.segments import SegmentFactory
 from scheduler.errors import (
-    AdmissionError, BudgetExceededError, EpisodeClosedError, NoFreeSequenceError,
+    AdmissionError, EpisodeClosedError, NoFreeSequenceError,
 )
+from scheduler.gate import EngineGate
+from scheduler.integrity import check_integrity
 from scheduler.ladder import downgrades
-from scheduler.pressure import PressureMixin
-from scheduler.slots import IMAGE_CACHE, Holding, Phase, Priority, Slot, set_on_cancel
 from scheduler.ledger import MemoryLedger
-from scheduler.priority_lock import PriorityLock
+from scheduler.pressure import Admit, GiveUp, MemoryPressure, Replan, Wait
 from scheduler.records import StepRecord
+from scheduler.slots import IMAGE_CACHE, Phase, Priority, Slot, set_on_cancel
 from scheduler.summary import summary_line
 from scheduler.transaction import (
-    EpisodeCache, PrefetchRecord, StepOptions, Transaction, abort, admit, begin, commit,
+    EpisodeCache, PrefetchRecord, StepOptions, Transaction, abort, begin, commit,
 )
 
 T = TypeVar("T")
 
+__all__ = ["IMAGE_CACHE", "Priority", "Scheduler"]
 
-class Scheduler(PressureMixin):
+
+class Scheduler:
     def __init__(self, engine: Engine, ledger: MemoryLedger, factory: SegmentFactory, *,
                  options: StepOptions = StepOptions(), wait_s: float = 30.0,
                  image_cache_floor: int = 0,
@@ -52,19 +61,21 @@ class Scheduler(PressureMixin):
                  debug: bool | None = None) -> None:
         self.engine, self.ledger, self.factory, self.options = engine, ledger, factory, options
         self.wait_s = wait_s
-        self.image_cache_floor = image_cache_floor
         self.fault = fault  # test hook, called in the worker thread before publication
-        # debug: check the ledger's invariant whenever the scheduler goes idle
+        # debug: check integrity (ledger vs engine) whenever the scheduler goes idle
         self.debug = os.environ.get("KVAGENT_DEBUG") == "1" if debug is None else debug
         self.counters: Counter[str] = Counter()
+        self.gate = EngineGate()
         self._free_seqs = [s for s in range(engine.config.n_seq_max) if s != options.scratch_seq]
         self._slots: dict[str, Slot] = {}
-        self._engine_lock = PriorityLock()
-        self._critical_waiting = 0  # read by worker threads to preempt prefetches
         self._released = anyio.Event()  # replaced after every release: a broadcast
         self._mem_queue: deque[object] = deque()  # FIFO tickets of jobs waiting for memory
         self._clock = itertools.count(1)
         self._log = structlog.get_logger("kvagent.scheduler")
+        self.pressure = MemoryPressure(
+            engine, ledger, self._slots, counters=self.counters,
+            engine_call=functools.partial(self._engine_call, priority=Priority.CRITICAL),
+            notify_release=self._notify_release, image_cache_floor=image_cache_floor)
         # The image cache is held at its capacity, so encoding never takes the ledger past
         # its budget; rung 1 may shrink the capacity.
         # (at most a quarter of the budget; the engine's own capacity is restored on close).
@@ -86,6 +97,8 @@ class Scheduler(PressureMixin):
         with anyio.CancelScope(shield=True):
             for slot in list(self._slots.values()):
                 await self.close_episode(slot.cache)
+            if self.debug:
+                self.check_integrity()
             self.ledger.drop(IMAGE_CACHE)
             self.engine.image_cache.max_bytes = self._cache_capacity
 
@@ -114,7 +127,10 @@ class Scheduler(PressureMixin):
             async with slot.job_lock:
                 await self._engine_call(functools.partial(self.engine.clear, episode.seq),
                                         Priority.CRITICAL)
-                self.ledger.drop(episode.episode_id)
+                with episode.publish_lock:  # its checkpoints die with it, whoever holds it
+                    episode.state = attrs.evolve(episode.state, checkpoints=(), seq_bytes=0,
+                                                 layout_keys=(), trim_pos=0)
+                    self.ledger.drop(episode.episode_id)
                 del self._slots[episode.episode_id]
                 self._free_seqs.append(episode.seq)
             self._notify_release()
@@ -124,10 +140,12 @@ class Scheduler(PressureMixin):
 
     async def step(self, episode: EpisodeCache,
                    build: Callable[[], tuple[Segment, ...]]) -> StepRecord:
-        """Run one critical step: ``build`` (run in the engine thread; it may encode images)
-        returns the new segments.  Raises ``AdmissionError`` if even the ladder fails."""
+        """Run one critical step: ``build`` (run in a worker thread; it may encode images)
+        returns the new segments.  Raises ``AdmissionError`` if even the ladder fails;
+        cancellation propagates as cancellation (the step rolled back)."""
         result = await self._transact(episode, build, Priority.CRITICAL)
-        assert isinstance(result, StepRecord)
+        if not isinstance(result, StepRecord):  # a critical job is never discarded
+            raise AssertionError(f"critical step of {episode.episode_id} returned {result!r}")
         return result
 
     async def prefetch(self, episode: EpisodeCache,
@@ -136,7 +154,7 @@ class Scheduler(PressureMixin):
         segments to the log).  Critical work of any episode preempts it at the next piece
         boundary; what it did by then is published (``record.preempted``).  Returns None when
         it was discarded (no memory, cancelled, episode closed); its segments then join the
-        episode's next step."""
+        episode's next step — also when it fails with an error, which it re-raises."""
         result = await self._transact(episode, build, Priority.PREFETCH)
         assert result is None or isinstance(result, PrefetchRecord)
         return result
@@ -149,14 +167,19 @@ class Scheduler(PressureMixin):
             checkpoints=sum(len(s.cache.state.checkpoints) for s in slots),
             snap=self.ledger.snapshot())
 
+    def check_integrity(self) -> None:
+        """Compare the ledger's holdings with the engine's own report (see
+        ``scheduler.integrity``); raises ``IntegrityError``.  Call it when idle; it blocks on
+        the engine briefly."""
+        check_integrity(self.engine, self.ledger, self._slots, self._free_seqs,
+                        self.options.scratch_seq)
+        self.counters["integrity_checks"] += 1
+
     # ------------------------------------------------------------------ internals
 
     async def _engine_call(self, fn: Callable[[], T], priority: Priority) -> T:
-        async with self._hold_engine(priority):
+        async with self.gate.hold(priority):
             return await anyio.to_thread.run_sync(fn)
-
-    def _hold_engine(self, priority: Priority) -> Any:
-        return Holding(self, priority)
 
     async def _transact(self, episode: EpisodeCache, build: Callable[[], tuple[Segment, ...]],
                         priority: Priority) -> StepRecord | PrefetchRecord | None:
@@ -174,59 +197,74 @@ class Scheduler(PressureMixin):
                         return None
                     raise EpisodeClosedError(f"episode {episode.episode_id} is closed")
                 # Building (tokenizing, encoding the screenshot) takes the engine's own lock
-                # call by call, not the scheduler's engine slot: it may interleave with
-                # another job's prefill, and lets this job reach admission meanwhile.
+                # call by call, not the gate: it may interleave with another job's prefill,
+                # and lets this job reach admission meanwhile.
                 segments = slot.pending + await anyio.to_thread.run_sync(build)
                 slot.pending = ()
-                for attempt in range(3):
-                    try:
-                        txn = await self._admit(slot, segments, priority, degrade=attempt > 0)
-                    except AdmissionError:
-                        if priority is Priority.PREFETCH:
-                            slot.pending = segments
-                            return None
-                        raise
-                    try:
-                        result = await self._run(slot, txn, priority)
-                        if isinstance(result, PrefetchRecord) and result.preempted:
-                            self.counters["prefetch_preempted"] += 1
-                        return result
-                    except Preempted:  # cancelled before publication: nothing published
-                        slot.pending = segments
-                        self.counters["prefetch_discarded"] += 1
-                        return None
-                    except DecodeError as exc:
-                        # A real allocation failure inside llama.cpp, already rolled back:
-                        # go down the ladder again, straight to a smaller plan.
-                        self._log.warning("fallback", episode_id=episode.episode_id,
-                                          rung="decode_failure", reason=str(exc))
-                        self.counters["decode_failure"] += 1
-                        if priority is Priority.PREFETCH:
-                            slot.pending = segments
-                            return None
-                        if attempt == 2:
-                            raise
-                    finally:
-                        slot.pinned = False
-                raise AssertionError("unreachable")
+                try:
+                    return await self._admit_and_run(slot, segments, priority)
+                except Exception:
+                    if priority is Priority.PREFETCH:
+                        slot.pending = segments  # the next step delivers them
+                    raise
         finally:
             slot.jobs -= 1
             slot.phase = Phase.IDLE
             slot.last_used = next(self._clock)
             if self.debug and not any(s.jobs for s in self._slots.values()):
-                self.ledger.check_integrity()
+                self.check_integrity()
                 self.counters["idle_checks"] += 1
+
+    async def _admit_and_run(self, slot: Slot, segments: tuple[Segment, ...],
+                             priority: Priority) -> StepRecord | PrefetchRecord | None:
+        for attempt in range(3):
+            try:
+                txn = await self._admit(slot, segments, priority, degrade=attempt > 0)
+            except AdmissionError:
+                if priority is Priority.PREFETCH:
+                    slot.pending = segments
+                    return None
+                raise
+            try:
+                result = await self._run(slot, txn, priority)
+                if isinstance(result, PrefetchRecord) and result.preempted:
+                    self.counters["prefetch_preempted"] += 1
+                return result
+            except Preempted:  # stopped before publication: nothing published
+                slot.pending = segments if priority is Priority.PREFETCH else ()
+                if priority is Priority.CRITICAL:
+                    # only cancellation stops a critical step: deliver it as cancellation
+                    await anyio.lowlevel.checkpoint()
+                    raise
+                self.counters["prefetch_discarded"] += 1
+                return None
+            except DecodeError as exc:
+                # A real allocation failure inside llama.cpp, already rolled back: go down
+                # the ladder again, straight to a smaller plan.
+                self._log.warning("fallback", episode_id=slot.cache.episode_id,
+                                  rung="decode_failure", reason=str(exc))
+                self.counters["decode_failure"] += 1
+                if priority is Priority.PREFETCH:
+                    slot.pending = segments
+                    return None
+                if attempt == 2:
+                    raise
+            finally:
+                slot.pinned = False
+        raise AssertionError("unreachable")
 
     async def _run(self, slot: Slot, txn: Transaction,
                    priority: Priority) -> StepRecord | PrefetchRecord:
         """execute + publish in the worker thread; cancellation and preemption are polled
         between pieces and before publication, so a cancelled step rolls back."""
         stop = threading.Event()
+        gate = self.gate
 
         def should_stop() -> bool:
             if self.fault is not None:
                 self.fault("between_pieces")
-            return stop.is_set() or (priority is Priority.PREFETCH and self._critical_waiting > 0)
+            return stop.is_set() or (priority is Priority.PREFETCH
+                                     and gate.critical_waiting > 0)
 
         def fault(point: str) -> None:
             if stop.is_set():
@@ -235,7 +273,7 @@ class Scheduler(PressureMixin):
                 self.fault(point)
 
         try:
-            async with self._hold_engine(priority):
+            async with gate.hold(priority):
                 slot.phase = Phase.RUNNING
                 error: Exception | None = None
                 async with anyio.create_task_group() as tg:
@@ -278,56 +316,91 @@ class Scheduler(PressureMixin):
             if txn.parent is slot.cache.state:
                 return txn
 
-    def _try_admit(self, slot: Slot, txn: Transaction) -> bool:
-        """Reserve iff the plan is still current; pins the episode's state on success."""
-        if txn.parent is not slot.cache.state or slot.evicting:
-            return False
-        try:
-            admit(txn, self.ledger)
-        except BudgetExceededError:
-            return False
-        slot.pinned = True
-        return True
-
     async def _admit(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority, *,
                      degrade: bool) -> Transaction:
-        """reserve, or walk the ladder: evict idle state → wait for releases → downgrade →
+        """reserve, or walk the ladder: free idle state → wait for releases → downgrade →
         fail.  Each rung is logged with its reason."""
         ep = slot.cache
-        txn = await self._begin(slot, segments, priority)
         rungs: list[str] = []
         if not degrade:
-            # Nobody jumps the memory queue: while others wait, a new job joins them (FIFO).
-            if not self._mem_queue and self._try_admit(slot, txn):
+            txn = await self._admit_under_pressure(slot, segments, priority, rungs)
+            if txn is not None:
                 return self._admitted(txn, rungs)
-            rungs.append("evict")
-            if not self._mem_queue:
-                admitted = await self._evict_until_admitted(slot, segments, priority, txn)
-                if admitted is not None:
-                    return self._admitted(admitted, rungs)
-            rungs.append("wait")
-            self._fallback(ep, 2, "waiting for in-flight transactions to release",
-                           txn.need_bytes)
-            waited = await self._wait_for_memory(slot, segments, priority)
-            if waited is not None:
-                return self._admitted(waited, rungs)
-        if priority is Priority.CRITICAL:
-            rungs.append("downgrade")
-            for policy, reason in downgrades(ep.policy, self.factory.kit):
-                smaller = await self._begin(slot, segments, priority, policy=policy,
-                                            degraded=reason)
-                if self._try_admit(slot, smaller):
-                    self._fallback(ep, 3, reason, smaller.need_bytes)
-                    self.counters["degraded"] += 1
-                    return self._admitted(smaller, rungs)
+            rungs[:] = ["evict", "wait"]  # both walked (whether or not they found anything)
+        if priority is Priority.PREFETCH:  # speculative: no downgrade, not a failed step
+            self.counters["prefetch_no_memory"] += 1
+            raise AdmissionError(f"episode {ep.episode_id}: no memory for a prefetch now",
+                                 episode_id=ep.episode_id, rungs=tuple(rungs), need=0,
+                                 free=self.ledger.snapshot().free)
+        need = 0
+        rungs.append("downgrade")
+        for policy, reason in downgrades(ep.policy, self.factory.kit):
+            smaller = await self._begin(slot, segments, priority, policy=policy,
+                                        degraded=reason)
+            need = need or smaller.need_bytes
+            if self.pressure.try_admit(slot, smaller):
+                self._fallback(ep, 3, reason, smaller.need_bytes)
+                self.counters["degraded"] += 1
+                return self._admitted(smaller, rungs)
         rungs.append("fail")
+        if not need:
+            need = (await self._begin(slot, segments, priority)).need_bytes
         snap = self.ledger.snapshot()
-        self._fallback(ep, 4, "no plan fits the memory budget", txn.need_bytes)
+        self._fallback(ep, 4, "no plan fits the memory budget", need)
         self.counters["failed"] += 1
         raise AdmissionError(
-            f"episode {ep.episode_id}: step needs {txn.need_bytes} bytes, {snap.free} free of "
+            f"episode {ep.episode_id}: step needs {need} bytes, {snap.free} free of "
             f"{snap.budget} after {', '.join(rungs)}", episode_id=ep.episode_id,
-            rungs=tuple(rungs), need=txn.need_bytes, free=snap.free)
+            rungs=tuple(rungs), need=need, free=snap.free)
+
+    async def _admit_under_pressure(self, slot: Slot, segments: tuple[Segment, ...],
+                                    priority: Priority, rungs: list[str]) -> Transaction | None:
+        """Rungs 1 and 2: decide (synchronously), act, re-plan — until admitted, out of
+        options, or without progress: ``wait_s`` seconds pass with no release at all.  While
+        others release memory the job keeps its place in the queue (the work serializes)."""
+        ep = slot.cache
+        ticket: object | None = None
+        try:
+            while True:
+                if ticket is not None and self._mem_queue[0] is not ticket:
+                    # Not our turn: wait without re-planning (a job that is not planning
+                    # stays evictable, so the head can free what we hold).
+                    if not await self.pressure.wait_for_release(self._released, self.wait_s):
+                        return None
+                    continue
+                txn = await self._begin(slot, segments, priority)
+                head = (not self._mem_queue) or self._mem_queue[0] is ticket
+                decision = self.pressure.decide(slot, txn, first_in_queue=head,
+                                                speculative=priority is Priority.PREFETCH)
+                if isinstance(decision, Admit):
+                    return txn
+                if isinstance(decision, Replan):
+                    continue
+                if isinstance(decision, GiveUp):
+                    return None
+                if isinstance(decision, Wait):
+                    if ticket is None:  # join the queue: first come, first served
+                        ticket = object()
+                        self._mem_queue.append(ticket)
+                        rungs.append("wait")
+                        self._fallback(ep, 2, "waiting for in-flight transactions to release",
+                                       txn.need_bytes)
+                    released = self._released  # the event this wait is for, taken now
+                    others_busy = any(s.jobs for s in self._slots.values() if s is not slot)
+                    if not others_busy and head:
+                        return None  # nothing will be released: waiting cannot help
+                    if not await self.pressure.wait_for_release(released, self.wait_s):
+                        return None
+                    continue
+                if "evict" not in rungs:
+                    rungs.append("evict")
+                reason = await self.pressure.carry_out(decision)
+                if reason:
+                    self._fallback(ep, 1, reason, txn.need_bytes)
+        finally:
+            if ticket is not None:
+                self._mem_queue.remove(ticket)
+                self._notify_release()  # the next in line may be first now
 
     def _admitted(self, txn: Transaction, rungs: list[str]) -> Transaction:
         self.counters["admitted"] += 1

@@ -1,19 +1,16 @@
-"""The scheduler's per-episode bookkeeping, priorities and the engine-holding helper."""
+"""The scheduler's per-episode bookkeeping and the priorities of engine work."""
 
 from __future__ import annotations
 
 import enum
 import threading
-from typing import TYPE_CHECKING, Any
-
+import weakref
 import anyio
 import attrs
 
 from cachepolicy.context_log import Segment
+from cachepolicy.plan import CacheState
 from scheduler.transaction import EpisodeCache
-
-if TYPE_CHECKING:
-    from scheduler.scheduler import Scheduler
 
 IMAGE_CACHE = "image_cache"  # the ledger owner of the engine's embedding cache
 
@@ -35,6 +32,8 @@ class Slot:
 
     Eviction (rung 1) may take the published state of an episode that is idle or parked
     waiting for memory, never of one that is planning, admitted or running (``pinned``).
+    Only the event loop reads or writes these fields; the scheduler's admission decisions
+    flip them synchronously (no await between deciding and marking).
     """
 
     cache: EpisodeCache
@@ -47,6 +46,12 @@ class Slot:
     pinned: bool = False  # holds a reservation or runs: its state must not be evicted
     evicting: bool = False
     closed: bool = False
+    # the published state rung 1 last cut back (cutting it again frees nothing); a weak
+    # reference: holding the state would keep its checkpoints alive after it is replaced
+    trimmed: weakref.ref[CacheState] | None = None
+
+    def was_trimmed(self) -> bool:
+        return self.trimmed is not None and self.trimmed() is self.cache.state
 
     @property
     def evictable(self) -> bool:
@@ -59,25 +64,3 @@ async def set_on_cancel(flag: threading.Event) -> None:
         await anyio.sleep_forever()
     finally:
         flag.set()
-
-
-class Holding:
-    """``async with`` the engine at a priority; counts waiting critical work."""
-
-    def __init__(self, scheduler: Scheduler, priority: Priority) -> None:
-        self._s, self._p = scheduler, priority
-        self._cm: Any = None
-
-    async def __aenter__(self) -> None:
-        critical = self._p is Priority.CRITICAL
-        if critical:
-            self._s._critical_waiting += 1
-        try:
-            self._cm = self._s._engine_lock.hold(int(self._p))
-            await self._cm.__aenter__()
-        finally:
-            if critical:
-                self._s._critical_waiting -= 1
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self._cm.__aexit__(*exc)

@@ -31,6 +31,7 @@ from cachepolicy.plan import CacheState, CacheView, Plan
 from cachepolicy.sampling import SamplingParams
 from scheduler.ledger import MemoryLedger, Reservation
 from scheduler.records import StepRecord
+from scheduler.trim import cut_to_reuse_point
 
 log = structlog.get_logger("kvagent.transaction")
 _txn_ids = itertools.count(1)
@@ -85,9 +86,10 @@ class PrefetchRecord:
     episode_id: str
     generation: int
     prefill_tokens: int
-    prefill_s: float
+    prefill_s: float  # the vision encoder excluded (``encode_s``)
     planned: bool  # False: the policy had nothing to prefetch (only the log advanced)
     preempted: bool = False  # stopped early for critical work; what it did was published
+    encode_s: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -165,6 +167,8 @@ def commit(engine: Engine, txn: Transaction, ledger: MemoryLedger,
     except BaseException as exc:
         bound.info("txn_rollback", error=type(exc).__name__, reason=str(exc),
                    prefetch=txn.prefetch)
+        if ep.state is txn.parent:  # not published: bring the sequence back into account
+            settle_rollback(engine, ep, ledger)
         raise
     finally:
         abort(txn, ledger)  # release (a no-op after a successful publish)
@@ -172,9 +176,35 @@ def commit(engine: Engine, txn: Transaction, ledger: MemoryLedger,
                 checkpoints=len(successor.checkpoints), prefetch=txn.prefetch)
     if txn.prefetch:
         return PrefetchRecord(ep.episode_id, txn.new_log.generation, exe.prefill_tokens,
-                              exe.prefill_s, True, preempted=exe.stopped_at is not None)
+                              exe.prefill_s, True, preempted=exe.stopped_at is not None,
+                              encode_s=exe.encode_s)
     ep.steps_done += 1
-    return _record(txn, exe, successor, ledger)
+    return _record(txn, exe, successor, ledger, engine.detokenize(exe.output_tokens))
+
+
+def settle_rollback(engine: Engine, ep: EpisodeCache, ledger: MemoryLedger) -> None:
+    """After a failure before publication the parent stays published, but the engine's
+    sequence may hold more than the parent accounted for (a plan restored, then prefilled
+    some pieces).  Cut it back to the parent's reuse point — or clear it — so that what it
+    holds is never more than the ledger holds for it, and publish what it really holds.
+    (Engine errors here propagate: the sequence's state is unknown.)"""
+    with ep.publish_lock:
+        parent = ep.state
+        held = engine.held_bytes(ep.seq)
+        if held == parent.seq_bytes:
+            return
+        if held > parent.seq_bytes:
+            cut = cut_to_reuse_point(engine, ep.seq, parent)
+            if cut is None or cut > parent.seq_bytes:
+                engine.clear(ep.seq)
+                cut = 0
+            held = cut
+        successor = attrs.evolve(parent, seq_bytes=held, layout_keys=(),
+                                 trim_pos=min(parent.trim_pos, engine.seq_info(ep.seq).next_pos))
+        ledger.publish(ep.episode_id, successor.held_bytes, None)  # never grows: no refusal
+        ep.state = successor
+    log.info("txn_rollback_settled", episode_id=ep.episode_id, seq_id=ep.seq,
+             seq_bytes=held)
 
 
 def step_sampling(params: SamplingParams, episode_seed: int, log_: ContextLog) -> SamplingParams:
@@ -188,31 +218,6 @@ def step_sampling(params: SamplingParams, episode_seed: int, log_: ContextLog) -
     return attrs.evolve(params, seed=seed)
 
 
-def run_step(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...],
-             ledger: MemoryLedger, options: StepOptions = StepOptions(), *,
-             fault: FaultHook | None = None) -> StepRecord:
-    """A whole step transaction, synchronously (call it from the engine's worker thread)."""
-    txn = begin(engine, episode, segments)
-    admit(txn, ledger)
-    record = commit(engine, txn, ledger, options, fault=fault)
-    assert isinstance(record, StepRecord)
-    return record
-
-
-def run_prefetch(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...],
-                 ledger: MemoryLedger, *, fault: FaultHook | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> PrefetchRecord:
-    """Append what is known before the next screenshot (the action text) and prefill what
-    the policy can already compute for the next step, as one transaction.  When
-    ``should_stop`` fires, the prefetch stops at the next piece boundary and publishes what it
-    did (the record says ``preempted``)."""
-    txn = begin(engine, episode, segments, prefetch=True)
-    admit(txn, ledger)
-    record = commit(engine, txn, ledger, fault=fault, should_stop=should_stop)
-    assert isinstance(record, PrefetchRecord)
-    return record
-
-
 def _successor(engine: Engine, episode: EpisodeCache, plan: Plan, exe: Execution,
                parent: CacheState) -> CacheState:
     history = engine.seq_info(episode.seq).history
@@ -221,12 +226,12 @@ def _successor(engine: Engine, episode: EpisodeCache, plan: Plan, exe: Execution
         # checkpoints stay (still valid restore points: the sequence only grew past them).
         return CacheState(generation=plan.generation,
                           checkpoints=parent.checkpoints + exe.new_checkpoints,
-                          seq_bytes=engine.state_bytes(episode.seq),
+                          seq_bytes=engine.held_bytes(episode.seq),
                           layout_keys=tuple(p.key for p in plan.pieces[: exe.stopped_at]),
                           trim_pos=min(parent.trim_pos, _end_of(history, exe.stopped_at)))
     kept = tuple(c for c in parent.checkpoints if c.label in plan.keep)
     return CacheState(generation=plan.generation, checkpoints=kept + exe.new_checkpoints,
-                      seq_bytes=engine.state_bytes(episode.seq),
+                      seq_bytes=engine.held_bytes(episode.seq),
                       layout_keys=tuple(p.key for p in plan.pieces),
                       trim_pos=_end_of(history, plan.trim_after))
 
@@ -245,8 +250,8 @@ def new_content_tokens(txn: Transaction) -> int:
             + len(txn.episode.policy.kit.generation_prompt))
 
 
-def _record(txn: Transaction, exe: Execution, state: CacheState,
-            ledger: MemoryLedger) -> StepRecord:
+def _record(txn: Transaction, exe: Execution, state: CacheState, ledger: MemoryLedger,
+            text: str) -> StepRecord:
     plan, ep = txn.plan, txn.episode
     assert plan is not None
     return StepRecord(
@@ -259,5 +264,6 @@ def _record(txn: Transaction, exe: Execution, state: CacheState,
         checkpoint_bytes=state.checkpoint_bytes,
         forecast_peak_bytes=plan.forecast.peak_bytes,
         ledger_peak_bytes=ledger.snapshot().peak, output_tokens=exe.output_tokens,
+        output_text=text, encode_s=exe.encode_s,
         status="degraded" if txn.degraded else "ok", reason=txn.degraded,
         drift_kl=exe.drift_kl, drift_top1_agree=exe.drift_top1_agree)

@@ -45,3 +45,18 @@ def engines(forged: Callable[..., ForgedModel]) -> Iterator[Callable[..., object
     yield get
     for e in made.values():
         e.close()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _integrity_checks_everywhere() -> Iterator[None]:
+    """Every scheduler in the suite checks its integrity (ledger vs engine) whenever it goes
+    idle and when it closes (``KVAGENT_DEBUG=1``): a drift fails the test that caused it."""
+    import os
+
+    old = os.environ.get("KVAGENT_DEBUG")
+    os.environ["KVAGENT_DEBUG"] = "1"
+    yield
+    if old is None:
+        os.environ.pop("KVAGENT_DEBUG", None)
+    else:
+        os.environ["KVAGENT_DEBUG"] = old

@@ -32,7 +32,6 @@ from runtime.actions import (
 from runtime.osworld_agent import (
     PORTAL_THREAD_PREFIX, AgentClosedError, AgentStepError, KvAgent,
 )
-from runtime.session import AgentSession
 from vmenv.errors import EnvClosedError, EpisodeOverError
 from vmenv.osworld import MissingScreenshotError, OSWorldEnv, OSWorldUnavailableError
 from vmenv.png import png_size
@@ -156,7 +155,7 @@ def test_runner_contract_and_result_layout(make_agent: Any, tmp_path: Path) -> N
 def test_overlap_on_and_off_give_identical_steps(make_agent: Any, tmp_path: Path) -> None:
     runs = {}
     for overlap in (False, True):
-        rec = InfoRecorder(make_agent(overlap=overlap, seed=3))
+        rec = InfoRecorder(make_agent(overlap=overlap, seed=5))
         env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
         returned, _ = _run(rec, env, "open-terminal", tmp_path / str(overlap), max_steps=5)
         rec.agent.close()
@@ -167,7 +166,8 @@ def test_overlap_on_and_off_give_identical_steps(make_agent: Any, tmp_path: Path
     for p, o in zip(plain_info[1:], over_info[1:]):
         # the previous action and the kept screenshots left the critical path
         assert o["prefetch_prefill_tokens"] > 0 and p["prefetch_prefill_tokens"] == 0
-        assert o["prefill_tokens"] < p["prefill_tokens"]
+        assert o["critical_path_prefill_tokens"] < p["critical_path_prefill_tokens"]
+        assert o["prefill_tokens"] == p["prefill_tokens"]  # the same work, off the path
 
 
 def test_consecutive_episodes_release_the_previous_sequence(make_agent: Any,
@@ -343,29 +343,27 @@ async def test_osworld_env_missing_screenshot_and_missing_package() -> None:
 
 
 async def test_async_episode_loop_on_osworld_env(engines: Any) -> None:
-    """The async runtime (run_episode + AgentSession) drives the OSWorld adapter too."""
-    from cachepolicy.base import make_policy
-    from cachepolicy.sampling import SamplingParams
-    from cachepolicy.segments import SegmentFactory, model_info
-    from runtime.actions import ACTION_GRAMMAR
+    """The async runtime (run_episode + EpisodeDriver) drives the OSWorld adapter too."""
+    from cachepolicy.segments import SegmentFactory
+    from runtime.config import AgentConfig
+    from runtime.driver import EpisodeDriver
     from runtime.episode import run_episode
     from scheduler.ledger import MemoryLedger
     from scheduler.scheduler import Scheduler
-    from scheduler.transaction import StepOptions
 
     engine = engines("qwen35")
     factory = SegmentFactory(engine)
-    opts = StepOptions(decode_tokens=48, stop_at_eog=True,
-                       sampling=SamplingParams(temperature=1.0, seed=7, grammar=ACTION_GRAMMAR))
+    agent = AgentConfig(decode_tokens=48, temperature=1.0, seed=7)
     fake = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
     env = OSWorldEnv(fake, pause=0.0, settle_s=0.0,
                      tasks={"open-terminal": simdesk_example("open-terminal")})
-    async with Scheduler(engine, MemoryLedger(1 << 40), factory, options=opts) as sched:
-        ep = sched.open_episode("osw", make_policy("terminal-slot", model_info(engine),
-                                                   factory.kit, window=3, decode_tokens=48))
-        session = AgentSession(sched, factory, ep, "Open the Terminal application.", SCREEN)
+    async with Scheduler(engine, MemoryLedger(1 << 40), factory,
+                         options=agent.step_options()) as sched:
+        driver = EpisodeDriver.open(sched, factory, agent, "osw",
+                                    "Open the Terminal application.", SCREEN)
         try:
-            result = await run_episode(session, env, task="open-terminal", max_steps=3)
+            result = await run_episode(driver, env, task="open-terminal", max_steps=3)
         finally:
             await env.close()
+            await driver.aclose()
     assert result.n_steps >= 1 and len(fake.received) == result.n_steps

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from cachepolicy.base import POLICIES, make_policy
 from cachepolicy.errors import PolicyError, PolicyRefusedError
 from cachepolicy.segments import SegmentFactory, model_info
-from runtime.bench.arms import INSTRUCTION, SYSTEM, run_arm
+from replay_helpers import AGENT, check_accounts, run_prefetch, run_step, step_segments
+from runtime.bench.arms import run_arms
 from runtime.bench.trajectory import trajectory
 
 STEPS, WINDOW = 12, 3
@@ -18,10 +20,10 @@ def traj():
     return trajectory(STEPS, 128, 96)
 
 
-def _arm(engines, arch, name, traj, **kw):
-    e = engines(arch)
-    return run_arm(e, SegmentFactory(e), name, traj, window=WINDOW, decode_tokens=6,
-                   scratch_seq=1, **kw)
+def _arm(engines, arch, name, traj):
+    (res,) = run_arms(engines(arch), [name], traj,
+                      attrs.evolve(AGENT, window=WINDOW, decode_tokens=6))
+    return res
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen35"])
@@ -43,8 +45,8 @@ def test_slot_prefill_is_window_plus_delta_while_scratch_grows(engines, arch, tr
     scratch = _arm(engines, arch, "terminal-scratch", traj)
     gen = len(factory.kit.generation_prompt)
     for t in range(WINDOW, STEPS):
-        window = sum(factory.screenshot(i, traj[i].png).n_tokens for i in range(t - WINDOW + 1, t + 1))
-        delta = len(factory.action(t - 1, traj[t - 1].action).tokens)
+        window = sum(factory.screenshot(i, traj.frames[i].screenshot).n_tokens for i in range(t - WINDOW + 1, t + 1))
+        delta = len(factory.action(t - 1, traj.frames[t - 1].action).tokens)
         assert slot.steps[t]["prefill_tokens"] == window + delta + gen
         assert slot.steps[t]["context_tokens"] == scratch.steps[t]["context_tokens"]
     scratch_prefill = [s["prefill_tokens"] for s in scratch.steps]
@@ -104,7 +106,7 @@ def test_terminal_slot_prefetch_leaves_only_the_new_screenshot(engines, arch, tr
     outputs as plain terminal-slot, and the critical step prefills only the new screenshot,
     its label and the generation prompt."""
     from scheduler.ledger import MemoryLedger
-    from scheduler.transaction import EpisodeCache, StepOptions, run_prefetch, run_step
+    from scheduler.transaction import EpisodeCache, StepOptions
 
     e = engines(arch)
     factory = SegmentFactory(e)
@@ -118,21 +120,22 @@ def test_terminal_slot_prefetch_leaves_only_the_new_screenshot(engines, arch, tr
     outputs, critical = [], []
     for i in range(STEPS):
         if i == 0:
-            segs = (factory.preamble(SYSTEM), factory.instruction(INSTRUCTION))
+            segs = step_segments(factory, traj, 0)[:-1]
         else:
-            pre = run_prefetch(e, ep, (factory.action(i - 1, traj[i - 1].action),), ledger)
+            pre = run_prefetch(e, ep, (factory.action(i - 1, traj.frames[i - 1].action),),
+                               ledger)
             assert pre.planned and pre.prefill_tokens > 0
             segs = ()
-        shot = factory.screenshot(i, traj[i].png)
+        shot = factory.screenshot(i, traj.frames[i].screenshot)
         rec = run_step(e, ep, segs + (shot,), ledger, opts)
-        ledger.check_integrity()
+        check_accounts(e, ep, ledger)
         outputs.append(list(rec.output_tokens))
         critical.append((rec.prefill_tokens, shot.n_tokens))
     assert outputs == [s["output_tokens"] for s in reference.steps]
     gen = len(factory.kit.generation_prompt)
     for t in range(1, STEPS):
         prefilled, shot_tokens = critical[t]
-        prev_outro = len(factory.screenshot(t - 1, traj[t - 1].png).outro)
+        prev_outro = len(factory.screenshot(t - 1, traj.frames[t - 1].screenshot).outro)
         assert prefilled == shot_tokens + prev_outro + gen  # nothing else on the critical path
 
 
@@ -140,7 +143,7 @@ def test_terminal_slot_prefetch_leaves_only_the_new_screenshot(engines, arch, tr
 def test_plan_names_the_visible_segments_in_order(engines, traj, policy) -> None:
     from cachepolicy.context_log import ContextLog
     from cachepolicy.plan import CacheState, CacheView
-    from runtime.bench.arms import step_segments
+    from replay_helpers import step_segments
 
     e = engines("qwen35")
     factory = SegmentFactory(e)

@@ -12,7 +12,8 @@ import pytest
 from runtime.recording import (
     METRICS_FILE, RESULT_FILE, TRAJ_FILE, EpisodeRecorder, ResultLayout, UnsafePathError,
 )
-from runtime.run_agents import AgentRunConfig, EpisodeSpec, run_agents, simdesk_specs
+from runtime.config import AgentConfig
+from runtime.run_agents import EpisodeSpec, RunConfig, run_agents, simdesk_specs
 from vmenv.errors import EnvClosedError
 from vmenv.simdesk import SimDesk, SimDeskConfig
 
@@ -85,10 +86,10 @@ def test_symlink_out_of_the_result_dir_refused(tmp_path: Path) -> None:
     assert not any((tmp_path / "elsewhere").iterdir())
 
 
-def _config(**kw: object) -> AgentRunConfig:
+def _config(**kw: object) -> RunConfig:
     base = {"episodes": 2, "max_steps": 2, "screen": (320, 240), "vm_seconds": 0.01,
-            "temperature": 1.0, "seed": 1, "memory_budget": 1 << 34}
-    return AgentRunConfig(**{**base, **kw})
+            "agent": AgentConfig(temperature=1.0, seed=1), "memory_budget": 1 << 34}
+    return RunConfig(**{**base, **kw})
 
 
 async def test_run_agents_records_as_it_goes(engines, tmp_path: Path) -> None:
@@ -105,12 +106,19 @@ async def test_run_agents_records_as_it_goes(engines, tmp_path: Path) -> None:
     # every step's event saw exactly that many lines on disk (an episode may end early: a
     # random model can sample done())
     assert all(lines == step for _, step, lines in seen)
+    specs = {s.episode_id: s for s in simdesk_specs(_config())}
     for e in result.episodes:
-        assert [s for ep, s, _ in seen if ep == e.spec.episode_id] == list(range(1, e.steps + 1))
+        assert [s for ep, s, _ in seen if ep == e.episode_id] == list(range(1, e.n_steps + 1))
     for e in result.episodes:
-        assert e.status != "error" and e.directory == layout.task_dir(e.spec.task_id)
-        assert len(_lines(e.directory / METRICS_FILE)) == e.steps == len(e.metrics)
-        assert (e.directory / RESULT_FILE).exists()
+        directory = result.directories[e.episode_id]
+        assert e.status != "error" and directory == layout.task_dir(specs[e.episode_id].task_id)
+        rows = _lines(directory / METRICS_FILE)
+        assert len(rows) == e.n_steps
+        # metrics.jsonl is the StepMetrics record, field for field
+        assert [r["output_tokens"] for r in rows] == [list(s.output_tokens) for s in e.steps]
+        assert all(r["prefill_tokens"] == r["critical_path_prefill_tokens"]
+                   + r["prefetch_prefill_tokens"] for r in rows)
+        assert (directory / RESULT_FILE).exists()
 
 
 async def test_a_failing_episode_does_not_stop_the_others(engines, tmp_path: Path) -> None:
@@ -120,12 +128,13 @@ async def test_a_failing_episode_does_not_stop_the_others(engines, tmp_path: Pat
     layout = ResultLayout(tmp_path, model="tiny")
     result = await run_agents(engines("qwen35"), config, layout, specs=[good, bad])
     ok, failed = result.episodes
-    assert ok.status != "error" and ok.steps >= 1
+    assert ok.status != "error" and ok.n_steps >= 1
     assert failed.status == "error" and "UnknownTaskError" in failed.error
     assert result.errors == (failed,)
-    assert _lines(failed.directory / TRAJ_FILE) == [
+    failed_dir = result.directories[failed.episode_id]
+    assert _lines(failed_dir / TRAJ_FILE) == [
         {"Error": f"no-such-task-ep1 - {failed.error}"}]
-    assert not (failed.directory / RESULT_FILE).exists()
+    assert not (failed_dir / RESULT_FILE).exists()
 
 
 async def test_cancellation_closes_envs_and_frees_sequences(engines, tmp_path: Path) -> None:

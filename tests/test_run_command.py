@@ -48,7 +48,7 @@ def test_run_writes_osworld_results_summary_and_plot(cache_dir: Path, tmp_path: 
     res = kvagent_run(cache_dir, *FAST, "--result-dir", str(out))
     assert res.returncode == 0, res.stderr
     assert "forged tiny qwen35" in res.stdout and "random" in res.stdout  # says so
-    assert "crit prefill" in res.stdout and "total prefill" in res.stdout  # the table
+    assert "crit prefill" in res.stdout and "  prefill" in res.stdout  # the table
     assert f"plot: {out / 'kvagent_steps.png'}" in res.stdout
     assert "step 3/3" in res.stderr and "episodes: " in res.stderr  # plain progress lines
     dirs = _episode_dirs(out)
@@ -69,13 +69,20 @@ def test_run_writes_osworld_results_summary_and_plot(cache_dir: Path, tmp_path: 
         assert len(metrics) == len(traj)
         for m in metrics:
             assert {"prefill_tokens", "reused_tokens", "critical_path_prefill_tokens",
-                    "critical_path_s", "env_s", "prefetch_s", "status"} <= set(m)
+                    "critical_path_s", "vm_s", "encode_s", "prefetch_s", "status"} <= set(m)
+            assert m["prefill_tokens"] == (m["critical_path_prefill_tokens"]
+                                           + m["prefetch_prefill_tokens"])
     with Image.open(out / "kvagent_steps.png") as plot:
         assert plot.format == "PNG" and plot.size[0] > 300
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--episodes", "0"), "--episodes must be >= 1"),
+    (("--episodes", "0"), "--episodes must be 1..64"),
+    (("--max-steps", "1000000000"), "--max-steps must be 1..1000"),
+    (("--threads", "100000"), "--threads must be 1..256"),
+    (("--temperature", "inf"), "--temperature"),
+    (("--vm-seconds", "inf"), "--vm-seconds"),
+    (("--window", "0"), "--window"),
     (("--screen", "100x50"), "--screen"),
     (("--memory-budget", "lots"), "--memory-budget"),
     (("--model", "m.gguf"), "--mmproj"),
@@ -94,11 +101,24 @@ def test_bad_arguments_exit_2_and_write_nothing(cache_dir: Path, tmp_path: Path,
     assert not out.exists()
 
 
-def test_task_choices_are_simdesks_tasks() -> None:
-    from runtime.commands.run import TASKS
+def test_choices_come_from_the_registries() -> None:
+    """--task from simdesk's tasks, --policy from the policy registry (user policies too)."""
+    from cachepolicy.base import register
+    from cachepolicy.policies import names
+    from cachepolicy.policies.terminal_scratch import TerminalScratchPolicy
+    from runtime.cli import build_parser
     from vmenv.simdesk_tasks import default_tasks
 
-    assert TASKS == tuple(default_tasks())
+    @register
+    class Mine(TerminalScratchPolicy):
+        name = "mine-for-the-cli-test"
+
+    parser = build_parser()
+    run = parser._subparsers._group_actions[0].choices["run"]  # noqa: SLF001
+    by_dest = {a.dest: a for a in run._actions}  # noqa: SLF001
+    assert tuple(by_dest["task"].choices) == tuple(default_tasks())
+    assert tuple(by_dest["policy"].choices) == names()
+    assert "mine-for-the-cli-test" in by_dest["policy"].choices
 
 
 def test_a_model_that_does_not_load_exits_2(cache_dir: Path, tmp_path: Path) -> None:
@@ -156,14 +176,16 @@ def test_examples_run(cache_dir: Path, tmp_path: Path, example: str) -> None:
 
 
 def _events():
+    from runtime.metrics import StepMetrics
     from runtime.progress import EpisodeEvent
     from runtime.run_agents import EpisodeSpec
 
     spec = EpisodeSpec(0, "ep0", "click-ok", "click-ok-ep0", "Click OK.")
-    line = "episodes: 1 running, 0 waiting | budget: 0.1/2.0 GiB, peak 0.1 GiB | checkpoints: 1"
+    line = "episodes: 1 running, 0 waiting | budget: 120.0 MiB of 2.0 GiB, peak 120.0 MiB | checkpoints: 1"
+    metrics = StepMetrics("ep0", 0, "ok", action="click(3, 4)", parsed=True,
+                          prefill_tokens=10, reused_tokens=90, critical_path_s=0.25)
     return [EpisodeEvent("start", spec, 8, summary=line),
-            EpisodeEvent("step", spec, 8, step=1, action="click(3, 4)", cache_hit=0.9,
-                         critical_path_s=0.25, summary=line),
+            EpisodeEvent("step", spec, 8, step=1, metrics=metrics, summary=line),
             EpisodeEvent("end", spec, 8, step=1, status="done", reward=1.0, summary=line)]
 
 

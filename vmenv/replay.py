@@ -24,7 +24,8 @@ from vmenv.base import Env, Observation, StepOutcome
 from vmenv.errors import (
     EnvBusyError, EnvClosedError, EpisodeOverError, NotResetError, TrajectoryError,
 )
-from vmenv.trajectory import TRAJ_FILE, Trajectory, load_trajectory, trajectory_line
+from vmenv.trajectory import Trajectory, load_trajectory
+from vmenv.trajectory_writer import TRAJ_FILE, TrajectoryWriter
 
 log = structlog.get_logger(__name__)
 
@@ -123,26 +124,24 @@ async def record_trajectory(env: Env, actions: Sequence[Action], out_dir: str | 
         raise TrajectoryError(f"{out} already holds a trajectory")
     await anyio.to_thread.run_sync(lambda: out.mkdir(parents=True, exist_ok=True))
     obs = await env.reset(task)
-    lines = [trajectory_line(0, action=None, action_text=None, screenshot_file="step_0.png",
-                             reward=0.0, done=False, instruction=obs.instruction)]
-    files: list[tuple[str, bytes]] = [("step_0.png", obs.screenshot)]
-    for action in actions:
-        outcome = await env.step(action)
-        name = f"step_{outcome.observation.step}.png"
-        files.append((name, outcome.observation.screenshot))
-        lines.append(trajectory_line(outcome.observation.step, action=to_pyautogui(action),
-                                     action_text=format_action(action), screenshot_file=name,
-                                     reward=outcome.reward, done=outcome.done,
-                                     info=outcome.info))
-        if outcome.done:
-            break
-
-    def write() -> None:
-        for name, data in files:
-            (out / name).write_bytes(data)
-        # the trajectory file last: a directory with traj.jsonl is complete
-        (out / TRAJ_FILE).write_text("".join(lines), encoding="utf-8")
-
-    await anyio.to_thread.run_sync(write)
-    log.info("trajectory_recorded", path=str(out), n_steps=len(lines) - 1)
+    writer = await anyio.to_thread.run_sync(TrajectoryWriter, out)
+    try:
+        await anyio.to_thread.run_sync(lambda: writer.write_step(
+            0, screenshot=obs.screenshot, screenshot_file="step_0.png", action=None,
+            reward=0.0, done=False, instruction=obs.instruction))
+        n = 0
+        for action in actions:
+            outcome = await env.step(action)
+            step = outcome.observation.step
+            await anyio.to_thread.run_sync(lambda: writer.write_step(
+                step, screenshot=outcome.observation.screenshot,
+                screenshot_file=f"step_{step}.png", action=to_pyautogui(action),
+                action_text=format_action(action), reward=outcome.reward, done=outcome.done,
+                info=outcome.info))
+            n += 1
+            if outcome.done:
+                break
+    finally:
+        writer.close()
+    log.info("trajectory_recorded", path=str(out), n_steps=n)
     return out

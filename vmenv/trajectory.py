@@ -30,8 +30,8 @@ import attrs
 
 from vmenv.errors import ScreenshotError, TrajectoryError, TrajectoryPathError
 from vmenv.png import png_size
+from vmenv.trajectory_writer import TRAJ_FILE
 
-TRAJ_FILE = "traj.jsonl"
 #: A trajectory file larger than this is refused (a long episode's lines are a few MB at most).
 MAX_TRAJ_BYTES = 64 << 20
 
@@ -159,15 +159,3 @@ def load_trajectory(directory: str | Path) -> Trajectory:
     taken = [*actions[1:], None]
     frames = tuple(Frame(png, w, h, a, r) for (png, w, h), a, r in zip(shots, taken, rewards))
     return Trajectory(frames, instruction)
-
-
-def trajectory_line(step_num: int, *, action: str | None, action_text: str | None,
-                    screenshot_file: str, reward: float, done: bool,
-                    info: dict[str, Any] | None = None, instruction: str | None = None) -> str:
-    """One traj.jsonl line (OSWorld's fields plus ``action_text`` / ``instruction``)."""
-    entry: dict[str, Any] = {"step_num": step_num, "action": action, "action_text": action_text,
-                             "screenshot_file": screenshot_file, "reward": reward, "done": done,
-                             "info": info or {}}
-    if instruction is not None:
-        entry["instruction"] = instruction
-    return json.dumps(entry, sort_keys=True, default=str) + "\n"

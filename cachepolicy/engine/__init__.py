@@ -11,7 +11,7 @@ Numerical contract (see ../shared/notes/llama-cpp.md, and ``kvagent check-exact`
   removal, a tail trim without a recurrent checkpoint) are refused with ``UnsafeEditError``.
 
 Every public method takes the engine's lock: one llama context is not thread-safe.  The class
-is synchronous; ``AsyncEngine`` runs it in a worker thread for the event loop.
+is synchronous; the scheduler runs its calls in worker threads (``anyio.to_thread``).
 """
 
 from cachepolicy.engine.core import Engine

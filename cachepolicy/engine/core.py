@@ -4,7 +4,7 @@ The numerical contract it keeps is stated in the package docstring
 (``cachepolicy.engine``) and checked by ``kvagent check-exact``.
 
 Every public method takes the engine's lock: one llama context is not thread-safe.  The class
-is synchronous; ``AsyncEngine`` runs it in a worker thread for the event loop.
+is synchronous; the scheduler runs its calls in worker threads (``anyio.to_thread``).
 """
 
 from __future__ import annotations

@@ -186,6 +186,14 @@ class StateMixin:
         return int(llama_cpp.llama_state_seq_get_size_ext(self._ctx, seq, flags))
 
     @_locked
+    def held_bytes(self, seq: int) -> int:
+        """What ``seq`` holds, as llama.cpp reports it: 0 for an empty sequence (whose
+        serialised form is only headers), else its state size."""
+        if not self._check_seq(seq):
+            return 0
+        return int(llama_cpp.llama_state_seq_get_size_ext(self._ctx, seq, 0))
+
+    @_locked
     def memory(self) -> MemoryReport:
         return MemoryReport(
             kv_bytes_per_token=self.kv_bytes_per_token,

@@ -1,4 +1,6 @@
-"""The bench trajectory: deterministic synthetic screenshots and teacher-forced action texts.
+"""The bench trajectory: deterministic synthetic screenshots and teacher-forced action texts,
+as a ``vmenv.trajectory.Trajectory`` that ``ReplayEnv`` replays (``kvagent bench
+--trajectory DIR`` replays a recorded one instead).
 
 Every step's screenshot differs (a moving window, a counter, a changing list), so a policy
 cannot get away with caching a stale image; sizes are chosen so each screenshot costs about
@@ -9,21 +11,17 @@ from __future__ import annotations
 
 import io
 
-import attrs
 from PIL import Image, ImageDraw
+
+from vmenv.trajectory import Trajectory
+
+INSTRUCTION = "Save the quarterly report and close the editor."
 
 ACTIONS = (
     "click(412, 236)", "type('quarterly report')", "press('enter')", "double_click(88, 140)",
     "scroll(0, -5)", "hotkey('ctrl', 's')", "click(1020, 644)", "drag(100, 200, 400, 260)",
     "right_click(300, 310)", "type('hello world')", "press('tab')", "click(640, 360)",
 )
-
-
-@attrs.frozen
-class BenchStep:
-    step: int
-    png: bytes = attrs.field(repr=False)
-    action: str  # the action text appended to the history after this step (teacher forcing)
 
 
 def screenshot(step: int, width: int, height: int) -> bytes:
@@ -51,6 +49,9 @@ def screenshot(step: int, width: int, height: int) -> bytes:
     return buf.getvalue()
 
 
-def trajectory(steps: int, width: int, height: int) -> list[BenchStep]:
-    return [BenchStep(i, screenshot(i, width, height), ACTIONS[i % len(ACTIONS)])
-            for i in range(steps)]
+def trajectory(steps: int, width: int, height: int) -> Trajectory:
+    """``steps`` agent steps: ``steps + 1`` screens (the last is where the last action led),
+    each but the last with the action text the history records for it."""
+    return Trajectory.from_pairs(
+        ((screenshot(i, width, height), ACTIONS[i % len(ACTIONS)] if i < steps else None)
+         for i in range(steps + 1)), instruction=INSTRUCTION)

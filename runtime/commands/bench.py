@@ -16,67 +16,86 @@ import sys
 from pathlib import Path
 
 HELP = "compare cache policies on one replayed screenshot trajectory (prefill, reuse, bytes)"
-POLICY_ARMS = ("evict", "noevict", "terminal-scratch", "terminal-slot", "relocate")
-ALL_ARMS = POLICY_ARMS + ("terminal-slot+overlap",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from runtime.commands.agent_args import (
+        add_agent_arguments, bench_agent_defaults, default_threads,
+    )
+
     p.add_argument("--model", type=Path, help="GGUF model (default: forge the qwen35 M model)")
     p.add_argument("--mmproj", type=Path, help="vision projector for --model (required with it)")
     p.add_argument("--arms", default=None,
-                   help=f"comma-separated policies (default: {','.join(ALL_ARMS)}; none when "
-                        "--episodes > 1)")
+                   help=f"comma-separated arms: policies, or <policy>{OVERLAP} (default: "
+                        f"{','.join(default_arms())}; none when --episodes > 1)")
     p.add_argument("--episodes", type=int, default=1,
                    help="run N episodes concurrently through the scheduler, then back to back")
     p.add_argument("--memory-budget", default=None,
                    help="ledger budget for --episodes: bytes (2GiB, 512MiB) or a multiple of one "
                         "episode's measured peak (3.2x); default: unlimited")
-    p.add_argument("--policy", default="terminal-slot", choices=POLICY_ARMS[:4],
-                   help="the cache policy of the --episodes runs")
     p.add_argument("--wait-seconds", type=float, default=30.0,
                    help="bound of the scheduler's wait-for-release rung")
+    p.add_argument("--trajectory", type=Path,
+                   help="replay this recorded trajectory directory (traj.jsonl + PNGs) instead "
+                        "of the synthetic one")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--window", type=int, default=3, help="screenshots kept (K)")
     p.add_argument("--image-tokens", type=int, default=512, help="target tokens per screenshot")
     p.add_argument("--vm-seconds", type=float, default=0.0, help="simulated VM time per action")
-    p.add_argument("--decode-tokens", type=int, default=16)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--n-batch", type=int, default=512)
     p.add_argument("--json", type=Path, dest="json_out", help="write the full results here")
+    add_agent_arguments(p, defaults=bench_agent_defaults())
+    p.set_defaults(policy="terminal-slot", overlap=False)  # arms set their own
+
+
+OVERLAP = "+overlap"
+
+
+def default_arms() -> tuple[str, ...]:
+    from cachepolicy.policies import BUILTIN
+
+    return BUILTIN + ("terminal-slot" + OVERLAP,)
 
 
 def _check(args: argparse.Namespace) -> str | None:
-    from runtime.sizes import parse_bytes
+    from cachepolicy.policies import names
+    from runtime.commands.agent_args import agent_config, check_threads
+    from scheduler.sizes import parse_budget
 
     if args.arms is None:
-        arms = [] if args.episodes > 1 else list(ALL_ARMS)
+        arms = [] if args.episodes > 1 else list(default_arms())
     else:
         arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-        unknown = [a for a in arms if a not in ALL_ARMS]
+        unknown = [a for a in arms if a.removesuffix(OVERLAP) not in names()]
         if unknown or not arms:
-            return f"unknown arm(s) {unknown or args.arms!r}; choose from {', '.join(ALL_ARMS)}"
-    if args.episodes < 1:
-        return "--episodes must be >= 1"
-    args.budget_bytes, args.budget_factor = None, None
-    if args.memory_budget is not None:
-        text = args.memory_budget.strip().lower()
-        try:
-            if text.endswith("x"):
-                args.budget_factor = float(text[:-1])
-                if args.budget_factor <= 0:
-                    raise ValueError
-            else:
-                args.budget_bytes = parse_bytes(text)
-        except ValueError:
-            return (f"--memory-budget {args.memory_budget!r}: give bytes (2GiB, 512MiB) or a "
-                    "multiple of one episode's peak (3.2x)")
+            return (f"unknown arm(s) {unknown or args.arms!r}; choose from "
+                    f"{', '.join(names())} (each optionally with {OVERLAP})")
+    if not 1 <= args.episodes <= 64:
+        return "--episodes must be 1..64"
+    try:
+        args.budget = parse_budget(args.memory_budget)
+    except ValueError as exc:
+        return f"--memory-budget: {exc}"
     if args.model is not None and args.mmproj is None:
         return "--model needs --mmproj: the bench replays screenshots"
-    for name in ("steps", "window", "image_tokens", "decode_tokens", "threads"):
-        if getattr(args, name) < 1:
-            return f"--{name.replace('_', '-')} must be >= 1"
-    if args.vm_seconds < 0:
-        return "--vm-seconds must be >= 0"
+    if args.trajectory is not None and not args.trajectory.is_dir():
+        return f"--trajectory {args.trajectory}: not a directory"
+    for name, top in (("steps", 1000), ("image_tokens", 16384)):
+        if not 1 <= getattr(args, name) <= top:
+            return f"--{name.replace('_', '-')} must be 1..{top}"
+    if not 2 <= args.n_batch <= 8192:
+        return "--n-batch must be 2..8192 (a 1-row batch takes another kernel)"
+    problem = check_threads(args.threads)
+    if problem:
+        return problem
+    if not (0 <= args.vm_seconds <= 3600):
+        return "--vm-seconds must be 0..3600"
+    if not (0 < args.wait_seconds <= 3600):
+        return "--wait-seconds must be in (0, 3600]"
+    try:
+        args.agent = agent_config(args)
+    except ValueError as exc:
+        return str(exc)
     args.arm_list = arms
     return None
 
@@ -89,18 +108,33 @@ def run(args: argparse.Namespace) -> int:
     from cachepolicy.engine import Engine, EngineConfig
     from cachepolicy.errors import KvagentCacheError
     from cachepolicy.images import fit_resolution
-    from cachepolicy.segments import SegmentFactory
-    from runtime.bench.arms import rss_bytes, rss_peak_bytes, run_arm
+    from runtime.bench.arms import run_arms
     from runtime.bench.report import REFERENCE_ARM, summarize, table
     from runtime.bench.trajectory import screenshot, trajectory
+    from runtime.metrics import rss_bytes, rss_peak_bytes
+    from vmenv.errors import VmEnvError
+    from vmenv.trajectory import load_trajectory
 
+    recorded = None
+    if args.trajectory is not None:
+        try:
+            recorded = load_trajectory(args.trajectory)
+        except VmEnvError as exc:
+            print(f"kvagent bench: error: {exc}", file=sys.stderr)
+            return 2
+        if len(recorded.frames) < 2:
+            print(f"kvagent bench: error: {args.trajectory} needs at least two screenshots",
+                  file=sys.stderr)
+            return 2
     model, mmproj = args.model, args.mmproj
     if model is None:
         from cachepolicy.forge import forge_cached
         forged = forge_cached("qwen35", "M", vision=True)
         model, mmproj = forged.model_path, forged.mmproj_path
         print(f"using the forged qwen35 M model with vision: {model.parent}", file=sys.stderr)
-    per_seq = max(4096, args.steps * (args.image_tokens + 96) * 11 // 10 + 2048)
+    steps = len(recorded.frames) - 1 if recorded is not None else args.steps
+    shot_tokens = args.image_tokens + 96
+    per_seq = max(4096, steps * (shot_tokens + args.agent.max_tokens) * 11 // 10 + 2048)
     config = EngineConfig(n_ctx_per_seq=per_seq, n_seq_max=max(2, args.episodes + 1),
                           n_batch=args.n_batch, n_threads=args.threads)
     try:
@@ -109,48 +143,59 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvagent bench: error: {exc}", file=sys.stderr)
         return 2
     with engine:
-        w, h, tokens = fit_resolution(lambda w, h: engine.image_tokens(screenshot(0, w, h))[0],
-                                      args.image_tokens)
+        if recorded is None:
+            w, h, tokens = fit_resolution(
+                lambda w, h: engine.image_tokens(screenshot(0, w, h))[0], args.image_tokens)
+            traj = trajectory(steps, w, h)
+        else:
+            traj = recorded
+            w, h = traj.frames[0].width, traj.frames[0].height
+            tokens = engine.image_tokens(traj.frames[0].screenshot)[0]
         print(f"{engine.kind.value} model {model.name}, {engine.n_params / 1e6:.1f}M params; "
               f"screenshots {w}x{h} = {tokens} tokens (target {args.image_tokens}); "
-              f"{args.steps} steps, window {args.window}", file=sys.stderr)
-        traj = trajectory(args.steps, w, h)
+              f"{steps} steps, window {args.agent.window}", file=sys.stderr)
         # Room for one window of screenshots plus the new one: retained screenshots are
         # re-prefilled from the cache instead of re-running the vision encoder.
-        engine.image_cache.max_bytes = (args.window + 1) * engine.encode_image(traj[0].png).nbytes
-        factory = SegmentFactory(engine)
+        per_image = engine.encode_image(traj.frames[0].screenshot).nbytes
+        engine.image_cache.max_bytes = (args.agent.window + 1) * per_image * args.episodes
+        engine.image_cache.clear()  # every arm starts with a cold cache
         rss_loaded = rss_bytes()  # model, mmproj and the preallocated KV buffers are in
-        results = []
-        for name in args.arm_list:
-            def progress(rec, name=name) -> None:
-                print(f"[{name}] step {rec.step + 1}/{args.steps}: prefill "
-                      f"{rec.prefill_tokens} tok in {rec.prefill_s:.2f} s, reused "
-                      f"{rec.reused_tokens}, decode {rec.decode_tokens} tok in "
-                      f"{rec.decode_s:.2f} s", file=sys.stderr, flush=True)
-            res = run_arm(engine, factory, name, traj, window=args.window,
-                          decode_tokens=args.decode_tokens, scratch_seq=1,
-                          vm_seconds=args.vm_seconds, on_step=progress)
+
+        def progress(arm: str, e) -> None:
+            m = e.metrics
+            if e.kind != "step" or m is None:
+                return
+            print(f"[{arm}] step {e.step}/{steps}: prefill {m.prefill_tokens} tok "
+                  f"({m.critical_path_prefill_tokens} on the critical path) in "
+                  f"{m.prefill_s:.2f} s + encode {m.encode_s:.2f} s, reused "
+                  f"{m.reused_tokens}, decode {m.decode_tokens} tok in {m.decode_s:.2f} s, "
+                  f"critical path {m.critical_path_s:.2f} s", file=sys.stderr, flush=True)
+
+        results = run_arms(engine, args.arm_list, traj, args.agent,
+                           vm_seconds=args.vm_seconds, on_event=progress)
+        for res in results:
             if res.refused:
-                print(f"[{name}] refused: {res.refused}", file=sys.stderr)
-            results.append(res)
-        concurrency = (_concurrency(args, engine, factory, traj) if args.episodes > 1
-                       else None)
+                print(f"[{res.arm}] refused: {res.refused}", file=sys.stderr)
+        concurrency = _concurrency(args, engine, traj) if args.episodes > 1 else None
         ref = next((r.output_sha256 for r in results if r.arm == REFERENCE_ARM), None)
         arms = [{"arm": r.arm, "policy": r.policy, "overlap": r.overlap, "refused": r.refused,
-                 "steps": list(r.steps), "summary": summarize(r, ref, args.window),
+                 "steps": list(r.steps), "summary": summarize(r, ref, args.agent.window),
                  "output_sha256": r.output_sha256} for r in results]
         report = {"config": {
             "model": str(model), "mmproj": str(mmproj), "model_kind": engine.kind.value,
-            "n_params": engine.n_params, "steps": args.steps, "window": args.window,
+            "n_params": engine.n_params, "steps": steps, "window": args.agent.window,
+            "trajectory": str(args.trajectory) if args.trajectory else None,
             "image_tokens_target": args.image_tokens, "image_tokens": tokens,
             "screenshot_size": [w, h], "vm_seconds": args.vm_seconds,
-            "decode_tokens": args.decode_tokens, "threads": args.threads,
-            "n_batch": args.n_batch, "reference_arm": REFERENCE_ARM,
+            "decode_tokens": args.agent.max_tokens, "grammar": args.agent.grammar,
+            "stop_at_eog": args.agent.stop_at_eog, "temperature": args.agent.temperature,
+            "threads": args.threads, "n_batch": args.n_batch, "reference_arm": REFERENCE_ARM,
             "rss_after_load_bytes": rss_loaded, "rss_peak_bytes": rss_peak_bytes(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}"},
             "arms": arms}
         if concurrency is not None:
-            report["config"].update(episodes=args.episodes, policy=args.policy,
+            report["config"].update(episodes=args.episodes, policy=args.agent.policy,
+                                    overlap=args.agent.overlap,
                                     memory_budget=args.memory_budget)
             report.update(concurrency)
     if arms:
@@ -158,52 +203,29 @@ def run(args: argparse.Namespace) -> int:
     if concurrency is not None:
         print(_concurrency_table(concurrency))
     if args.json_out is not None:
+        from vmenv.trajectory_writer import write_durably
+
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(report, indent=1))
+        write_durably(args.json_out, json.dumps(report, indent=1).encode())
         print(f"wrote {args.json_out}")
     return 0
 
 
-def _concurrency(args: argparse.Namespace, engine: object, factory: object,
-                 traj: list) -> dict:
+def _concurrency(args: argparse.Namespace, engine: object, traj: object) -> dict:
     import anyio
 
-    from runtime.bench.concurrent import measure_concurrency, run_sequentially
-    from runtime.sizes import format_bytes
-    from scheduler.ledger import MemoryLedger
-    from scheduler.scheduler import Scheduler
-    from scheduler.transaction import StepOptions
-
-    options = StepOptions(decode_tokens=args.decode_tokens)
-    kw = dict(policy=args.policy, window=args.window, decode_tokens=args.decode_tokens,
-              vm_seconds=args.vm_seconds)
+    from runtime.bench.concurrent import measure_concurrency
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    async def main() -> dict:
-        budget = args.budget_bytes
-        calibration = None
-        if budget is None:
-            ledger = MemoryLedger(1 << 50)
-            say("measuring one episode's peak (calibration run)")
-            async with Scheduler(engine, ledger, factory, options=options) as sched:
-                await run_sequentially(sched, factory, traj, 1, **{**kw, "vm_seconds": 0.0})
-            calibration = ledger.snapshot().peak
-            budget = int(calibration * args.budget_factor) if args.budget_factor else 1 << 50
-            say(f"one episode's peak: {format_bytes(calibration)}; budget "
-                f"{format_bytes(budget) if args.budget_factor else 'unlimited'}")
-        result = await measure_concurrency(
-            engine, factory, traj, args.episodes, budget=budget, options=options,
-            wait_s=args.wait_seconds, progress=say, **kw)
-        result["ledger"]["one_episode_peak_bytes"] = calibration
-        return result
-
-    return anyio.run(main)
+    return anyio.run(lambda: measure_concurrency(
+        engine, traj, args.agent, args.episodes, budget=args.budget,  # type: ignore[arg-type]
+        vm_seconds=args.vm_seconds, wait_s=args.wait_seconds, progress=say))
 
 
 def _concurrency_table(c: dict) -> str:
-    from runtime.sizes import format_bytes
+    from scheduler.sizes import format_bytes
 
     def counts(eps: list) -> str:
         statuses = [e["status"] for e in eps]
@@ -211,10 +233,10 @@ def _concurrency_table(c: dict) -> str:
                 f"{statuses.count('failed')} failed")
 
     t, led = c["throughput"], c["ledger"]
-    budget = "unlimited" if led["budget_bytes"] >= 1 << 50 else format_bytes(led["budget_bytes"])
     return "\n".join([
         f"concurrent: {counts(c['episodes'])}; {t['concurrent_steps_per_s']:.2f} steps/s; "
-        f"ledger peak {format_bytes(led['peak_bytes'])} of {budget}",
+        f"ledger peak {format_bytes(led['peak_bytes'])} of {format_bytes(led['budget_bytes'])}",
         f"sequential: {counts(c['sequential_episodes'])}; {t['sequential_steps_per_s']:.2f} "
         f"steps/s; ledger peak {format_bytes(led['sequential_peak_bytes'])}",
-        f"throughput ratio (concurrent / sequential): {t['ratio']:.2f}"])
+        f"throughput ratio (concurrent / sequential): {t['ratio']:.2f}; outputs identical to "
+        f"the sequential run: {'yes' if c['outputs_identical_to_sequential'] else 'no'}"])

@@ -13,40 +13,39 @@ failed with an error, 2 for bad arguments or a model that does not load (nothing
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 HELP = ("run GUI agents concurrently on the simulated desktop through one engine and "
         "scheduler; record OSWorld-style results and a per-step plot")
-POLICIES = ("terminal-slot", "terminal-scratch", "evict", "noevict", "relocate")
-TASKS = ("open-terminal", "type-in-field", "click-ok", "save-note")  # vmenv.simdesk_tasks
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from runtime.commands.agent_args import add_agent_arguments, default_threads
+    from vmenv.simdesk_tasks import default_tasks
+
     p.add_argument("--model", type=Path, help="GGUF model (default: forge the tiny qwen35)")
     p.add_argument("--mmproj", type=Path, help="vision projector GGUF (required with --model)")
-    p.add_argument("--policy", default="terminal-slot", choices=POLICIES)
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                   help="prefetch the next step while the VM executes the action")
     p.add_argument("--env", default="simdesk", choices=("simdesk", "replay"))
-    p.add_argument("--trajectory", type=Path, help="trajectory directory for --env replay")
-    p.add_argument("--task", choices=TASKS,
+    p.add_argument("--trajectory", type=Path,
+                   help="trajectory directory for --env replay (its recorded actions enter the "
+                        "history: teacher forcing)")
+    p.add_argument("--task", choices=tuple(default_tasks()),
                    help="simdesk task of every episode (default: episode i gets task i mod 4)")
     p.add_argument("--episodes", type=int, default=3)
     p.add_argument("--max-steps", type=int, default=8)
     p.add_argument("--memory-budget", default=None,
                    help="ledger budget (2GiB, 512MiB; default: the memory available now)")
     p.add_argument("--result-dir", type=Path, default=Path("results"))
-    p.add_argument("--window", type=int, default=3, help="screenshots the model sees (K)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--screen", default="640x360", help="simdesk screen WxH (min 320x240)")
     p.add_argument("--vm-seconds", type=float, default=0.3,
                    help="simulated time the VM takes per action (what overlap hides)")
+    add_agent_arguments(p)
 
 
 def _error(message: str) -> int:
@@ -55,6 +54,8 @@ def _error(message: str) -> int:
 
 
 def _default_budget() -> int:
+    from scheduler.sizes import UNLIMITED_BYTES
+
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -62,29 +63,41 @@ def _default_budget() -> int:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return 1 << 40
+    return UNLIMITED_BYTES
+
+
+#: Steps of one episode at the most (the context is sized from it).
+MAX_STEPS = 1000
+MAX_EPISODES = 64
 
 
 def _check(args: argparse.Namespace) -> str | None:
-    """Validate everything that needs no model; fills ``args.screen_wh`` / ``budget``."""
-    from runtime.sizes import parse_bytes
+    """Validate everything that needs no model; fills ``args.screen_wh`` / ``budget`` /
+    ``agent``."""
+    from runtime.commands.agent_args import agent_config, check_threads
+    from scheduler.sizes import parse_budget
 
-    for name in ("episodes", "max_steps", "window", "threads"):
-        if getattr(args, name) < 1:
-            return f"--{name.replace('_', '-')} must be >= 1"
-    if args.temperature < 0:
-        return "--temperature must be >= 0"
-    if args.vm_seconds < 0:
-        return "--vm-seconds must be >= 0"
+    for name, top in (("episodes", MAX_EPISODES), ("max_steps", MAX_STEPS)):
+        if not 1 <= getattr(args, name) <= top:
+            return f"--{name.replace('_', '-')} must be 1..{top}"
+    problem = check_threads(args.threads)
+    if problem:
+        return problem
+    if not 0 <= args.vm_seconds <= 3600:
+        return "--vm-seconds must be 0..3600"
+    try:
+        args.agent = agent_config(args)
+    except ValueError as exc:
+        return str(exc)
     m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", args.screen)
     if not m or not (320 <= int(m[1]) <= 7680 and 240 <= int(m[2]) <= 4320):
         return f"--screen {args.screen!r}: give WxH between 320x240 and 7680x4320"
     args.screen_wh = (int(m[1]), int(m[2]))
     try:
-        args.budget = (parse_bytes(args.memory_budget) if args.memory_budget is not None
-                       else _default_budget())
+        budget = parse_budget(args.memory_budget, relative=False)
     except ValueError as exc:
         return f"--memory-budget: {exc}"
+    args.budget = _default_budget() if budget.unlimited else budget.resolve()
     if (args.model is None) != (args.mmproj is None):
         return "--model and --mmproj go together (screenshots need a vision projector)"
     if args.env == "replay" and args.trajectory is None:
@@ -97,21 +110,20 @@ def _check(args: argparse.Namespace) -> str | None:
 
 
 def _setup(args: argparse.Namespace) -> Any:
-    """(config, specs, make_env, layout) for the chosen env; raises on bad input."""
+    """(config, specs, make_env, teacher, layout) for the chosen env; raises on bad input."""
     from runtime.recording import ResultLayout
-    from runtime.run_agents import AgentRunConfig, EpisodeSpec, simdesk_env, simdesk_specs
+    from runtime.run_agents import RunConfig, simdesk_env, simdesk_specs
 
     kw: dict[str, Any] = {
-        "episodes": args.episodes, "policy": args.policy, "overlap": args.overlap,
-        "max_steps": args.max_steps, "window": args.window, "temperature": args.temperature,
-        "seed": args.seed, "screen": args.screen_wh, "vm_seconds": args.vm_seconds,
-        "memory_budget": args.budget}
+        "agent": args.agent, "episodes": args.episodes, "max_steps": args.max_steps,
+        "screen": args.screen_wh, "vm_seconds": args.vm_seconds, "memory_budget": args.budget}
     if args.task:
         kw["tasks"] = (args.task,)
     if args.env == "simdesk":
-        config = AgentRunConfig(**kw)
-        return (config, simdesk_specs(config), simdesk_env(config),
+        config = RunConfig(**kw)
+        return (config, simdesk_specs(config), simdesk_env(config), None,
                 ResultLayout(args.result_dir, args.model_name, "simdesk"))
+    from runtime.bench.arms import replay_specs, replay_teacher
     from vmenv.replay import ReplayEnv
     from vmenv.trajectory import load_trajectory
 
@@ -119,14 +131,15 @@ def _setup(args: argparse.Namespace) -> Any:
     if len(traj.frames) < 2:
         raise ValueError(f"{args.trajectory}: a replay needs at least two screenshots")
     first = traj.frames[0]
-    config = AgentRunConfig(**{**kw, "screen": (first.width, first.height),
-                               "tasks": ("replay",)})
+    config = RunConfig(**{**kw, "screen": (first.width, first.height), "tasks": ("replay",),
+                          "max_steps": min(args.max_steps, len(traj.frames) - 1)})
     name = args.trajectory.resolve().name
-    specs = tuple(EpisodeSpec(i, f"ep{i}", "replay", f"{name}-ep{i}",
-                              traj.instruction or "Complete the task on the screen.")
-                  for i in range(config.episodes))
+    if not traj.instruction:
+        traj = attrs.evolve(traj, instruction="Complete the task on the screen.")
+    specs = tuple(attrs.evolve(s, episode_id=f"ep{s.index}", task_id=f"{name}-ep{s.index}")
+                  for s in replay_specs(traj, config.episodes, "ep"))
     return (config, specs, lambda spec: ReplayEnv(traj, vm_seconds=config.vm_seconds),
-            ResultLayout(args.result_dir, args.model_name, "replay"))
+            replay_teacher(traj), ResultLayout(args.result_dir, args.model_name, "replay"))
 
 
 def _estimate_image_tokens(mmproj: Path, width: int, height: int) -> int:
@@ -161,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     from vmenv.errors import VmEnvError
 
     try:
-        config, specs, make_env, layout = _setup(args)
+        config, specs, make_env, teacher, layout = _setup(args)
         for spec in specs:
             layout.task_dir(spec.task_id)  # refuse unsafe names before anything is written
     except (RecordingError, VmEnvError, ValueError) as exc:
@@ -178,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
               f"({forged.model_path.parent}). Its weights are random: actions are valid "
               f"(grammar-constrained) but aimless; this run shows the runtime, not "
               f"intelligence.", flush=True)
-    return _run_loaded(args, config, specs, make_env, layout, model, mmproj)
+    return _run_loaded(args, config, specs, make_env, teacher, layout, model, mmproj)
 
 
 def _probe_screenshot(make_env: Any, spec: Any) -> bytes:
@@ -212,7 +225,7 @@ def _load(model: Path, mmproj: Path, args: argparse.Namespace, config: Any, prob
             if need <= engine.config.n_ctx_per_seq:
                 # room for every episode's window plus the incoming screenshot, no more
                 per_image = engine.encode_image(probe).nbytes
-                engine.image_cache.max_bytes = (per_image * (config.window + 1)
+                engine.image_cache.max_bytes = (per_image * (config.agent.window + 1)
                                                 * config.episodes)
                 return engine
         except BaseException:
@@ -223,8 +236,8 @@ def _load(model: Path, mmproj: Path, args: argparse.Namespace, config: Any, prob
     raise AssertionError("unreachable: the second load is sized from the measured count")
 
 
-def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any, layout: Any,
-                model: Path, mmproj: Path) -> int:
+def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any,
+                teacher: Any, layout: Any, model: Path, mmproj: Path) -> int:
     import anyio
 
     import cachepolicy.policies  # noqa: F401  (registers the built-in policies)
@@ -233,9 +246,10 @@ def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any
     from runtime.plot import PLOT_FILE, plot_steps
     from runtime.progress import ProgressDisplay, summary_table
     from runtime.run_agents import run_agents
-    from runtime.sizes import format_bytes
+    from scheduler.sizes import format_bytes
 
-    bounded = POLICIES[config.policy].manifest.bounded
+    agent = config.agent
+    bounded = POLICIES[agent.policy].manifest.bounded
     try:
         probe = _probe_screenshot(make_env, specs[0])
         engine = _load(model, mmproj, args, config, probe, bounded)
@@ -245,21 +259,23 @@ def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any
     with engine:
         print(f"{engine.kind.value} model {model.name} ({engine.n_params / 1e6:.1f}M params), "
               f"{config.episodes} episode(s) x {config.max_steps} steps, policy "
-              f"{config.policy}, overlap {'on' if config.overlap else 'off'}, screen "
+              f"{agent.policy}, overlap {'on' if agent.overlap else 'off'}, screen "
               f"{config.screen[0]}x{config.screen[1]}", flush=True)
         try:
             result = anyio.run(lambda: run_agents(engine, config, layout, specs=specs,
-                                                  make_env=make_env, on_event=progress))
+                                                  make_env=make_env, teacher=teacher,
+                                                  on_event=progress))
         except KvagentCacheError as exc:  # e.g. a policy refused on this model kind
             return _error(str(exc))
         finally:
             progress.close()
-    plot = plot_steps({f"{e.spec.episode_id} {e.spec.task}": e.metrics for e in result.episodes},
+    plot = plot_steps({f"{e.episode_id} {e.task}": [s.as_dict() for s in e.steps]
+                       for e in result.episodes},
                       args.result_dir / PLOT_FILE,
-                      title=f"{args.model_name}: {config.policy}, overlap "
-                            f"{'on' if config.overlap else 'off'}")
+                      title=f"{args.model_name}: {agent.policy}, overlap "
+                            f"{'on' if agent.overlap else 'off'}")
     print(summary_table(result))
-    steps = sum(e.steps for e in result.episodes)
+    steps = sum(e.n_steps for e in result.episodes)
     print(f"{steps} steps in {result.wall_s:.1f} s; ledger peak "
           f"{format_bytes(result.ledger_peak_bytes)}; {result.summary}")
     print(f"plot: {plot}")

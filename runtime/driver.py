@@ -1,0 +1,146 @@
+"""The episode driver: the ONE implementation of "decide on a screenshot, then prefetch the
+next step while the environment acts".  ``run_episode`` (the env loop behind ``kvagent run``
+and every bench arm) and ``KvAgent`` (OSWorld's runners, through its portal runtime) both
+drive their episodes with it.
+
+Ownership: the driver owns its ``AgentSession``, the episode's cache (opened in
+``EpisodeDriver.open``, closed in ``aclose``) and at most one prefetch task.  The caller owns
+the task group the prefetch runs in (``start_prefetch(tg)``): ``act`` settles a running
+prefetch first (waits for it: its work is this step's), ``aclose`` cancels it (speculative
+work of an ended episode is dropped, never published half-way).
+
+Timing: ``act`` is the critical path, from the moment the screenshot's bytes are in hand
+(``arrived_at``) to the action being ready — waiting for the prefetch, decoding and encoding
+the image, prefill, decode and parsing are all inside it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import anyio.abc
+import attrs
+import structlog
+
+from cachepolicy.segments import SegmentFactory
+from runtime.config import AgentConfig
+from runtime.metrics import StepMetrics
+from runtime.session import ActStep, AgentSession, Teacher
+from scheduler.scheduler import Scheduler
+from scheduler.transaction import PrefetchRecord
+from vmenv.actions import TERMINAL_ACTIONS, format_action
+
+log = structlog.get_logger("kvagent.driver")
+
+
+@attrs.frozen
+class DriverStep:
+    """A decided step and its measurements (``metrics.vm_s`` is filled in after the env)."""
+
+    act: ActStep
+    metrics: StepMetrics
+
+
+@attrs.define(eq=False)
+class _Prefetch:
+    scope: anyio.CancelScope = attrs.Factory(anyio.CancelScope)
+    done: anyio.Event = attrs.Factory(anyio.Event)
+    record: PrefetchRecord | None = None
+    error: str = ""
+    seconds: float = 0.0
+
+
+class EpisodeDriver:
+    """Drives one episode's session; see the module docstring for the ownership rules."""
+
+    def __init__(self, scheduler: Scheduler, session: AgentSession) -> None:
+        self.scheduler, self.session = scheduler, session
+        self._prefetch: _Prefetch | None = None
+        self._closed = False
+        self._log = log.bind(episode_id=session.episode.episode_id, seq_id=session.episode.seq)
+
+    @classmethod
+    def open(cls, scheduler: Scheduler, factory: SegmentFactory, config: AgentConfig,
+             episode_id: str, instruction: str, screen: tuple[int, int], *, seed: int = 0,
+             teacher: Teacher | None = None) -> EpisodeDriver:
+        """Open the episode's cache in ``scheduler`` (a sequence of its own) and a session on
+        it.  Raises PolicyRefusedError / NoFreeSequenceError before anything is held."""
+        policy = config.make_policy(factory)
+        episode = scheduler.open_episode(episode_id, policy, seed=seed)
+        return cls(scheduler, AgentSession(scheduler, factory, episode, config, instruction,
+                                           screen, teacher=teacher))
+
+    @property
+    def episode_id(self) -> str:
+        return self.session.episode.episode_id
+
+    @property
+    def prefetch_running(self) -> bool:
+        return self._prefetch is not None and not self._prefetch.done.is_set()
+
+    async def act(self, png: bytes, *, arrived_at: float | None = None) -> DriverStep:
+        """Decide the action for ``png`` (critical path).  Raises the scheduler's typed
+        errors (e.g. ``AdmissionError``) when the step cannot run; the episode's published
+        cache state is then untouched."""
+        t0 = time.perf_counter() if arrived_at is None else arrived_at
+        job = await self._settle(cancel=False)
+        waited = time.perf_counter() - t0
+        act = await self.session.act(png)
+        critical = time.perf_counter() - t0
+        metrics = StepMetrics.decided(
+            act.record, act.prefetch, action=format_action(act.action) if act.parsed else None,
+            parsed=act.parsed, build_encode_s=act.encode_s, critical_path_s=critical,
+            prefetch_s=job.seconds if job is not None else 0.0, prefetch_wait_s=waited,
+            prefetch_error=job.error if job is not None else "")
+        self._log.info("step_decided", step=act.index, action=metrics.action,
+                       parsed=act.parsed, prefill_tokens=metrics.critical_path_prefill_tokens,
+                       critical_path_s=round(critical, 4))
+        return DriverStep(act, metrics)
+
+    def start_prefetch(self, tg: anyio.abc.TaskGroup, step: DriverStep) -> bool:
+        """With overlap, start prefetching the step after ``step`` in ``tg`` (returns at
+        once).  Nothing to do after a terminal action or without overlap."""
+        if (self._closed or not self.session.config.overlap
+                or isinstance(step.act.action, TERMINAL_ACTIONS)):
+            return False
+        assert self._prefetch is None, "a prefetch is already running"
+        job = self._prefetch = _Prefetch()
+        tg.start_soon(self._run_prefetch, job, name=f"prefetch {self.episode_id}")
+        return True
+
+    async def cancel_prefetch(self) -> None:
+        """Drop a running prefetch (its segments join the next step, if any)."""
+        await self._settle(cancel=True)
+
+    async def aclose(self) -> None:
+        """Cancel the prefetch and free the episode's sequence and ledger holdings.
+        Idempotent and shielded: safe in a ``finally``."""
+        with anyio.CancelScope(shield=True):
+            self._closed = True
+            await self._settle(cancel=True)
+            await self.scheduler.close_episode(self.session.episode)
+
+    async def _run_prefetch(self, job: _Prefetch) -> None:
+        t0 = time.perf_counter()
+        try:
+            with job.scope:  # absorbs only its own cancellation (the driver dropping it)
+                job.record = await self.session.prefetch()
+        except Exception as exc:  # noqa: BLE001  speculative work: reported with the next
+            # step (its segments stay pending for that step); cancellation passes through
+            job.error = f"{type(exc).__name__}: {exc}"
+            self._log.warning("prefetch_failed", reason=job.error)
+        finally:
+            job.seconds = time.perf_counter() - t0
+            job.done.set()
+
+    async def _settle(self, *, cancel: bool) -> _Prefetch | None:
+        job = self._prefetch
+        if job is None:
+            return None
+        if cancel:
+            job.scope.cancel()
+        await job.done.wait()
+        if self._prefetch is job:
+            self._prefetch = None
+        return job

@@ -1,0 +1,97 @@
+"""The scheduler's integrity check: what the ledger says against what the engine reports.
+
+Every comparison sets two INDEPENDENT counts side by side (a check that derives one side from
+the other cannot fail):
+
+* each episode's ledger holding  vs  the engine's own size of its sequence
+  (``llama_state_seq_get_size``, 0 when empty) + the bytes of the checkpoints its published
+  state references;
+* the ledger's owners  vs  the open episodes (no holding outlives its episode);
+* the image cache's ledger holding  vs  the engine cache's capacity, and the cache's byte
+  counter vs the sum of its entries;
+* the engine's count of live checkpoints (weakref-tracked)  vs  the checkpoints the published
+  states reference;
+* the sequences that hold tokens  vs  the sequences the open episodes own; the free list,
+  the episodes' sequences and the spare sequence partition the engine's sequences;
+* no reservation open and the peak within the budget.
+
+Meaningful only when the scheduler is idle (no job planning or running); the scheduler runs
+it then under ``KVAGENT_DEBUG=1``, and the tests run it after every scheduler test.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable, Mapping
+
+from cachepolicy.engine import Engine
+from scheduler.errors import IntegrityError
+from scheduler.ledger import MemoryLedger
+from scheduler.slots import IMAGE_CACHE, Slot
+
+
+def check_integrity(engine: Engine, ledger: MemoryLedger, slots: Mapping[str, Slot],
+                    free_seqs: Iterable[int], spare_seq: int | None) -> None:
+    """Raise ``IntegrityError`` listing every mismatch (see the module docstring)."""
+    problems: list[str] = []
+    if any(s.jobs for s in slots.values()):
+        raise IntegrityError("check_integrity needs an idle scheduler (jobs are running)")
+    mem = engine.memory()
+    holdings = ledger.holdings()
+    snap = ledger.snapshot()
+
+    for slot in slots.values():
+        ep = slot.cache
+        engine_bytes = mem.seq_state_bytes.get(ep.seq, 0)
+        ckpt_bytes = sum(len(c.checkpoint.data) for c in ep.state.checkpoints)
+        held = holdings.get(ep.episode_id, 0)
+        if held != engine_bytes + ckpt_bytes:
+            problems.append(
+                f"episode {ep.episode_id}: the ledger holds {held} bytes; the engine reports "
+                f"{engine_bytes} for sequence {ep.seq} + {ckpt_bytes} of checkpoints "
+                f"(= {engine_bytes + ckpt_bytes})")
+    strays = set(holdings) - set(slots) - {IMAGE_CACHE}
+    if strays:
+        problems.append(f"the ledger holds bytes for owners that are not open: {sorted(strays)}")
+
+    cache = engine.image_cache
+    if holdings.get(IMAGE_CACHE, 0) != cache.max_bytes:
+        problems.append(f"the ledger holds {holdings.get(IMAGE_CACHE, 0)} bytes for the image "
+                        f"cache, whose capacity is {cache.max_bytes}")
+    entries = cache.entry_bytes()
+    if cache.nbytes != entries or cache.nbytes > cache.max_bytes:
+        problems.append(f"the image cache counts {cache.nbytes} bytes; its entries hold "
+                        f"{entries}; capacity {cache.max_bytes}")
+
+    referenced = {id(c.checkpoint): len(c.checkpoint.data)
+                  for s in slots.values() for c in s.cache.state.checkpoints}
+    if (mem.live_checkpoints, mem.live_checkpoint_bytes) != (len(referenced),
+                                                             sum(referenced.values())):
+        gc.collect()  # a checkpoint kept alive only by a reference cycle is garbage
+        mem = engine.memory()
+        if (mem.live_checkpoints, mem.live_checkpoint_bytes) != (len(referenced),
+                                                                 sum(referenced.values())):
+            problems.append(
+                f"the engine has {mem.live_checkpoints} live checkpoints "
+                f"({mem.live_checkpoint_bytes} bytes); published states reference "
+                f"{len(referenced)} ({sum(referenced.values())} bytes)")
+
+    owned = {s.cache.seq for s in slots.values()}
+    stray_seqs = set(mem.seq_state_bytes) - owned
+    if stray_seqs:
+        problems.append(f"sequences {sorted(stray_seqs)} hold tokens but no open episode "
+                        "owns them")
+    free = list(free_seqs)
+    spare = {spare_seq} if spare_seq is not None else set()
+    everything = sorted(free + sorted(owned) + sorted(spare))
+    if everything != list(range(engine.config.n_seq_max)):
+        problems.append(f"free {sorted(free)} + owned {sorted(owned)} + spare {sorted(spare)} "
+                        f"do not partition the engine's {engine.config.n_seq_max} sequences")
+
+    if snap.reserved:
+        problems.append(f"{snap.reserved} bytes are reserved while idle: "
+                        f"{ledger.reservations()}")
+    if snap.peak > snap.budget or snap.held > snap.budget:
+        problems.append(f"the ledger went past its budget: {snap}")
+    if problems:
+        raise IntegrityError("; ".join(problems))

@@ -1,0 +1,36 @@
+"""Cutting an episode's sequence back to where its published state says it can be cut.
+
+Used by memory pressure (rung 1: an idle episode's window is dropped, its next step reuses as
+much as before) and by the rollback of a failed transaction (the sequence is brought back to
+no more than what the ledger accounts for).  Runs in the engine's worker thread.
+"""
+
+from __future__ import annotations
+
+from cachepolicy.checkpoint import CheckpointKind
+from cachepolicy.engine import Engine
+from cachepolicy.errors import UnsafeEditError
+from cachepolicy.plan import CacheState
+
+
+def cut_to_reuse_point(engine: Engine, seq: int, state: CacheState) -> int | None:
+    """Cut ``seq`` back to ``state.trim_pos`` if that is safe; returns the bytes the sequence
+    then holds (``Engine.held_bytes``), or None when there is nothing (safe) to cut."""
+    info = engine.seq_info(seq)
+    if state.trim_pos >= info.next_pos:
+        return None
+    if state.trim_pos == 0:
+        engine.clear(seq)
+    elif not engine.kind.has_recurrent_state:
+        engine.truncate(seq, state.trim_pos)
+    else:
+        via = next((c.checkpoint for c in state.checkpoints
+                    if c.checkpoint.kind is CheckpointKind.PARTIAL_ONLY
+                    and c.checkpoint.pos == state.trim_pos), None)
+        if via is None:
+            return None
+        try:
+            engine.truncate(seq, state.trim_pos, via=via)
+        except UnsafeEditError:  # the checkpoint is not of this sequence's history: leave it
+            return None
+    return engine.held_bytes(seq)

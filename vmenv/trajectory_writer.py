@@ -1,0 +1,106 @@
+"""The one writer of ``traj.jsonl`` (OSWorld's per-step trajectory file) and its screenshots.
+
+Used by kvagent's result recorder (``runtime.recording``), by ``record_trajectory`` (replay
+files) and by the OSWorld runner example.  Durability: a step's PNG is written and fsync'd,
+and the directory entry made durable, before the line naming it; every line is flushed and
+fsync'd before the call returns — a crash loses at most the step being written.  Blocking:
+call it from a worker thread inside an event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any, Self
+
+TRAJ_FILE = "traj.jsonl"
+
+
+def fsync_dir(path: Path) -> None:
+    """Make ``path``'s directory entries (a new or renamed file) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: a reader sees the old file or the whole new
+    one (a temporary file in the same directory, fsync'd, renamed over)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def trajectory_line(step_num: int, *, action: Any, screenshot_file: str, reward: float,
+                    done: bool, info: dict[str, Any] | None = None,
+                    response: str | None = None, action_timestamp: str | None = None,
+                    action_text: str | None = None, instruction: str | None = None) -> str:
+    """One traj.jsonl line: OSWorld's fields (``response`` and ``action_timestamp`` as its
+    runner writes them) plus kvagent's optional ``action_text`` / ``instruction``."""
+    entry: dict[str, Any] = {"step_num": step_num}
+    if action_timestamp is not None:
+        entry["action_timestamp"] = action_timestamp
+    entry["action"] = action
+    if response is not None:
+        entry["response"] = response
+    entry.update(reward=reward, done=done, info=info or {}, screenshot_file=screenshot_file)
+    if action_text is not None:
+        entry["action_text"] = action_text
+    if instruction is not None:
+        entry["instruction"] = instruction
+    return json.dumps(entry, default=str, ensure_ascii=False) + "\n"
+
+
+class TrajectoryWriter:
+    """Appends to ``directory/traj.jsonl`` (created if missing); see the module docstring."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._file: IO[str] | None = open(  # noqa: SIM115  closed by ``close``
+            directory / TRAJ_FILE, "a", encoding="utf-8")
+        fsync_dir(directory)
+
+    @property
+    def closed(self) -> bool:
+        return self._file is None
+
+    def write_line(self, line: str) -> None:
+        if self._file is None:
+            raise ValueError(f"the trajectory writer of {self.directory} is closed")
+        self._file.write(line)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def write_step(self, step_num: int, *, screenshot: bytes, screenshot_file: str,
+                   **fields: Any) -> str:
+        """The screen after the step's action, then its line (``fields``: see
+        ``trajectory_line``).  Returns the screenshot's file name."""
+        with open(self.directory / screenshot_file, "wb") as f:
+            f.write(screenshot)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(self.directory)  # the PNG's entry exists before a line names it
+        self.write_line(trajectory_line(step_num, screenshot_file=screenshot_file, **fields))
+        return screenshot_file
+
+    def write_error(self, message: str) -> None:
+        """OSWorld's runner marks a crashed example with an ``{"Error": ...}`` line."""
+        self.write_line(json.dumps({"Error": message}, ensure_ascii=False) + "\n")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
