@@ -3,8 +3,9 @@ budget; engine work runs one job at a time, critical path before prefetch; memor
 goes down a fallback ladder instead of crashing the process.
 
 Collaborators, each with explicit dependencies: the ``EngineGate`` (who runs engine work
-next), ``MemoryPressure`` (rungs 1 and 2: decide what frees memory, then do it) and the
-``MemoryLedger``.  Admission is decided synchronously and acted on outside the decision.
+next), ``Admission`` (plan and reserve, or walk the fallback ladder), ``MemoryPressure``
+(rungs 1 and 2: decide what frees memory, then do it) and the ``MemoryLedger``.  Admission
+is decided synchronously and acted on outside the decision.
 
 Ownership: the scheduler owns the engine's sequences (one per live episode), the ledger's
 holdings (published states and the image cache) and the order of engine work.  It starts no
@@ -18,7 +19,7 @@ import functools
 import itertools
 import os
 import threading
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -33,19 +34,18 @@ from cachepolicy.engine import Engine
 from cachepolicy.errors import DecodeError
 from cachepolicy.executor import Preempted
 from cachepolicy.segments import SegmentFactory
-from scheduler.errors import (
-    AdmissionError, EpisodeClosedError, NoFreeSequenceError,
-)
+from scheduler.admission import Admission
+from scheduler.errors import AdmissionError, EpisodeClosedError, NoFreeSequenceError
 from scheduler.gate import EngineGate
 from scheduler.integrity import check_integrity
-from scheduler.ladder import downgrades
 from scheduler.ledger import MemoryLedger
-from scheduler.pressure import Admit, GiveUp, MemoryPressure, Replan, Wait
+from scheduler.pressure import MemoryPressure
 from scheduler.records import StepRecord
+from scheduler.release import ReleaseSignal
 from scheduler.slots import IMAGE_CACHE, Phase, Priority, Slot, set_on_cancel
 from scheduler.summary import summary_line
 from scheduler.transaction import (
-    EpisodeCache, PrefetchRecord, StepOptions, Transaction, abort, begin, commit,
+    EpisodeCache, PrefetchRecord, StepOptions, Transaction, abort, commit,
 )
 
 T = TypeVar("T")
@@ -68,14 +68,15 @@ class Scheduler:
         self.gate = EngineGate()
         self._free_seqs = [s for s in range(engine.config.n_seq_max) if s != options.scratch_seq]
         self._slots: dict[str, Slot] = {}
-        self._released = anyio.Event()  # replaced after every release: a broadcast
-        self._mem_queue: deque[object] = deque()  # FIFO tickets of jobs waiting for memory
+        self._released = ReleaseSignal()
         self._clock = itertools.count(1)
         self._log = structlog.get_logger("kvagent.scheduler")
         self.pressure = MemoryPressure(
             engine, ledger, self._slots, counters=self.counters,
             engine_call=functools.partial(self._engine_call, priority=Priority.CRITICAL),
             notify_release=self._notify_release, image_cache_floor=image_cache_floor)
+        self.admission = Admission(engine, ledger, factory.kit, self.pressure, self._slots,
+                                   self._released, self.counters, wait_s=wait_s)
         # The image cache is held at its capacity, so encoding never takes the ledger past
         # its budget; rung 1 may shrink the capacity.
         # (at most a quarter of the budget; the engine's own capacity is restored on close).
@@ -219,7 +220,7 @@ class Scheduler:
                              priority: Priority) -> StepRecord | PrefetchRecord | None:
         for attempt in range(3):
             try:
-                txn = await self._admit(slot, segments, priority, degrade=attempt > 0)
+                txn = await self.admission.admit(slot, segments, priority, degrade=attempt > 0)
             except AdmissionError:
                 if priority is Priority.PREFETCH:
                     slot.pending = segments
@@ -300,120 +301,5 @@ class Scheduler:
                        degraded=txn.degraded or None)
         return record
 
-    async def _begin(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority,
-                     policy: CachePolicy | None = None, degraded: str = "") -> Transaction:
-        """Plan against the episode's current state (re-planned whenever it changed)."""
-        while True:
-            while slot.evicting:
-                await self._released.wait()
-            slot.planning = True
-            try:
-                txn = await anyio.to_thread.run_sync(functools.partial(
-                    begin, self.engine, slot.cache, segments,
-                    prefetch=priority is Priority.PREFETCH, policy=policy, degraded=degraded))
-            finally:
-                slot.planning = False
-            if txn.parent is slot.cache.state:
-                return txn
-
-    async def _admit(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority, *,
-                     degrade: bool) -> Transaction:
-        """reserve, or walk the ladder: free idle state → wait for releases → downgrade →
-        fail.  Each rung is logged with its reason."""
-        ep = slot.cache
-        rungs: list[str] = []
-        if not degrade:
-            txn = await self._admit_under_pressure(slot, segments, priority, rungs)
-            if txn is not None:
-                return self._admitted(txn, rungs)
-            rungs[:] = ["evict", "wait"]  # both walked (whether or not they found anything)
-        if priority is Priority.PREFETCH:  # speculative: no downgrade, not a failed step
-            self.counters["prefetch_no_memory"] += 1
-            raise AdmissionError(f"episode {ep.episode_id}: no memory for a prefetch now",
-                                 episode_id=ep.episode_id, rungs=tuple(rungs), need=0,
-                                 free=self.ledger.snapshot().free)
-        need = 0
-        rungs.append("downgrade")
-        for policy, reason in downgrades(ep.policy, self.factory.kit):
-            smaller = await self._begin(slot, segments, priority, policy=policy,
-                                        degraded=reason)
-            need = need or smaller.need_bytes
-            if self.pressure.try_admit(slot, smaller):
-                self._fallback(ep, 3, reason, smaller.need_bytes)
-                self.counters["degraded"] += 1
-                return self._admitted(smaller, rungs)
-        rungs.append("fail")
-        if not need:
-            need = (await self._begin(slot, segments, priority)).need_bytes
-        snap = self.ledger.snapshot()
-        self._fallback(ep, 4, "no plan fits the memory budget", need)
-        self.counters["failed"] += 1
-        raise AdmissionError(
-            f"episode {ep.episode_id}: step needs {need} bytes, {snap.free} free of "
-            f"{snap.budget} after {', '.join(rungs)}", episode_id=ep.episode_id,
-            rungs=tuple(rungs), need=need, free=snap.free)
-
-    async def _admit_under_pressure(self, slot: Slot, segments: tuple[Segment, ...],
-                                    priority: Priority, rungs: list[str]) -> Transaction | None:
-        """Rungs 1 and 2: decide (synchronously), act, re-plan — until admitted, out of
-        options, or without progress: ``wait_s`` seconds pass with no release at all.  While
-        others release memory the job keeps its place in the queue (the work serializes)."""
-        ep = slot.cache
-        ticket: object | None = None
-        try:
-            while True:
-                if ticket is not None and self._mem_queue[0] is not ticket:
-                    # Not our turn: wait without re-planning (a job that is not planning
-                    # stays evictable, so the head can free what we hold).
-                    if not await self.pressure.wait_for_release(self._released, self.wait_s):
-                        return None
-                    continue
-                txn = await self._begin(slot, segments, priority)
-                head = (not self._mem_queue) or self._mem_queue[0] is ticket
-                decision = self.pressure.decide(slot, txn, first_in_queue=head,
-                                                speculative=priority is Priority.PREFETCH)
-                if isinstance(decision, Admit):
-                    return txn
-                if isinstance(decision, Replan):
-                    continue
-                if isinstance(decision, GiveUp):
-                    return None
-                if isinstance(decision, Wait):
-                    if ticket is None:  # join the queue: first come, first served
-                        ticket = object()
-                        self._mem_queue.append(ticket)
-                        rungs.append("wait")
-                        self._fallback(ep, 2, "waiting for in-flight transactions to release",
-                                       txn.need_bytes)
-                    released = self._released  # the event this wait is for, taken now
-                    others_busy = any(s.jobs for s in self._slots.values() if s is not slot)
-                    if not others_busy and head:
-                        return None  # nothing will be released: waiting cannot help
-                    if not await self.pressure.wait_for_release(released, self.wait_s):
-                        return None
-                    continue
-                if "evict" not in rungs:
-                    rungs.append("evict")
-                reason = await self.pressure.carry_out(decision)
-                if reason:
-                    self._fallback(ep, 1, reason, txn.need_bytes)
-        finally:
-            if ticket is not None:
-                self._mem_queue.remove(ticket)
-                self._notify_release()  # the next in line may be first now
-
-    def _admitted(self, txn: Transaction, rungs: list[str]) -> Transaction:
-        self.counters["admitted"] += 1
-        self._log.info("admit", episode_id=txn.episode.episode_id, seq_id=txn.episode.seq,
-                       txn_id=txn.txn_id, reserved=txn.need_bytes, prefetch=txn.prefetch,
-                       rungs=rungs or None)
-        return txn
-
-    def _fallback(self, ep: EpisodeCache, rung: int, reason: str, need: int) -> None:
-        self.counters[f"rung{rung}"] += 1
-        self._log.warning("fallback", episode_id=ep.episode_id, seq_id=ep.seq, rung=rung,
-                          reason=reason, need=need, free=self.ledger.snapshot().free)
-
     def _notify_release(self) -> None:
-        self._released.set()
-        self._released = anyio.Event()
+        self._released.notify()

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.actions import Click, DragTo, MoveTo, Scroll
+from vmenv.actions import SPECIAL_ACTIONS, Click, DragTo, MoveTo, Scroll
 from vmenv.osworld_fake import (
-    SPECIAL_ACTIONS, FakeController, FakeDesktopEnv, PyAutoGuiCall, UnsupportedCodeError,
+    FakeController, FakeDesktopEnv, PyAutoGuiCall, UnsupportedCodeError,
     apply_code, read_pyautogui, simdesk_example,
 )
 

@@ -11,7 +11,6 @@ from cachepolicy.errors import DecodeError
 from cachepolicy.segments import SegmentFactory, model_info
 from replay_helpers import AGENT, outputs, replay, step_segments
 from runtime.bench.trajectory import trajectory
-from scheduler.errors import IntegrityError
 from scheduler.ledger import MemoryLedger
 from scheduler.priority_lock import PriorityLock
 from scheduler.scheduler import Priority, Scheduler

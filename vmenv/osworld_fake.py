@@ -23,8 +23,7 @@ from typing import Any
 import attrs
 
 from vmenv.actions import (
-    SPECIAL_ACTIONS, Action, ActionError, Click, DragTo, Hotkey, MoveTo, Press, Scroll,
-    TypeText,
+    Action, ActionError, Click, DragTo, Hotkey, MoveTo, Press, Scroll, TypeText,
 )
 from vmenv.errors import EnvClosedError, NotResetError, UnknownTaskError, VmEnvError
 from vmenv.simdesk_apply import apply_action

@@ -1,28 +1,54 @@
-"""mtmd (the multimodal part of llama.cpp): one image → embedding rows + decoder positions."""
+"""mtmd (the multimodal part of llama.cpp): one image → embedding rows + decoder positions.
+
+``Vision`` is the part of the ``Engine`` that owns the mtmd context (when an mmproj is loaded)
+and fills the engine's embedding cache; it runs under the engine's lock.
+"""
 
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from llama_cpp import mtmd_cpp
 
-from cachepolicy.engine.locking import locked as _locked
-from cachepolicy.errors import ImageError, NoVisionError
+from cachepolicy.engine.native import Native, locked
+from cachepolicy.errors import ImageError, ModelLoadError, NoVisionError
 from cachepolicy.images import DecodedImage, EmbeddingCache, EncodedImage, decode_png
 
-class VisionMixin:
-    """Image methods of the engine (see ``Engine`` for the attributes used)."""
 
-    _mtmd: Any
-    _marker: bytes
-    image_cache: EmbeddingCache
-    n_embd: int
-    uses_mrope: bool
+class Vision:
+    def __init__(self, native: Native, cache: EmbeddingCache, *, n_embd: int) -> None:
+        self._native, self.cache, self.n_embd = native, cache, n_embd
+        self._mtmd: Any = None
+        self._marker = b""
+        self.uses_mrope = False
 
+    @property
+    def loaded(self) -> bool:
+        return self._mtmd is not None
 
-    @_locked
+    def load(self, path: Path, *, n_threads: int) -> None:
+        """Load the projector for this engine's model (ModelLoadError if mtmd refuses)."""
+        params = mtmd_cpp.mtmd_context_params_default()
+        params.use_gpu = False
+        params.print_timings = False
+        params.n_threads = n_threads
+        params.warmup = False
+        params.flash_attn_type = 0
+        self._mtmd = mtmd_cpp.mtmd_init_from_file(str(path).encode(), self._native.model, params)
+        if not self._mtmd:
+            raise ModelLoadError(f"mtmd could not load mmproj {path}")
+        self.uses_mrope = bool(mtmd_cpp.mtmd_decode_use_mrope(self._mtmd))
+        self._marker = mtmd_cpp.mtmd_default_marker()
+
+    def close(self) -> None:
+        if self._mtmd:
+            mtmd_cpp.mtmd_free(self._mtmd)
+            self._mtmd = None
+
+    @locked
     def encode_image(self, png: bytes | DecodedImage, *,
                      image_id: str | None = None) -> EncodedImage:
         """PNG bytes → embedding rows and decoder positions (cached by pixel identity).
@@ -33,19 +59,19 @@ class VisionMixin:
         if self._mtmd is None:
             raise NoVisionError("this engine was loaded without an mmproj")
         if image_id is not None:
-            hit = self.image_cache.get(image_id)
+            hit = self.cache.get(image_id)
             if hit is not None:
                 return hit
         img = png if isinstance(png, DecodedImage) else decode_png(png)
-        hit = self.image_cache.get(img.image_id)
+        hit = self.cache.get(img.image_id)
         if hit is not None:
             return hit
         with MtmdChunks(self._mtmd, img, self._marker) as chunks:
             enc = chunks.encode(img, self.n_embd, self.uses_mrope)
-        self.image_cache.put(enc)
+        self.cache.put(enc)
         return enc
 
-    @_locked
+    @locked
     def image_tokens(self, png: bytes | DecodedImage) -> tuple[int, int]:
         """(n_tokens, n_pos) an image would cost, without running the vision encoder."""
         if self._mtmd is None:

@@ -1,0 +1,198 @@
+"""Feeding rows to llama.cpp: prefill of text and image embeddings in chunks, and decode.
+
+Keeps the engine's numerical contract (see the package docstring): chunks come from
+``chunk_sizes`` (never a 1-row batch inside a multi-row prefill), and a failed llama_decode
+leaves the sequence as it was before the call (attention-only: a tail trim; recurrent or
+hybrid: the sequence is cleared and the caller told).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable, Sequence
+
+import llama_cpp
+import numpy as np
+
+from cachepolicy.checkpoint import ModelKind, Run, RunKind, chain_digest, history_digest
+from cachepolicy.engine.native import Native, locked
+from cachepolicy.engine.records import chunk_sizes
+from cachepolicy.engine.sequences import Sequences
+from cachepolicy.errors import ContextFullError, DecodeError, ImageError, SingleTokenPrefillError
+from cachepolicy.images import EncodedImage
+
+
+class Decoder:
+    def __init__(self, native: Native, seqs: Sequences, *, kind: ModelKind, n_batch: int,
+                 n_ctx_per_seq: int, n_vocab: int, n_embd: int) -> None:
+        self._native, self._seqs, self.kind = native, seqs, kind
+        self.n_batch, self.n_ctx_per_seq = n_batch, n_ctx_per_seq
+        self.n_vocab, self.n_embd = n_vocab, n_embd
+
+    # ------------------------------------------------------------------ one llama_decode
+
+    def _decode(self, seq: int | np.ndarray, *, tokens: np.ndarray | None,
+                embd: np.ndarray | None, pos: np.ndarray, want_logits: bool | np.ndarray) -> None:
+        """One llama_decode of ``m`` rows; ``seq`` is one id or one id per row, positions are
+        already laid out, ``want_logits`` is for the last row or a per-row mask."""
+        m = len(tokens) if tokens is not None else len(embd)  # type: ignore[arg-type]
+        seq_ids = np.ascontiguousarray(np.broadcast_to(np.asarray(seq, dtype=np.int32), (m,)))
+        seq_ptrs = (ctypes.POINTER(ctypes.c_int32) * m)(
+            *[ctypes.cast(seq_ids.ctypes.data + 4 * i, ctypes.POINTER(ctypes.c_int32))
+              for i in range(m)])
+        n_seq_id = np.ones(m, dtype=np.int32)
+        if isinstance(want_logits, np.ndarray):
+            logits = want_logits.astype(np.int8)
+        else:
+            logits = np.zeros(m, dtype=np.int8)
+            logits[-1] = 1 if want_logits else 0
+        pos = np.ascontiguousarray(pos, dtype=np.int32)
+        batch = llama_cpp.llama_batch()
+        batch.n_tokens = m
+        batch.token = (tokens.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token))
+                       if tokens is not None else None)
+        batch.embd = (embd.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+                      if embd is not None else None)
+        batch.pos = pos.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_pos))
+        batch.n_seq_id = n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        batch.seq_id = ctypes.cast(seq_ptrs, ctypes.POINTER(ctypes.POINTER(ctypes.c_int32)))
+        batch.logits = logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        rc = llama_cpp.llama_decode(self._native.ctx, batch)
+        if rc != 0:
+            raise DecodeError(f"llama_decode returned {rc} on sequence(s) {np.unique(seq_ids)} "
+                              f"({m} rows)", rc)
+
+    def logits(self, row: int = -1) -> np.ndarray:
+        """A copy of the last call's logits of ``row`` (-1: the last row with logits)."""
+        ptr = llama_cpp.llama_get_logits_ith(self._native.ctx, row)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
+
+    def _reserve_room(self, seq: int, n_tokens: int, n_pos: int) -> None:
+        used = self._seqs.n_tokens(seq)
+        limit = self.n_ctx_per_seq
+        if used + n_tokens > limit or self._seqs.next_pos(seq) + n_pos > limit:
+            raise ContextFullError(f"sequence {seq} holds {used} tokens; {n_tokens} more "
+                                   f"exceed n_ctx_per_seq={limit}")
+
+    def _run_batches(self, seq: int, start_runs: int, start_pos: int,
+                     batches: list[Callable[[], None]]) -> None:
+        """Run decode closures; on failure leave the sequence as it was before the call."""
+        try:
+            for run in batches:
+                run()
+        except DecodeError:
+            runs = self._seqs.runs(seq)
+            if (not self.kind.has_recurrent_state
+                    and llama_cpp.llama_memory_seq_rm(self._native.mem, seq, start_pos, -1)):
+                del runs[start_runs:]
+            else:  # a recurrent state cannot be trimmed: drop the sequence, tell the caller
+                llama_cpp.llama_memory_seq_rm(self._native.mem, seq, -1, -1)
+                self._seqs.replace(seq, [])
+            raise
+
+    # ------------------------------------------------------------------ prefill / decode
+
+    @locked
+    def prefill_tokens(self, seq: int, tokens: Sequence[int], *, logits: bool = True,
+                       allow_single: bool = False) -> np.ndarray | None:
+        """Append text tokens to ``seq``; returns the last position's logits if asked."""
+        runs = self._seqs.runs(seq)
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("nothing to prefill")
+        if n == 1 and not allow_single:
+            raise SingleTokenPrefillError(
+                "a 1-token prefill is not bitwise comparable with a multi-token one; "
+                "merge it with neighbouring text or pass allow_single=True")
+        self._reserve_room(seq, n, n)
+        toks = np.asarray(tokens, dtype=np.int32)
+        if toks.min() < 0 or toks.max() >= self.n_vocab:
+            raise ValueError(f"token id out of range 0..{self.n_vocab - 1}")
+        pos0 = self._seqs.next_pos(seq)
+        start = len(runs)
+        batches, off = [], 0
+        for size in chunk_sizes(n, self.n_batch):
+            batches.append(functools.partial(
+                self._decode, seq, tokens=toks[off:off + size], embd=None,
+                pos=np.arange(pos0 + off, pos0 + off + size, dtype=np.int32),
+                want_logits=logits and off + size == n))
+            off += size
+        self._run_batches(seq, start, pos0, batches)
+        digest = chain_digest(history_digest(tuple(runs)), RunKind.TEXT, toks.tobytes())
+        runs.append(Run(RunKind.TEXT, pos0, n, n, digest, tuple(int(t) for t in toks)))
+        return self.logits() if logits else None
+
+    @locked
+    def prefill_image(self, seq: int, image: EncodedImage, *,
+                      logits: bool = False) -> np.ndarray | None:
+        """Append an encoded image's embedding rows at the decoder positions mtmd assigns."""
+        runs = self._seqs.runs(seq)
+        if image.embeddings.shape[1] != self.n_embd:
+            raise ImageError(f"image rows have width {image.embeddings.shape[1]}, "
+                             f"model needs {self.n_embd}")
+        n = image.n_tokens
+        if n < 2:
+            raise SingleTokenPrefillError("a 1-row image prefill is not bitwise comparable")
+        self._reserve_room(seq, n, image.n_pos)
+        pos0 = self._seqs.next_pos(seq)
+        positions = image.positions_at(pos0)  # (n_pos_per_embd, n)
+        rows = np.ascontiguousarray(image.embeddings, dtype=np.float32)
+        start = len(runs)
+        batches, off = [], 0
+        for size in chunk_sizes(n, self.n_batch):
+            batches.append(functools.partial(
+                self._decode, seq, tokens=None, embd=rows[off:off + size],
+                pos=positions[:, off:off + size].reshape(-1),
+                want_logits=logits and off + size == n))
+            off += size
+        ctx = self._native.ctx
+        if image.non_causal:
+            llama_cpp.llama_set_causal_attn(ctx, False)
+        try:
+            self._run_batches(seq, start, pos0, batches)
+        finally:
+            if image.non_causal:
+                llama_cpp.llama_set_causal_attn(ctx, True)
+        digest = chain_digest(history_digest(tuple(runs)), RunKind.EMBEDDINGS,
+                              image.image_id.encode())
+        runs.append(Run(RunKind.EMBEDDINGS, pos0, image.n_pos, n, digest, ()))
+        return self.logits() if logits else None
+
+    @locked
+    def decode_token(self, seq: int, token: int) -> np.ndarray:
+        """Feed one generated token (a 1-row batch, as every decode step is); returns logits."""
+        runs = self._seqs.runs(seq)
+        self._reserve_room(seq, 1, 1)
+        pos0 = self._seqs.next_pos(seq)
+        toks = np.asarray([token], dtype=np.int32)
+        self._run_batches(seq, len(runs), pos0, [functools.partial(
+            self._decode, seq, tokens=toks, embd=None,
+            pos=np.asarray([pos0], dtype=np.int32), want_logits=True)])
+        digest = chain_digest(history_digest(tuple(runs)), RunKind.TEXT, toks.tobytes())
+        runs.append(Run(RunKind.TEXT, pos0, 1, 1, digest, (int(token),)))
+        return self.logits()
+
+    @locked
+    def decode_many(self, items: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+        """Feed one token to each of several sequences in ONE llama_decode (a multi-row
+        batch); returns each row's logits.  Faster per token than one call per sequence, but a
+        row's logits are not bitwise those of a 1-row decode (another kernel): kvagent's exact
+        paths never use it; ``kvagent bench-decode`` measures both."""
+        seqs = [s for s, _ in items]
+        if len(set(seqs)) != len(seqs) or not seqs:
+            raise ValueError("decode_many needs distinct sequences")
+        for s in seqs:
+            self._reserve_room(s, 1, 1)
+        toks = np.asarray([t for _, t in items], dtype=np.int32)
+        pos = np.asarray([self._seqs.next_pos(s) for s in seqs], dtype=np.int32)
+        self._decode(np.asarray(seqs, dtype=np.int32), tokens=toks, embd=None, pos=pos,
+                     want_logits=np.ones(len(seqs), dtype=np.int8))
+        out = []
+        for i, (s, tok) in enumerate(items):
+            runs = self._seqs.runs(s)
+            digest = chain_digest(history_digest(tuple(runs)), RunKind.TEXT,
+                                  np.asarray([tok], dtype=np.int32).tobytes())
+            runs.append(Run(RunKind.TEXT, int(pos[i]), 1, 1, digest, (int(tok),)))
+            out.append(self.logits(i))
+        return out

@@ -1,0 +1,41 @@
+"""The loaded llama.cpp handles of one engine and the lock that serialises every call on them.
+
+One llama context is not thread-safe: every public method of the engine and of its parts
+(``Decoder``, ``SequenceState``, ``Vision``) holds ``lock`` (re-entrant: an engine method may
+call its parts) and refuses to run once ``closed``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import attrs
+
+from cachepolicy.errors import EngineError
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@attrs.define(eq=False)
+class Native:
+    model: Any
+    ctx: Any
+    mem: Any
+    vocab: Any
+    lock: threading.RLock = attrs.Factory(threading.RLock)
+    closed: bool = False
+
+
+def locked(method: _F) -> _F:
+    """Run the method under its owner's ``_native.lock``; EngineError once closed."""
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        native: Native = self._native
+        with native.lock:
+            if native.closed:
+                raise EngineError("engine is closed")
+            return method(self, *args, **kwargs)
+    return wrapper  # type: ignore[return-value]

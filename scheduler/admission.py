@@ -1,0 +1,152 @@
+"""Admission: plan a job against its episode's current state, then reserve its bytes — or
+walk the fallback ladder: free idle state (rung 1) → wait for releases (rung 2) → downgrade
+the plan (rung 3) → fail with a typed, explained ``AdmissionError`` (rung 4).
+
+Decisions are ``MemoryPressure.decide``'s (synchronous); this module acts on them and keeps
+the FIFO queue of jobs waiting for memory.  Each rung is logged with its reason.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter, deque
+
+import anyio
+import structlog
+
+from cachepolicy.base import CachePolicy
+from cachepolicy.context_log import Segment
+from cachepolicy.engine import Engine
+from cachepolicy.layouts import PromptKit
+from scheduler.errors import AdmissionError
+from scheduler.ladder import downgrades
+from scheduler.ledger import MemoryLedger
+from scheduler.pressure import Admit, GiveUp, MemoryPressure, Replan, Wait
+from scheduler.release import ReleaseSignal
+from scheduler.slots import Priority, Slot
+from scheduler.transaction import EpisodeCache, Transaction, begin
+
+
+class Admission:
+    def __init__(self, engine: Engine, ledger: MemoryLedger, kit: PromptKit,
+                 pressure: MemoryPressure, slots: dict[str, Slot], released: ReleaseSignal,
+                 counters: Counter[str], *, wait_s: float) -> None:
+        self.engine, self.ledger, self.kit, self.pressure = engine, ledger, kit, pressure
+        self._slots, self._released, self.counters = slots, released, counters
+        self.wait_s = wait_s
+        self._mem_queue: deque[object] = deque()  # FIFO tickets of jobs waiting for memory
+        self._log = structlog.get_logger("kvagent.scheduler")
+
+    async def begin(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority,
+                     policy: CachePolicy | None = None, degraded: str = "") -> Transaction:
+        """Plan against the episode's current state (re-planned whenever it changed)."""
+        while True:
+            while slot.evicting:
+                await self._released.current.wait()
+            slot.planning = True
+            try:
+                txn = await anyio.to_thread.run_sync(functools.partial(
+                    begin, self.engine, slot.cache, segments,
+                    prefetch=priority is Priority.PREFETCH, policy=policy, degraded=degraded))
+            finally:
+                slot.planning = False
+            if txn.parent is slot.cache.state:
+                return txn
+
+    async def admit(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority, *,
+                     degrade: bool) -> Transaction:
+        """reserve, or walk the ladder: free idle state → wait for releases → downgrade →
+        fail.  Each rung is logged with its reason."""
+        ep = slot.cache
+        rungs: list[str] = []
+        if not degrade:
+            txn = await self._under_pressure(slot, segments, priority, rungs)
+            if txn is not None:
+                return self._admitted(txn, rungs)
+            rungs[:] = ["evict", "wait"]  # both walked (whether or not they found anything)
+        if priority is Priority.PREFETCH:  # speculative: no downgrade, not a failed step
+            self.counters["prefetch_no_memory"] += 1
+            raise AdmissionError(f"episode {ep.episode_id}: no memory for a prefetch now",
+                                 episode_id=ep.episode_id, rungs=tuple(rungs), need=0,
+                                 free=self.ledger.snapshot().free)
+        need = 0
+        rungs.append("downgrade")
+        for policy, reason in downgrades(ep.policy, self.kit):
+            smaller = await self.begin(slot, segments, priority, policy=policy,
+                                        degraded=reason)
+            need = need or smaller.need_bytes
+            if self.pressure.try_admit(slot, smaller):
+                self._fallback(ep, 3, reason, smaller.need_bytes)
+                self.counters["degraded"] += 1
+                return self._admitted(smaller, rungs)
+        rungs.append("fail")
+        if not need:
+            need = (await self.begin(slot, segments, priority)).need_bytes
+        snap = self.ledger.snapshot()
+        self._fallback(ep, 4, "no plan fits the memory budget", need)
+        self.counters["failed"] += 1
+        raise AdmissionError(
+            f"episode {ep.episode_id}: step needs {need} bytes, {snap.free} free of "
+            f"{snap.budget} after {', '.join(rungs)}", episode_id=ep.episode_id,
+            rungs=tuple(rungs), need=need, free=snap.free)
+
+    async def _under_pressure(self, slot: Slot, segments: tuple[Segment, ...],
+                                    priority: Priority, rungs: list[str]) -> Transaction | None:
+        """Rungs 1 and 2: decide (synchronously), act, re-plan — until admitted, out of
+        options, or without progress: ``wait_s`` seconds pass with no release at all.  While
+        others release memory the job keeps its place in the queue (the work serializes)."""
+        ep = slot.cache
+        ticket: object | None = None
+        try:
+            while True:
+                if ticket is not None and self._mem_queue[0] is not ticket:
+                    # Not our turn: wait without re-planning (a job that is not planning
+                    # stays evictable, so the head can free what we hold).
+                    if not await self.pressure.wait_for_release(self._released.current, self.wait_s):
+                        return None
+                    continue
+                txn = await self.begin(slot, segments, priority)
+                head = (not self._mem_queue) or self._mem_queue[0] is ticket
+                decision = self.pressure.decide(slot, txn, first_in_queue=head,
+                                                speculative=priority is Priority.PREFETCH)
+                if isinstance(decision, Admit):
+                    return txn
+                if isinstance(decision, Replan):
+                    continue
+                if isinstance(decision, GiveUp):
+                    return None
+                if isinstance(decision, Wait):
+                    if ticket is None:  # join the queue: first come, first served
+                        ticket = object()
+                        self._mem_queue.append(ticket)
+                        rungs.append("wait")
+                        self._fallback(ep, 2, "waiting for in-flight transactions to release",
+                                       txn.need_bytes)
+                    released = self._released.current  # the event this wait is for, taken now
+                    others_busy = any(s.jobs for s in self._slots.values() if s is not slot)
+                    if not others_busy and head:
+                        return None  # nothing will be released: waiting cannot help
+                    if not await self.pressure.wait_for_release(released, self.wait_s):
+                        return None
+                    continue
+                if "evict" not in rungs:
+                    rungs.append("evict")
+                reason = await self.pressure.carry_out(decision)
+                if reason:
+                    self._fallback(ep, 1, reason, txn.need_bytes)
+        finally:
+            if ticket is not None:
+                self._mem_queue.remove(ticket)
+                self._released.notify()  # the next in line may be first now
+
+    def _admitted(self, txn: Transaction, rungs: list[str]) -> Transaction:
+        self.counters["admitted"] += 1
+        self._log.info("admit", episode_id=txn.episode.episode_id, seq_id=txn.episode.seq,
+                       txn_id=txn.txn_id, reserved=txn.need_bytes, prefetch=txn.prefetch,
+                       rungs=rungs or None)
+        return txn
+
+    def _fallback(self, ep: EpisodeCache, rung: int, reason: str, need: int) -> None:
+        self.counters[f"rung{rung}"] += 1
+        self._log.warning("fallback", episode_id=ep.episode_id, seq_id=ep.seq, rung=rung,
+                          reason=reason, need=need, free=self.ledger.snapshot().free)
