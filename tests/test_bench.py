@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-STEP_FIELDS = {"step", "new_content_tokens", "prefill_tokens", "reused_tokens",
+STEP_FIELDS = {"step", "new_content_tokens", "prefill_tokens", "reused_tokens", "encode_s",
                "critical_path_prefill_tokens", "prefill_s", "decode_tokens", "decode_s",
                "context_tokens", "kv_bytes", "checkpoint_bytes", "ledger_peak_bytes",
                "rss_bytes", "vm_s", "step_wall_s", "critical_path_s"}

@@ -228,3 +228,57 @@ def test_osworld_runner_example_runs_against_the_fake(cache_dir: Path, tmp_path:
     trajs = list((tmp_path / "res").rglob("traj.jsonl"))
     assert len(trajs) == 2 and all(t.read_text().strip() for t in trajs)
     assert all((t.parent / "result.txt").exists() for t in trajs)
+
+
+def test_replayed_run_and_the_bench_overlap_arm_are_one_loop(cache_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """``kvagent run --env replay`` and ``kvagent bench --trajectory`` on one recorded
+    trajectory, with the same agent options: token-for-token the same outputs (one code
+    path), and every bench arm's critical path holds decoding + encoding the screenshot."""
+    import hashlib
+
+    import anyio
+
+    from cachepolicy.forge import forge_cached
+    from vmenv.replay import record_trajectory
+    from vmenv.simdesk import SimDesk, SimDeskConfig
+
+    async def record() -> None:
+        env = SimDesk(SimDeskConfig(width=320, height=240, done_on_success=False))
+        await env.reset("save-note")
+        await record_trajectory(env, env.solution(), tmp_path / "traj", task="save-note")
+
+    anyio.run(record)
+    agent = ("--policy", "terminal-slot", "--overlap", "--no-grammar", "--decode-tokens", "4",
+             "--no-stop-at-eog", "--temperature", "0", "--window", "2")
+    out = tmp_path / "results"
+    res = kvagent_run(cache_dir, "--env", "replay", "--trajectory", str(tmp_path / "traj"),
+                      "--episodes", "1", "--threads", "1", "--vm-seconds", "0", *agent,
+                      "--result-dir", str(out))
+    assert res.returncode == 0, res.stderr
+    (d,) = (out / "pyautogui" / "screenshot" / "forged-qwen35-tiny" / "replay").iterdir()
+    rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    h = hashlib.sha256()
+    for row in rows:
+        for tok in row["output_tokens"]:
+            h.update(int(tok).to_bytes(4, "little"))
+
+    m = forge_cached("qwen35", "tiny", vision=True, cache_dir=cache_dir)
+    report = tmp_path / "bench.json"
+    bench = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "bench", "--model", str(m.model_path),
+         "--mmproj", str(m.mmproj_path), "--trajectory", str(tmp_path / "traj"),
+         "--threads", "1", "--arms", "terminal-slot+overlap,terminal-scratch",
+         "--decode-tokens", "4", "--window", "2", "--json", str(report)],
+        capture_output=True, text=True, timeout=300, env=_env(cache_dir), check=False)
+    assert bench.returncode == 0, bench.stderr
+    arms = {a["arm"]: a for a in json.loads(report.read_text())["arms"]}
+    over = arms["terminal-slot+overlap"]
+    assert len(over["steps"]) == len(rows) > 1
+    assert over["output_sha256"] == h.hexdigest() == arms["terminal-scratch"]["output_sha256"]
+    for arm in arms.values():
+        for step in arm["steps"]:  # the screenshot is decoded and encoded on the critical path
+            assert step["encode_s"] > 0
+            assert step["critical_path_s"] >= step["encode_s"] + step["decode_s"]
+    for step in arms["terminal-scratch"]["steps"]:  # no prefetch: all prefill is critical
+        assert step["critical_path_s"] >= step["encode_s"] + step["prefill_s"] + step["decode_s"]

@@ -54,11 +54,16 @@ class ArmResult:
         return self.episode.output_sha256 if self.episode is not None else None
 
 
+#: The instruction of a recorded trajectory that has none.
+DEFAULT_INSTRUCTION = "Complete the task on the screen."
+
+
 def replay_specs(traj: Trajectory, n: int, prefix: str) -> tuple[EpisodeSpec, ...]:
     """``n`` episodes of the same recorded trajectory."""
     first = traj.frames[0]
     return tuple(EpisodeSpec(i, f"{prefix}{i}" if n > 1 else prefix, "replay",
-                             f"{prefix}{i}", traj.instruction, (first.width, first.height))
+                             f"{prefix}{i}", traj.instruction or DEFAULT_INSTRUCTION,
+                             (first.width, first.height))
                  for i in range(n))
 
 

@@ -134,8 +134,6 @@ def _setup(args: argparse.Namespace) -> Any:
     config = RunConfig(**{**kw, "screen": (first.width, first.height), "tasks": ("replay",),
                           "max_steps": min(args.max_steps, len(traj.frames) - 1)})
     name = args.trajectory.resolve().name
-    if not traj.instruction:
-        traj = attrs.evolve(traj, instruction="Complete the task on the screen.")
     specs = tuple(attrs.evolve(s, episode_id=f"ep{s.index}", task_id=f"{name}-ep{s.index}")
                   for s in replay_specs(traj, config.episodes, "ep"))
     return (config, specs, lambda spec: ReplayEnv(traj, vm_seconds=config.vm_seconds),
