@@ -13,8 +13,10 @@ from runtime.actions import (
     ACTION_GRAMMAR, MAX_ACTION_CHARS, ActionParseError, Click, CoordConvention, Done, DragTo,
     Fail, Hotkey, InvalidActionError, InvalidKeyError, MoveTo, NoOp, Press, Scroll, TypeText,
     Wait, action_grammar, format_action, from_screen, max_action_chars, normalize_key,
-    parse_action, parse_action_strict, to_pyautogui, to_screen,
+    parse_action, parse_action_detailed, parse_action_strict, to_pyautogui, to_screen,
 )
+from runtime.actions.gbnf import int_upto
+from vmenv.actions import CLAMP_MARGIN, Placed, place
 
 S = (1280, 720)
 ABS, R999, R1 = CoordConvention.ABSOLUTE, CoordConvention.RELATIVE_999, CoordConvention.RELATIVE_1
@@ -86,10 +88,29 @@ def test_relative_conventions_convert_and_clamp() -> None:
     assert parse_action("click(999, 999)", convention=R999, screen=S) == Click(1279, 719)
     assert parse_action("click(0.25, 0.5)", convention=R1, screen=S) == Click(320, 360)
     assert parse_action("click(1.0, 1)", convention=R1, screen=S) == Click(1279, 719)
-    # off-screen absolute coordinates are clamped into the screen
+    # off-screen coordinates are clamped onto the screen, and the parser says so
     assert parse_action("click(5000, 9999)", screen=S) == Click(1279, 719)
     assert parse_action("move_to(-3, 10)", screen=S) == MoveTo(0, 10)
     assert to_screen(640, 360, ABS, (640, 360)) == (639, 359)
+    detailed = parse_action_detailed("move_to(-3, 10)", screen=S)
+    assert detailed.action == MoveTo(0, 10) and "clamped to (0, 10)" in detailed.notes[0]
+    assert parse_action_detailed("move_to(3, 10)", screen=S).notes == ()
+
+
+def test_a_margin_rejects_points_far_off_the_screen() -> None:
+    """With a margin (the profiles' choice) a point beyond it is an error, not the edge."""
+    m = int(CLAMP_MARGIN * 1280)
+    assert place(1279 + m, 5, ABS, S, margin=CLAMP_MARGIN) == Placed(1279, 5, clamped=True)
+    assert place(-m, 5, ABS, S, margin=CLAMP_MARGIN) == Placed(0, 5, clamped=True)
+    assert place(700, 5, ABS, S, margin=CLAMP_MARGIN) == Placed(700, 5, clamped=False)
+    for x in (1280 + m, -m - 1):
+        with pytest.raises(InvalidActionError, match="outside the screen"):
+            place(x, 5, ABS, S, margin=CLAMP_MARGIN)
+    with pytest.raises(InvalidActionError):
+        place(500, 1200, R999, S, margin=CLAMP_MARGIN)
+    # absolute pixels of a resized image the model saw are scaled to the screen
+    assert place(966, 546, ABS, (1920, 1080), image=(1932, 1092)) == Placed(960, 540, False)
+    assert from_screen(960, 540, ABS, (1920, 1080), image=(1932, 1092)) == (966, 546)
 
 
 @pytest.mark.parametrize("convention", [R999, R1])
@@ -117,7 +138,7 @@ def test_bad_screen_is_the_callers_error() -> None:
     ("click(x, 2)", "literals"),
     ("click(1e999, 2)", "finite"),
     ("click(True, 2)", "number"),
-    ("click(1, 2, clicks=3)", "clicks"),
+    ("click(1, 2, clicks=4)", "clicks"),
     ("click(1, 2, button='back')", "button"),
     ('press("foo")', "unknown key"),
     ('hotkey("ctrl", "hyper")', "unknown key"),
@@ -284,7 +305,7 @@ def test_grammar_text_and_bounds() -> None:
     assert ACTION_GRAMMAR.startswith("root ::= ")
     for convention in CoordConvention:
         assert max_action_chars(convention) <= MAX_ACTION_CHARS
-    assert '"0" | [1-9] [0-9]{0,2}' in action_grammar(R999)
+    assert f"num ::= {int_upto(999).body}" in action_grammar(R999)
     assert '"1" ("." "0"{1,3})?' in action_grammar(R1)
 
 
