@@ -15,6 +15,7 @@ from runtime.actions import (
     Wait, action_grammar, format_action, from_screen, max_action_chars, normalize_key,
     parse_action, parse_action_detailed, parse_action_strict, to_pyautogui, to_screen,
 )
+from code_check import assert_pyautogui_calls_only
 from runtime.actions.gbnf import int_upto
 from vmenv.actions import CLAMP_MARGIN, Placed, place
 
@@ -217,24 +218,6 @@ def test_format_in_relative_conventions() -> None:
 
 # ---------------------------------------------------------------- pyautogui code
 
-def _assert_pyautogui_calls_only(code: str) -> list[ast.Call]:
-    """Every statement is `pyautogui.<fn>(<literals>)` (or time.sleep): nothing else can run."""
-    calls = []
-    for stmt in ast.parse(code).body:
-        assert isinstance(stmt, ast.Expr), ast.dump(stmt)
-        call = stmt.value
-        assert isinstance(call, ast.Call), ast.dump(stmt)
-        func = call.func
-        assert isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name), ast.dump(call)
-        assert func.value.id == "pyautogui" or (func.value.id, func.attr) == ("time", "sleep")
-        for arg in [*call.args, *(k.value for k in call.keywords)]:
-            literal = isinstance(arg, ast.Constant) or (
-                isinstance(arg, ast.UnaryOp) and isinstance(arg.operand, ast.Constant))
-            assert literal, ast.dump(arg)
-        calls.append(call)
-    return calls
-
-
 INJECTIONS = [
     '"); import os; os.system("x',
     "'); import os; os.system('x",
@@ -249,7 +232,7 @@ INJECTIONS = [
 @pytest.mark.parametrize("text", INJECTIONS)
 def test_typed_text_cannot_inject_code(text: str) -> None:
     code = to_pyautogui(TypeText(text))
-    [call] = _assert_pyautogui_calls_only(code)
+    [call] = assert_pyautogui_calls_only(code)
     assert isinstance(call.func, ast.Attribute) and call.func.attr == "typewrite"
     assert ast.literal_eval(call.args[0]) == text  # the text arrives verbatim, as data
 
@@ -261,7 +244,7 @@ def test_injection_through_the_parser_stays_data(text: str) -> None:
         action = parse_action(raw, screen=S)
         code = to_pyautogui(action)
         if code != "WAIT":
-            _assert_pyautogui_calls_only(code)
+            assert_pyautogui_calls_only(code)
 
 
 @pytest.mark.parametrize("action", ALL_ACTIONS, ids=repr)
@@ -269,7 +252,7 @@ def test_every_action_maps_to_pyautogui_calls_or_a_special(action: object) -> No
     code = to_pyautogui(action)  # type: ignore[arg-type]
     if code in {"WAIT", "DONE", "FAIL"}:
         return
-    assert _assert_pyautogui_calls_only(code)
+    assert assert_pyautogui_calls_only(code)
 
 
 def test_pyautogui_code_and_specials() -> None:

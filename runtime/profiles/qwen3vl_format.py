@@ -201,21 +201,22 @@ def build_grammar() -> tuple[str, int]:
     r = Rules()
     num = r.define("num", int_upto(999))
     point = r.define("point", seq(lit("["), num, lit(", "), num, lit("]")))
-    coordinate = r.define("coordinate", seq(lit('"coordinate": '), point))
+    # without the opening quote, so that "start_coordinate" can share it
+    coordinate = r.define("coordinate", seq(lit('coordinate": '), point))
     amount = r.define("amount", alt(lit("0"), seq(opt(lit("-")), cls("1-9"),
                                                   rep(cls("0-9"), 0, SCROLL_DIGITS - 1))))
     text = quoted_text(r, '"', TEXT_MAX_CHARS, TEXT_MAX_ESCAPED)
     keyname = r.define("keyname", alt(cls("a-z0-9"), *(lit(k) for k in GRAMMAR_NAMED_KEYS)))
     mod = r.define("mod", seq(lit('"'), alt(*(lit(k) for k in GRAMMAR_MODIFIERS)), lit('", ')))
-    sep = lit(", ")
     calls = {
         "pointing": seq(lit('"'), alt(*(lit(n) for n in (*_BUTTONS, "mouse_move"))),
-                        lit('", '), coordinate),
-        "drag": seq(lit('"left_click_drag", '), coordinate),
+                        lit('", "'), coordinate),
+        "drag": seq(lit('"left_click_drag", "'), opt(seq(lit("start_"), coordinate, lit(', "'))),
+                    coordinate),
         "type": seq(lit('"type", "text": "'), text, lit('"')),
         "key": seq(lit('"key", "keys": ['), rep(mod, 0, 2), lit('"'), keyname, lit('"]')),
         "scroll": seq(lit('"'), alt(lit("scroll"), lit("hscroll")), lit('", "pixels": '), amount,
-                      opt(seq(sep, coordinate))),
+                      opt(seq(lit(', "'), coordinate))),
         "wait": seq(lit('"wait", "time": '), cls("1-9")),
         "terminate": seq(lit('"terminate", "status": "'), alt(lit("success"), lit("failure")),
                          lit('"')),

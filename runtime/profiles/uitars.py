@@ -41,7 +41,7 @@ Action: ...
 click(start_box='(x1,y1)')
 left_double(start_box='(x1,y1)')
 right_single(start_box='(x1,y1)')
-drag(start_box='(x1,y1)', end_box='(x3,y3)')
+drag(start_box='(x1,y1)', end_box='(x2,y2)')
 hotkey(key='')  # keys separated by spaces, lower case, e.g. 'ctrl c'; one key is a key press
 type(content='')  # escape \\', \\" and \\n inside content; end it with \\n to submit
 scroll(start_box='(x1,y1)', direction='down or up or right or left')
@@ -138,7 +138,9 @@ class UITarsProfile(Profile):
         return fmt.write_call(action, point, markers=markers)
 
     def format(self, action: Action, screen: Screen) -> str:
-        return f"Action: {self._call(action, screen, markers=False)}"
+        """The grammar's form: a one-line thought naming the action kind, then the call."""
+        call = self._call(action, screen, markers=False)
+        return f"Thought: I will {action.kind.replace('_', ' ')}.\nAction: {call}"
 
     def history_text(self, action: Action, response: str, screen: Screen) -> str:
         """'Thought: <the response's thought, cleaned>' and 'Action: <the parsed action>',
