@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -270,13 +271,22 @@ CALLS: dict[str, Builder] = {
 }
 
 
+def parse_expression(text: str) -> ast.expr:
+    """``text`` as one Python expression tree (parsed, never evaluated); ``ActionParseError``
+    if it is none.  Python's SyntaxWarnings about model text (an invalid escape, "1if") are
+    noise in the logs: they are silenced here."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        raise ActionParseError(f"not an action call: {type(exc).__name__}") from exc
+
+
 def read_call(text: str, reader: Reader, calls: dict[str, Builder]) -> Action:
     """Parse ``text`` as exactly one call ``name(literal args)`` of a name in ``calls``
     (case-insensitive) and build its action.  Raises ``ActionError`` subclasses."""
-    try:
-        node = ast.parse(text, mode="eval").body
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-        raise ActionParseError(f"not an action call: {type(exc).__name__}") from exc
+    node = parse_expression(text)
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         raise ActionParseError("not an action call")
     name = node.func.id

@@ -18,12 +18,11 @@ unescapes.
 
 from __future__ import annotations
 
-import ast
 import functools
 import re
 from collections.abc import Callable
 
-from runtime.actions.calls import Args, Builder, Reader, read_call
+from runtime.actions.calls import Args, Builder, Reader, parse_expression, read_call
 from runtime.actions.gbnf import Expr, Rules, alt, cls, int_upto, lit, rep, seq
 from runtime.actions.grammar import quoted_text
 from runtime.actions.parser import check_length, strip_end_of_turn
@@ -88,8 +87,8 @@ def split_response(text: str) -> tuple[str, str]:
 
 def _python_syntax(text: str) -> bool:
     try:
-        ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        parse_expression(text)
+    except ActionParseError:
         return False
     return True
 
