@@ -49,8 +49,8 @@ GRAMMARS = {**{f"profile-{n}": get(n).grammar(S) for n in names()},
 
 _LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
 ADVERSARIAL = [
-    "9" * 309, "1" + "0" * 400, "1" + "0" * 308, "-" + "9" * 309, "1e999", "-1e999", "1e308", "nan", "NaN",
-    "inf", "Infinity", "-0", "0x10", "1_000", "1j", "True", "None", "...", "[" * 60, "(" * 60,
+    "9" * 309, "1" + "0" * 400, "1" + "0" * 308, "-" + "9" * 309, "1e999", "-1e999", "1e308",
+    "nan", "NaN", "inf", "Infinity", "-0", "0x10", "1_000", "1j", "True", "None", "...", "[" * 60, "(" * 60,
     "{" * 60, "]" * 10, "'", '"', "\\", "\\'", '\\"', "\\n", "\n", "\n\n", "\t", " " * 40,
     "\x00", "\x1b", "é", "字", "🙂", "\ud7ff", "Action:", "Thought:", "action:", "<tool_call>",
     "</tool_call>", "<|box_start|>", "<|box_end|>", "<point>", "</point>", "<|im_end|>",

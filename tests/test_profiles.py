@@ -335,6 +335,7 @@ def test_layouts_describe_the_trained_history() -> None:
     assert QWEN.layout.unhonoured and TARS.layout.unhonoured and not KV.layout.unhonoured
     assert "1000x1000" in QWEN.system_prompt(*S) and "<tool_call>" in QWEN.system_prompt(*S)
     assert "(1932x1092)" in TARS.system_prompt(*S)
+    assert TARS.image_tokens(S) == 69 * 39 and TARS1.image_tokens(S) is None
     assert "0 to 1000" in TARS1.system_prompt(*S)
     assert "1920x1080" in KV.system_prompt(*S)
     schema = QWEN.tool_schema()["function"]

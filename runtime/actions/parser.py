@@ -90,7 +90,7 @@ def parse_action_strict(text: str, *, convention: CoordConvention = CoordConvent
     """Parse one action or raise ``ActionParseError`` / ``InvalidActionError`` (with the cause).
 
     Coordinates are read in ``convention`` and returned as absolute pixels of ``screen``
-    (clamped onto it when a little outside, rejected when far outside).
+    (clamped onto it: see ``parse_action_detailed`` for which points were).
     """
     return read_action(text, Reader(convention, screen))
 

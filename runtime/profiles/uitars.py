@@ -19,7 +19,7 @@ from runtime.profiles import uitars_format as fmt
 from runtime.profiles.base import (
     HISTORY_TEXT_MAX_CHARS, HistoryLayout, Point, Profile, history_safe,
 )
-from runtime.profiles.resize import MAX_PIXELS, MIN_PIXELS, smart_resize
+from runtime.profiles.resize import MAX_PIXELS, MIN_PIXELS, UNIT, smart_resize
 from vmenv.actions.coords import CLAMP_MARGIN, CoordConvention, Screen, from_screen
 from vmenv.actions.errors import InvalidActionError
 from vmenv.actions.format import format_action
@@ -107,6 +107,14 @@ class UITarsProfile(Profile):
     def image_size(self, screen: Screen) -> Screen | None:
         """The pixel space of the model's coordinates for ``screen`` (None: relative)."""
         return smart_resize(screen, min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+
+    def image_tokens(self, screen: Screen) -> int | None:
+        """Image tokens a Qwen2.5-VL projector makes of ``image_size(screen)`` (one per 28 x 28
+        merged patch).  The session should compare it with the engine's ``EncodedImage.n_tokens``
+        once: a difference means the projector resizes otherwise and the model's pixels are
+        not the ones this profile maps back (set ``min_pixels`` / ``max_pixels`` to match)."""
+        image = self.image_size(screen)
+        return None if image is None else (image[0] // UNIT) * (image[1] // UNIT)
 
     def system_prompt(self, screen_w: int, screen_h: int) -> str:
         image = self.image_size((screen_w, screen_h))
