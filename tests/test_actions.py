@@ -13,8 +13,11 @@ from runtime.actions import (
     ACTION_GRAMMAR, MAX_ACTION_CHARS, ActionParseError, Click, CoordConvention, Done, DragTo,
     Fail, Hotkey, InvalidActionError, InvalidKeyError, MoveTo, NoOp, Press, Scroll, TypeText,
     Wait, action_grammar, format_action, from_screen, max_action_chars, normalize_key,
-    parse_action, parse_action_strict, to_pyautogui, to_screen,
+    parse_action, parse_action_detailed, parse_action_strict, to_pyautogui, to_screen,
 )
+from code_check import assert_pyautogui_calls_only
+from runtime.actions.gbnf import int_upto
+from vmenv.actions import CLAMP_MARGIN, Placed, place
 
 S = (1280, 720)
 ABS, R999, R1 = CoordConvention.ABSOLUTE, CoordConvention.RELATIVE_999, CoordConvention.RELATIVE_1
@@ -86,10 +89,29 @@ def test_relative_conventions_convert_and_clamp() -> None:
     assert parse_action("click(999, 999)", convention=R999, screen=S) == Click(1279, 719)
     assert parse_action("click(0.25, 0.5)", convention=R1, screen=S) == Click(320, 360)
     assert parse_action("click(1.0, 1)", convention=R1, screen=S) == Click(1279, 719)
-    # off-screen absolute coordinates are clamped into the screen
+    # off-screen coordinates are clamped onto the screen, and the parser says so
     assert parse_action("click(5000, 9999)", screen=S) == Click(1279, 719)
     assert parse_action("move_to(-3, 10)", screen=S) == MoveTo(0, 10)
     assert to_screen(640, 360, ABS, (640, 360)) == (639, 359)
+    detailed = parse_action_detailed("move_to(-3, 10)", screen=S)
+    assert detailed.action == MoveTo(0, 10) and "clamped to (0, 10)" in detailed.notes[0]
+    assert parse_action_detailed("move_to(3, 10)", screen=S).notes == ()
+
+
+def test_a_margin_rejects_points_far_off_the_screen() -> None:
+    """With a margin (the profiles' choice) a point beyond it is an error, not the edge."""
+    m = int(CLAMP_MARGIN * 1280)
+    assert place(1279 + m, 5, ABS, S, margin=CLAMP_MARGIN) == Placed(1279, 5, clamped=True)
+    assert place(-m, 5, ABS, S, margin=CLAMP_MARGIN) == Placed(0, 5, clamped=True)
+    assert place(700, 5, ABS, S, margin=CLAMP_MARGIN) == Placed(700, 5, clamped=False)
+    for x in (1280 + m, -m - 1):
+        with pytest.raises(InvalidActionError, match="outside the screen"):
+            place(x, 5, ABS, S, margin=CLAMP_MARGIN)
+    with pytest.raises(InvalidActionError):
+        place(500, 1200, R999, S, margin=CLAMP_MARGIN)
+    # absolute pixels of a resized image the model saw are scaled to the screen
+    assert place(966, 546, ABS, (1920, 1080), image=(1932, 1092)) == Placed(960, 540, False)
+    assert from_screen(960, 540, ABS, (1920, 1080), image=(1932, 1092)) == (966, 546)
 
 
 @pytest.mark.parametrize("convention", [R999, R1])
@@ -117,7 +139,7 @@ def test_bad_screen_is_the_callers_error() -> None:
     ("click(x, 2)", "literals"),
     ("click(1e999, 2)", "finite"),
     ("click(True, 2)", "number"),
-    ("click(1, 2, clicks=3)", "clicks"),
+    ("click(1, 2, clicks=4)", "clicks"),
     ("click(1, 2, button='back')", "button"),
     ('press("foo")', "unknown key"),
     ('hotkey("ctrl", "hyper")', "unknown key"),
@@ -196,24 +218,6 @@ def test_format_in_relative_conventions() -> None:
 
 # ---------------------------------------------------------------- pyautogui code
 
-def _assert_pyautogui_calls_only(code: str) -> list[ast.Call]:
-    """Every statement is `pyautogui.<fn>(<literals>)` (or time.sleep): nothing else can run."""
-    calls = []
-    for stmt in ast.parse(code).body:
-        assert isinstance(stmt, ast.Expr), ast.dump(stmt)
-        call = stmt.value
-        assert isinstance(call, ast.Call), ast.dump(stmt)
-        func = call.func
-        assert isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name), ast.dump(call)
-        assert func.value.id == "pyautogui" or (func.value.id, func.attr) == ("time", "sleep")
-        for arg in [*call.args, *(k.value for k in call.keywords)]:
-            literal = isinstance(arg, ast.Constant) or (
-                isinstance(arg, ast.UnaryOp) and isinstance(arg.operand, ast.Constant))
-            assert literal, ast.dump(arg)
-        calls.append(call)
-    return calls
-
-
 INJECTIONS = [
     '"); import os; os.system("x',
     "'); import os; os.system('x",
@@ -228,7 +232,7 @@ INJECTIONS = [
 @pytest.mark.parametrize("text", INJECTIONS)
 def test_typed_text_cannot_inject_code(text: str) -> None:
     code = to_pyautogui(TypeText(text))
-    [call] = _assert_pyautogui_calls_only(code)
+    [call] = assert_pyautogui_calls_only(code)
     assert isinstance(call.func, ast.Attribute) and call.func.attr == "typewrite"
     assert ast.literal_eval(call.args[0]) == text  # the text arrives verbatim, as data
 
@@ -240,7 +244,7 @@ def test_injection_through_the_parser_stays_data(text: str) -> None:
         action = parse_action(raw, screen=S)
         code = to_pyautogui(action)
         if code != "WAIT":
-            _assert_pyautogui_calls_only(code)
+            assert_pyautogui_calls_only(code)
 
 
 @pytest.mark.parametrize("action", ALL_ACTIONS, ids=repr)
@@ -248,7 +252,7 @@ def test_every_action_maps_to_pyautogui_calls_or_a_special(action: object) -> No
     code = to_pyautogui(action)  # type: ignore[arg-type]
     if code in {"WAIT", "DONE", "FAIL"}:
         return
-    assert _assert_pyautogui_calls_only(code)
+    assert assert_pyautogui_calls_only(code)
 
 
 def test_pyautogui_code_and_specials() -> None:
@@ -284,7 +288,7 @@ def test_grammar_text_and_bounds() -> None:
     assert ACTION_GRAMMAR.startswith("root ::= ")
     for convention in CoordConvention:
         assert max_action_chars(convention) <= MAX_ACTION_CHARS
-    assert '"0" | [1-9] [0-9]{0,2}' in action_grammar(R999)
+    assert f"num ::= {int_upto(999).body}" in action_grammar(R999)
     assert '"1" ("." "0"{1,3})?' in action_grammar(R1)
 
 

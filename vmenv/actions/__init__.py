@@ -7,7 +7,9 @@ these records and ``to_pyautogui`` generates code from a record — raw model te
 executed.
 """
 
-from vmenv.actions.coords import CoordConvention, Screen, from_screen, to_screen
+from vmenv.actions.coords import (
+    CLAMP_MARGIN, CoordConvention, Placed, Screen, from_screen, place, to_screen,
+)
 from vmenv.actions.errors import (
     ActionError, ActionParseError, InvalidActionError, InvalidKeyError,
 )
@@ -20,9 +22,9 @@ from vmenv.actions.types import (
 )
 
 __all__ = [
-    "DONE", "FAIL", "KEY_NAMES", "SPECIAL_ACTIONS", "TERMINAL_ACTIONS", "WAIT", "Action",
-    "ActionError", "ActionParseError", "Click", "CoordConvention", "Done", "DragTo", "Fail",
-    "Hotkey", "InvalidActionError", "InvalidKeyError", "MouseButton", "MoveTo", "NoOp",
-    "Press", "Screen", "Scroll", "TypeText", "Wait", "format_action", "from_screen",
-    "normalize_key", "to_pyautogui", "to_screen",
+    "CLAMP_MARGIN", "DONE", "FAIL", "KEY_NAMES", "SPECIAL_ACTIONS", "TERMINAL_ACTIONS", "WAIT",
+    "Action", "ActionError", "ActionParseError", "Click", "CoordConvention", "Done", "DragTo",
+    "Fail", "Hotkey", "InvalidActionError", "InvalidKeyError", "MouseButton", "MoveTo", "NoOp",
+    "Placed", "Press", "Screen", "Scroll", "TypeText", "Wait", "format_action", "from_screen",
+    "normalize_key", "place", "to_pyautogui", "to_screen",
 ]

@@ -46,6 +46,8 @@ def format_action(action: Action, *, convention: CoordConvention = CoordConventi
             return f"click({pt(x, y)})"
         case Click(x=x, y=y, button="left", clicks=2):
             return f"double_click({pt(x, y)})"
+        case Click(x=x, y=y, button="left", clicks=3):
+            return f"triple_click({pt(x, y)})"
         case Click(x=x, y=y, button="right", clicks=1):
             return f"right_click({pt(x, y)})"
         case Click(x=x, y=y, button="middle", clicks=1):

@@ -70,13 +70,14 @@ def _keys(value: Any) -> tuple[str, ...]:
 
 @attrs.frozen
 class Click:
-    """Press and release ``button`` ``clicks`` times at (x, y)."""
+    """Press and release ``button`` ``clicks`` times at (x, y) (3: a triple click, which
+    selects a line or paragraph in most toolkits)."""
 
     kind: ClassVar[str] = "click"
     x: int = attrs.field(validator=_coord)
     y: int = attrs.field(validator=_coord)
     button: MouseButton = attrs.field(default="left", validator=_one_of("left", "right", "middle"))
-    clicks: Literal[1, 2] = attrs.field(default=1, validator=_one_of(1, 2))
+    clicks: Literal[1, 2, 3] = attrs.field(default=1, validator=_one_of(1, 2, 3))
 
 
 @attrs.frozen
