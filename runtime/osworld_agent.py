@@ -37,7 +37,7 @@ from runtime.portal_runtime import (
     AgentClosedError, AgentStepError, Decision, KvAgentError, RuntimeStatus,
 )
 from vmenv.errors import ScreenshotError
-from vmenv.png import png_size
+from vmenv.png import screenshot_png
 
 __all__ = ["PORTAL_THREAD_PREFIX", "AgentClosedError", "AgentStepError", "KvAgent",
            "KvAgentConfig", "KvAgentError"]
@@ -132,14 +132,13 @@ class KvAgent:
         expect): prefill / reused / decode tokens, critical_path_s, prefetch timings."""
         host = self._ensure_host()
         t0 = time.perf_counter()
-        png = obs.get("screenshot") if isinstance(obs, Mapping) else None
-        if png is None:
+        shot = obs.get("screenshot") if isinstance(obs, Mapping) else None
+        if shot is None:
             return self._wait("the observation has no screenshot (the VM did not answer)")
-        try:
-            png = bytes(png)
-            screen = png_size(png)
+        try:  # PNG as is; JPEG (which OSWorld's controller accepts) & co. converted to PNG
+            png, screen = screenshot_png(bytes(shot))
         except (ScreenshotError, TypeError) as exc:
-            return self._wait(f"the screenshot is not a valid PNG ({exc})")
+            return self._wait(f"the screenshot is not a valid image ({exc})")
         if screen != self.config.screen_size and not self._warned_screen:
             self._warned_screen = True  # once: OSWorld's screen does not change mid-run
             self._log.warning("screen_size_mismatch", expected=self.config.screen_size,
@@ -167,6 +166,11 @@ class KvAgent:
     @property
     def episode_id(self) -> str | None:
         return self._episode_id
+
+    @property
+    def action_space(self) -> str:
+        """What OSWorld's ``run.py`` passes to ``DesktopEnv(action_space=...)``."""
+        return self.config.action_space
 
     # ------------------------------------------------------------------ internals
 

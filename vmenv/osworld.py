@@ -28,7 +28,7 @@ from vmenv.errors import (
     EnvBusyError, EnvClosedError, EpisodeOverError, NotResetError, ScreenshotError,
     UnknownTaskError, VmEnvError,
 )
-from vmenv.png import png_size
+from vmenv.png import screenshot_png
 
 log = structlog.get_logger("kvagent.osworld_env")
 
@@ -76,12 +76,12 @@ def _build_desktop_env(kwargs: Mapping[str, Any]) -> DesktopEnvLike:
 
 
 def _observation(raw: Any, step: int, instruction: str) -> Observation:
-    """DesktopEnv's obs dict → Observation (runs in the worker thread: png_size verifies)."""
-    png = raw.get("screenshot") if isinstance(raw, Mapping) else None
-    if png is None:
+    """DesktopEnv's obs dict → Observation (runs in the worker thread: the screenshot is
+    verified, and converted to PNG if the VM sent JPEG or another format)."""
+    shot = raw.get("screenshot") if isinstance(raw, Mapping) else None
+    if shot is None:
         raise MissingScreenshotError("the VM returned no screenshot")
-    png = bytes(png)
-    width, height = png_size(png)
+    png, (width, height) = screenshot_png(bytes(shot))
     text = raw.get("instruction") or instruction
     return Observation(screenshot=png, width=width, height=height, instruction=text, step=step)
 
