@@ -6,6 +6,8 @@ It offers the synchronous surface ``lib_run_single.run_single_example`` uses —
 ``vm_ip``, ``controller.start_recording()`` / ``end_recording(path)`` — with DesktopEnv's
 semantics: reward is always 0, only 'DONE' / 'FAIL' end an episode (info ``{"done": True}`` /
 ``{"fail": True}``), ``evaluate`` scores the task's checker and gives 0 after a final 'FAIL'.
+It reads the examples ``simdesk_example`` makes (``vmenv.osworld_vm.protocol``), the same ones
+the real DesktopEnv runs against the loopback VM server.
 
 The pyautogui code it receives is READ, never executed, by ``vmenv.pyautogui_parse`` (the
 reader the loopback VM server ``vmenv.osworld_vm`` shares): only ``pyautogui.<function>(<literal
@@ -24,6 +26,7 @@ import attrs
 
 from vmenv.actions import SPECIAL_ACTIONS, Action
 from vmenv.errors import EnvClosedError, NotResetError, UnknownTaskError
+from vmenv.osworld_vm.protocol import example_task, simdesk_example
 from vmenv.pyautogui_parse import (
     PyAutoGuiCall, UnsupportedCodeError, apply_code, read_pyautogui,
 )
@@ -31,24 +34,9 @@ from vmenv.simdesk_render import render_png
 from vmenv.simdesk_state import DeskState
 from vmenv.simdesk_tasks import Task, default_tasks
 
-__all__ = ["SIMDESK_EVALUATOR", "SPECIAL_ACTIONS", "FakeController", "FakeDesktopEnv",
+__all__ = ["SPECIAL_ACTIONS", "FakeController", "FakeDesktopEnv",
            "PyAutoGuiCall", "UnsupportedCodeError", "apply_code", "read_pyautogui",
            "simdesk_example"]
-
-#: The evaluator ``func`` of an OSWorld-shaped example that names a simulated-desktop task.
-SIMDESK_EVALUATOR = "simdesk_check"
-
-
-def simdesk_example(task: str, *, example_id: str | None = None,
-                    tasks: Mapping[str, Task] | None = None) -> dict[str, Any]:
-    """An OSWorld-shaped task config (id, instruction, config, evaluator) for a simdesk task."""
-    known = dict(tasks) if tasks is not None else default_tasks()
-    if task not in known:
-        raise UnknownTaskError(f"unknown task {task!r}; known: {', '.join(sorted(known))}")
-    return {"id": example_id or task, "snapshot": "simdesk", "source": "kvagent-simdesk",
-            "instruction": known[task].instruction, "config": [], "related_apps": [],
-            "evaluator": {"func": SIMDESK_EVALUATOR, "task": task}}
-
 
 class FakeController:
     """The parts of OSWorld's PythonController a runner touches (no video is recorded)."""
@@ -98,13 +86,10 @@ class FakeDesktopEnv:
               options: Any = None) -> dict[str, Any]:
         """Start the example's task (``None``: open-terminal) on a fresh desktop."""
         self._check_open()
-        name = "open-terminal"
-        if task_config is not None:
-            evaluator = task_config.get("evaluator") or {}
-            if evaluator.get("func") != SIMDESK_EVALUATOR or evaluator.get("task") not in self.tasks:
-                raise UnknownTaskError(
-                    f"example {task_config.get('id')!r} is not a simulated-desktop task")
-            name = evaluator["task"]
+        name = "open-terminal" if task_config is None else example_task(task_config)
+        if name not in self.tasks:
+            known = ", ".join(sorted(self.tasks))
+            raise UnknownTaskError(f"unknown task {name!r}; known: {known}")
         self.task = self.tasks[name]
         w, h = self.screen_size
         self._state = self.task.setup(DeskState.empty(w, h))
