@@ -65,13 +65,14 @@ class DesktopEnvLike(Protocol):
 
 
 def _build_desktop_env(kwargs: Mapping[str, Any]) -> DesktopEnvLike:
-    try:
-        from desktop_env.desktop_env import DesktopEnv  # type: ignore[import-not-found]
+    from vmenv.osworld_vm.desktop_env_import import DESKTOP_ENV_INSTALL, load_desktop_env
+    try:  # light dependencies suffice; the loopback provider is registered
+        desktop_env = load_desktop_env()
     except ImportError as exc:
         raise OSWorldUnavailableError(
-            "OSWorld's desktop_env is not installed: `pip install desktop-env` (or put an "
+            f"OSWorld's desktop_env is not installed: `{DESKTOP_ENV_INSTALL}` (or put an "
             "OSWorld checkout on PYTHONPATH), or pass a DesktopEnv you built yourself") from exc
-    env: DesktopEnvLike = DesktopEnv(**kwargs)  # boots the VM: we are in a worker thread
+    env: DesktopEnvLike = desktop_env.DesktopEnv(**kwargs)  # boots the VM: in a worker thread
     return env
 
 
