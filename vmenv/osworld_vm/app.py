@@ -3,22 +3,18 @@
 OSWorld's VM API, as ``PythonController`` / ``SetupController`` / the evaluators' getters
 use it:
 
-=========================  ======  ===================================================
-path                       method  answer
-=========================  ======  ===================================================
-/screenshot                GET     the screen, PNG or JPEG (``ScreenshotSpec``)
-/execute, /setup/execute   POST    ``{"command", "shell"}`` → ``{"status", "output",
-                                   "error", "returncode"}`` (``SimMachine.execute``)
-/platform                  GET     ``Linux`` (text)
-/screen_size               POST    ``{"width", "height"}`` of the screen (not of the
-                                   screenshot: they may differ)
-/cursor_position           GET     ``[x, y]`` in screen pixels
-/accessibility             GET     ``{"AT": xml}``
-/terminal                  GET     ``{"output": the terminal's lines}``
-/start_recording           POST    starts recording the states shown
-/end_recording             POST    the recording (APNG); 400 if none was started
-/run_python, /run_bash_script POST refused (code is never executed): an error result
-=========================  ======  ===================================================
+* ``GET /screenshot`` — the screen, PNG or JPEG (``ScreenshotSpec``);
+* ``POST /execute``, ``POST /setup/execute`` — ``{"command", "shell"}`` → ``{"status",
+  "output", "error", "returncode"}`` (``SimMachine.execute``);
+* ``GET /platform`` — ``Linux`` (text);
+* ``POST /screen_size`` — ``{"width", "height"}`` of the screen (not of the screenshot: they
+  may differ);
+* ``GET /cursor_position`` — ``[x, y]`` in screen pixels;
+* ``GET /accessibility`` — ``{"AT": xml}``; ``GET /terminal`` — ``{"output": lines}``;
+* ``POST /start_recording`` / ``POST /end_recording`` — the states shown in between, as an
+  APNG (400 if no recording was started);
+* ``POST /run_python``, ``POST /run_bash_script`` — refused (code is never executed): an
+  error result;
 
 and two of its own, which a hypervisor would do for a real VM: ``POST /simdesk/revert``
 (the provider's snapshot revert) and ``GET /simdesk/status`` (task, verdict, pointer, the
