@@ -39,7 +39,7 @@ from runtime.portal_runtime import (
 )
 from vmenv.actions import WAIT, CoordConvention, to_pyautogui
 from vmenv.errors import ScreenshotError
-from vmenv.png import png_size
+from vmenv.png import screenshot_png
 
 __all__ = ["PORTAL_THREAD_PREFIX", "AgentClosedError", "AgentStepError", "KvAgent",
            "KvAgentConfig", "KvAgentError"]
@@ -138,14 +138,13 @@ class KvAgent:
         expect): prefill / reused / decode tokens, critical_path_s, prefetch timings."""
         host = self._ensure_host()
         arrived = time.perf_counter()  # the screenshot's bytes are in hand
-        png = obs.get("screenshot") if isinstance(obs, Mapping) else None
-        if png is None:
+        shot = obs.get("screenshot") if isinstance(obs, Mapping) else None
+        if shot is None:
             return self._wait("the observation has no screenshot (the VM did not answer)")
-        try:
-            png = bytes(png)
-            screen = png_size(png)
+        try:  # PNG as is; JPEG (which OSWorld's controller accepts) & co. converted to PNG
+            png, screen = screenshot_png(bytes(shot))
         except (ScreenshotError, TypeError) as exc:
-            return self._wait(f"the screenshot is not a valid PNG ({exc})")
+            return self._wait(f"the screenshot is not a valid image ({exc})")
         if screen != self.config.screen_size and not self._warned_screen:
             self._warned_screen = True  # once: OSWorld's screen does not change mid-run
             self._log.warning("screen_size_mismatch", expected=self.config.screen_size,
@@ -174,6 +173,11 @@ class KvAgent:
     @property
     def episode_id(self) -> str | None:
         return self._episode_id
+
+    @property
+    def action_space(self) -> str:
+        """What OSWorld's ``run.py`` passes to ``DesktopEnv(action_space=...)``."""
+        return self.config.action_space
 
     # ------------------------------------------------------------------ internals
 

@@ -7,22 +7,20 @@ actions); only the VM is faked.  ``run_single_example_like`` mirrors OSWorld's
 
 from __future__ import annotations
 
-import datetime
 import gc
 import json
 import logging
-import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from fake_desktop_env import (
     CheckingDesktopEnv, UnsupportedCodeError, assert_action_contract, simdesk_example,
 )
+from osworld_runner_like import ARGS, TRAJ_KEYS, InfoRecorder, run_single_example_like
 from structlog.testing import capture_logs
 
 from cachepolicy.errors import PolicyRefusedError
@@ -38,66 +36,6 @@ from vmenv.png import png_size
 from vmenv.simdesk_widgets import locate
 
 SCREEN = (320, 240)
-TRAJ_KEYS = {"step_num", "action_timestamp", "action", "response", "reward", "done", "info",
-             "screenshot_file"}
-ARGS = SimpleNamespace(sleep_after_execution=0.0)
-
-
-def run_single_example_like(agent: Any, env: Any, example: dict[str, Any], max_steps: int,
-                            instruction: str, args: Any, example_result_dir: str,
-                            scores: list[float]) -> list[tuple[Any, ...]]:
-    """lib_run_single.run_single_example's steps; returns what predict returned."""
-    runtime_logger = logging.getLogger(f"desktopenv.example.{example['id']}")
-    env.reset(task_config=example)
-    try:
-        agent.reset(runtime_logger, vm_ip=env.vm_ip)
-    except Exception:  # noqa: BLE001  (OSWorld's own retry form)
-        agent.reset(vm_ip=env.vm_ip)
-    obs = env._get_obs()  # (OSWorld sleeps 60 s before this)
-    done = False
-    step_idx = 0
-    env.controller.start_recording()
-    returned: list[tuple[Any, ...]] = []
-    while not done and step_idx < max_steps:
-        response, actions = agent.predict(instruction, obs)
-        returned.append((response, actions))
-        for action in actions:
-            action_timestamp = datetime.datetime.now().strftime("%Y%m%d@%H%M%S%f")
-            obs, reward, done, info = env.step(action, args.sleep_after_execution)
-            shot = f"step_{step_idx + 1}_{action_timestamp}.png"
-            with open(os.path.join(example_result_dir, shot), "wb") as f:
-                f.write(obs["screenshot"])
-            with open(os.path.join(example_result_dir, "traj.jsonl"), "a") as f:
-                f.write(json.dumps({"step_num": step_idx + 1, "action_timestamp": action_timestamp,
-                                    "action": action, "response": response, "reward": reward,
-                                    "done": done, "info": info, "screenshot_file": shot}))
-                f.write("\n")
-            if done:
-                break
-        step_idx += 1
-    result = env.evaluate()  # (OSWorld sleeps 20 s before this)
-    scores.append(result)
-    with open(os.path.join(example_result_dir, "result.txt"), "w", encoding="utf-8") as f:
-        f.write(f"{result}\n")
-    env.controller.end_recording(os.path.join(example_result_dir, "recording.mp4"))
-    return returned
-
-
-class InfoRecorder:
-    """Passes reset/predict through and keeps each step's ``last_info``."""
-
-    def __init__(self, agent: KvAgent) -> None:
-        self.agent, self.infos = agent, []
-
-    def reset(self, *args: Any, **kwargs: Any) -> None:
-        self.agent.reset(*args, **kwargs)
-
-    def predict(self, instruction: str, obs: dict[str, Any]) -> tuple[str, list[str]]:
-        out = self.agent.predict(instruction, obs)
-        self.infos.append(self.agent.last_info)
-        return out
-
-
 @pytest.fixture
 def make_agent(forged: Any) -> Any:
     made: list[KvAgent] = []

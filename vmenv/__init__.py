@@ -11,7 +11,7 @@ from vmenv.errors import (
     ScreenshotError, TrajectoryError, TrajectoryPathError, UnknownTaskError, UnknownWidgetError,
     VmEnvError,
 )
-from vmenv.png import png_size
+from vmenv.png import image_size, png_size, screenshot_png
 from vmenv.replay import ReplayEnv, record_trajectory
 from vmenv.simdesk import SimDesk, SimDeskConfig
 from vmenv.simdesk_state import DeskState
@@ -41,7 +41,9 @@ __all__ = [
     "UnknownWidgetError",
     "VmEnvError",
     "default_tasks",
+    "image_size",
     "load_trajectory",
     "png_size",
     "record_trajectory",
+    "screenshot_png",
 ]

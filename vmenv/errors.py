@@ -5,7 +5,7 @@
 * ``UnknownTaskError`` / ``UnknownWidgetError`` — a name the env does not know;
 * ``TrajectoryError`` — a recorded trajectory is corrupt or unreadable;
   ``TrajectoryPathError`` when one of its paths would escape the trajectory directory;
-* ``ScreenshotError`` — bytes that are not a valid PNG screenshot.
+* ``ScreenshotError`` — bytes that are not a valid screenshot image.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class UnknownWidgetError(VmEnvError, KeyError):
 
 
 class ScreenshotError(VmEnvError):
-    """Bytes that are not a valid PNG image."""
+    """Bytes that are not a valid screenshot (PNG, or a format ``vmenv.png`` converts)."""
 
 
 class TrajectoryError(VmEnvError):

@@ -28,7 +28,7 @@ from vmenv.errors import (
     EnvBusyError, EnvClosedError, EpisodeOverError, NotResetError, ScreenshotError,
     UnknownTaskError, VmEnvError,
 )
-from vmenv.png import png_size
+from vmenv.png import screenshot_png
 
 log = structlog.get_logger("kvagent.osworld_env")
 
@@ -65,23 +65,24 @@ class DesktopEnvLike(Protocol):
 
 
 def _build_desktop_env(kwargs: Mapping[str, Any]) -> DesktopEnvLike:
-    try:
-        from desktop_env.desktop_env import DesktopEnv  # type: ignore[import-not-found]
+    from vmenv.osworld_vm.desktop_env_import import DESKTOP_ENV_INSTALL, load_desktop_env
+    try:  # light dependencies suffice; the loopback provider is registered
+        desktop_env = load_desktop_env()
     except ImportError as exc:
         raise OSWorldUnavailableError(
-            "OSWorld's desktop_env is not installed: `pip install desktop-env` (or put an "
+            f"OSWorld's desktop_env is not installed: `{DESKTOP_ENV_INSTALL}` (or put an "
             "OSWorld checkout on PYTHONPATH), or pass a DesktopEnv you built yourself") from exc
-    env: DesktopEnvLike = DesktopEnv(**kwargs)  # boots the VM: we are in a worker thread
+    env: DesktopEnvLike = desktop_env.DesktopEnv(**kwargs)  # boots the VM: in a worker thread
     return env
 
 
 def _observation(raw: Any, step: int, instruction: str) -> Observation:
-    """DesktopEnv's obs dict → Observation (runs in the worker thread: png_size verifies)."""
-    png = raw.get("screenshot") if isinstance(raw, Mapping) else None
-    if png is None:
+    """DesktopEnv's obs dict → Observation (runs in the worker thread: the screenshot is
+    verified, and converted to PNG if the VM sent JPEG or another format)."""
+    shot = raw.get("screenshot") if isinstance(raw, Mapping) else None
+    if shot is None:
         raise MissingScreenshotError("the VM returned no screenshot")
-    png = bytes(png)
-    width, height = png_size(png)
+    png, (width, height) = screenshot_png(bytes(shot))
     text = raw.get("instruction") or instruction
     return Observation(screenshot=png, width=width, height=height, instruction=text, step=step)
 

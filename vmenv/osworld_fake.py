@@ -6,156 +6,37 @@ It offers the synchronous surface ``lib_run_single.run_single_example`` uses —
 ``vm_ip``, ``controller.start_recording()`` / ``end_recording(path)`` — with DesktopEnv's
 semantics: reward is always 0, only 'DONE' / 'FAIL' end an episode (info ``{"done": True}`` /
 ``{"fail": True}``), ``evaluate`` scores the task's checker and gives 0 after a final 'FAIL'.
+It reads the examples ``simdesk_example`` makes (``vmenv.osworld_vm.protocol``), the same ones
+the real DesktopEnv runs against the loopback VM server.
 
-The pyautogui code it receives is READ, never executed: ``ast.parse`` and only statements of
-the form ``pyautogui.<function>(<literal arguments>)`` from a fixed list are accepted, turned
-into ``vmenv.actions`` records and applied to the desktop state.  Anything else raises
-``UnsupportedCodeError`` and leaves the desktop as it was (a step is all or nothing).
+The pyautogui code it receives is READ, never executed, by ``vmenv.pyautogui_parse`` (the
+reader the loopback VM server ``vmenv.osworld_vm`` shares): only ``pyautogui.<function>(<literal
+arguments>)`` statements from a fixed list are accepted, turned into ``vmenv.actions`` records
+and applied to the desktop state.  Anything else raises ``UnsupportedCodeError`` and leaves
+the desktop as it was (a step is all or nothing).
 """
 
 from __future__ import annotations
 
-import ast
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from vmenv.actions import (
-    Action, ActionError, Click, DragTo, Hotkey, MoveTo, Press, Scroll, TypeText,
+from vmenv.actions import SPECIAL_ACTIONS, Action
+from vmenv.errors import EnvClosedError, NotResetError, UnknownTaskError
+from vmenv.osworld_vm.protocol import example_task, simdesk_example
+from vmenv.pyautogui_parse import (
+    PyAutoGuiCall, UnsupportedCodeError, apply_code, read_pyautogui,
 )
-from vmenv.errors import EnvClosedError, NotResetError, UnknownTaskError, VmEnvError
-from vmenv.simdesk_apply import apply_action
 from vmenv.simdesk_render import render_png
 from vmenv.simdesk_state import DeskState
 from vmenv.simdesk_tasks import Task, default_tasks
 
-#: The evaluator ``func`` of an OSWorld-shaped example that names a simulated-desktop task.
-SIMDESK_EVALUATOR = "simdesk_check"
-
-
-class UnsupportedCodeError(VmEnvError):
-    """Action code the fake refuses: not a special string, not only ``pyautogui`` calls with
-    literal arguments, or a pyautogui function it does not know."""
-
-
-@attrs.frozen
-class PyAutoGuiCall:
-    """One ``pyautogui.<name>(*args, **kwargs)`` statement, arguments as Python literals."""
-
-    name: str
-    args: tuple[Any, ...]
-    kwargs: Mapping[str, Any]
-
-
-def read_pyautogui(code: str) -> tuple[PyAutoGuiCall, ...]:
-    """Parse ``code`` into pyautogui calls without running it; raise ``UnsupportedCodeError``
-    for anything that is not a sequence of ``pyautogui.f(literals)`` statements."""
-    try:
-        tree = ast.parse(code, mode="exec")
-    except SyntaxError as exc:
-        raise UnsupportedCodeError(f"not Python: {exc.msg}") from exc
-    if not tree.body:
-        raise UnsupportedCodeError("empty action code")
-    calls = []
-    for stmt in tree.body:
-        call = stmt.value if isinstance(stmt, ast.Expr) else None
-        if not isinstance(call, ast.Call):
-            raise UnsupportedCodeError(f"not a call statement: {ast.unparse(stmt)!r}")
-        f = call.func
-        if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
-                and f.value.id == "pyautogui"):
-            raise UnsupportedCodeError(f"not a pyautogui call: {ast.unparse(call)!r}")
-        if any(k.arg is None for k in call.keywords):
-            raise UnsupportedCodeError(f"**kwargs in {ast.unparse(call)!r}")
-        try:
-            args = tuple(ast.literal_eval(a) for a in call.args)
-            kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
-            raise UnsupportedCodeError(f"non-literal argument in {ast.unparse(call)!r}") from exc
-        calls.append(PyAutoGuiCall(f.attr, args, kwargs))
-    return tuple(calls)
-
-
-def _arg(call: PyAutoGuiCall, index: int, name: str, default: Any = None) -> Any:
-    if name in call.kwargs:
-        return call.kwargs[name]
-    return call.args[index] if index < len(call.args) else default
-
-
-def _point(call: PyAutoGuiCall, pointer: tuple[int, int]) -> tuple[int, int]:
-    x, y = _arg(call, 0, "x"), _arg(call, 1, "y")
-    return (pointer if x is None and y is None else (x, y))
-
-
-def _click(button: str, clicks: int | None = None) -> Callable[[PyAutoGuiCall, Any], Action]:
-    # pyautogui.click(x, y, clicks, interval, button, ...); the other clicks take
-    # (x, y, interval, button, ...): read button and clicks by keyword (as generated).
-    def read(call: PyAutoGuiCall, pointer: tuple[int, int]) -> Action:
-        n = clicks if clicks is not None else _arg(call, 2, "clicks", 1)
-        b = call.kwargs.get("button", button)
-        return Click(*_point(call, pointer), button=b, clicks=n)
-    return read
-
-
-def _scroll(horizontal: bool) -> Callable[[PyAutoGuiCall, Any], Action]:
-    def read(call: PyAutoGuiCall, _pointer: tuple[int, int]) -> Action:
-        n, x, y = _arg(call, 0, "clicks"), _arg(call, 1, "x"), _arg(call, 2, "y")
-        return Scroll(n, 0, x, y) if horizontal else Scroll(0, n, x, y)
-    return read
-
-
-def _type(call: PyAutoGuiCall, _pointer: tuple[int, int]) -> Action:
-    text = _arg(call, 0, "message")
-    if not isinstance(text, str):
-        raise UnsupportedCodeError("the fake types strings only, not key lists")
-    return TypeText(text)
-
-
-#: pyautogui function → reader into an action record (the pointer is the current position).
-_READERS: dict[str, Callable[[PyAutoGuiCall, tuple[int, int]], Action]] = {
-    "click": _click("left"),
-    "doubleClick": _click("left", 2),
-    "rightClick": _click("right", 1),
-    "middleClick": _click("middle", 1),
-    "moveTo": lambda c, p: MoveTo(*_point(c, p)),
-    "dragTo": lambda c, p: DragTo(p[0], p[1], *_point(c, p)),
-    "typewrite": _type,
-    "write": _type,
-    "press": lambda c, _p: Press(_arg(c, 0, "keys")),
-    "hotkey": lambda c, _p: Hotkey(c.args),
-    "scroll": _scroll(False),
-    "hscroll": _scroll(True),
-}
-
-
-def apply_code(state: DeskState, code: str) -> tuple[DeskState, tuple[Action, ...]]:
-    """The desktop after running ``code`` (read, not executed) and the actions it meant."""
-    actions = []
-    for call in read_pyautogui(code):
-        reader = _READERS.get(call.name)
-        if reader is None:
-            raise UnsupportedCodeError(f"pyautogui.{call.name} is not supported by the fake")
-        try:
-            action = reader(call, state.pointer)
-        except (ActionError, TypeError, ValueError) as exc:
-            raise UnsupportedCodeError(f"bad arguments to pyautogui.{call.name}: {exc}") from exc
-        state = apply_action(state, action)
-        actions.append(action)
-    return state, tuple(actions)
-
-
-def simdesk_example(task: str, *, example_id: str | None = None,
-                    tasks: Mapping[str, Task] | None = None) -> dict[str, Any]:
-    """An OSWorld-shaped task config (id, instruction, config, evaluator) for a simdesk task."""
-    known = dict(tasks) if tasks is not None else default_tasks()
-    if task not in known:
-        raise UnknownTaskError(f"unknown task {task!r}; known: {', '.join(sorted(known))}")
-    return {"id": example_id or task, "snapshot": "simdesk", "source": "kvagent-simdesk",
-            "instruction": known[task].instruction, "config": [], "related_apps": [],
-            "evaluator": {"func": SIMDESK_EVALUATOR, "task": task}}
-
+__all__ = ["SPECIAL_ACTIONS", "FakeController", "FakeDesktopEnv",
+           "PyAutoGuiCall", "UnsupportedCodeError", "apply_code", "read_pyautogui",
+           "simdesk_example"]
 
 class FakeController:
     """The parts of OSWorld's PythonController a runner touches (no video is recorded)."""
@@ -205,13 +86,10 @@ class FakeDesktopEnv:
               options: Any = None) -> dict[str, Any]:
         """Start the example's task (``None``: open-terminal) on a fresh desktop."""
         self._check_open()
-        name = "open-terminal"
-        if task_config is not None:
-            evaluator = task_config.get("evaluator") or {}
-            if evaluator.get("func") != SIMDESK_EVALUATOR or evaluator.get("task") not in self.tasks:
-                raise UnknownTaskError(
-                    f"example {task_config.get('id')!r} is not a simulated-desktop task")
-            name = evaluator["task"]
+        name = "open-terminal" if task_config is None else example_task(task_config)
+        if name not in self.tasks:
+            known = ", ".join(sorted(self.tasks))
+            raise UnknownTaskError(f"unknown task {name!r}; known: {known}")
         self.task = self.tasks[name]
         w, h = self.screen_size
         self._state = self.task.setup(DeskState.empty(w, h))
