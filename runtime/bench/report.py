@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runtime.bench.arms import ArmResult
+from scheduler.sizes import format_bytes
 
 REFERENCE_ARM = "terminal-scratch"
 
@@ -24,8 +25,10 @@ def summarize(arm: ArmResult, reference_sha: str | None, window: int = 3) -> dic
         "new_content_tokens_total": sum(s["new_content_tokens"] for s in steps),
         "context_tokens_last": steps[-1]["context_tokens"],
         "prefill_s_total": sum(s["prefill_s"] for s in steps),
+        "encode_s_total": sum(s["encode_s"] for s in steps),
         "decode_s_total": sum(s["decode_s"] for s in steps),
         "critical_path_s_mean": sum(s["critical_path_s"] for s in steps) / len(steps),
+        "critical_path_s_last": steps[-1]["critical_path_s"],
         "kv_bytes_peak": max(s["kv_bytes"] for s in steps),
         "checkpoint_bytes_peak": max(s["checkpoint_bytes"] for s in steps),
         "ledger_peak_bytes": arm.ledger_peak_bytes,
@@ -50,24 +53,25 @@ def summarize(arm: ArmResult, reference_sha: str | None, window: int = 3) -> dic
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+    return format_bytes(n)
 
 
 def table(arms: Sequence[dict[str, Any]]) -> str:
     """One line per arm: prefill first/last step, reused, peak bytes, wall, exactness."""
     head = ("arm", "prefill first", "prefill last", "critical/new", "reused", "ledger peak",
-            "kv peak", "wall s", "identical")
+            "kv peak", "crit s mean", "wall s", "identical")
     rows = [head]
     for a in arms:
         s = a["summary"]
         if "refused" in s:
-            rows.append((a["arm"], "refused", "", "", "", "", "", "", s["refused"][:60]))
+            rows.append((a["arm"], "refused", "", "", "", "", "", "", "", s["refused"][:60]))
             continue
         same = s["identical_to_reference"]
         rows.append((a["arm"], str(s["prefill_tokens_first"]), str(s["prefill_tokens_last"]),
                      f"{s['critical_over_new_content_max']:.2f}",
                      str(s["reused_tokens_total"]), _mib(s["ledger_peak_bytes"]),
-                     _mib(s["kv_bytes_peak"]), f"{s['wall_s']:.2f}",
+                     _mib(s["kv_bytes_peak"]), f"{s['critical_path_s_mean']:.2f}",
+                     f"{s['wall_s']:.2f}",
                      "n/a" if same is None else ("yes" if same else "no")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
