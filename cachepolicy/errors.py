@@ -69,3 +69,8 @@ class PolicyRefusedError(PolicyError):
 
 class StalePublishError(KvagentCacheError):
     """Compare-and-publish failed: the episode's published generation moved on."""
+
+
+class Preempted(Exception):
+    """Work stopped at a piece or token boundary and must not be published (its caller was
+    cancelled).  Not a ``KvagentCacheError``: it is control flow, never bad input."""

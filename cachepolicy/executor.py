@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 
 from cachepolicy.engine import Engine
-from cachepolicy.errors import PolicyError
+from cachepolicy.errors import PolicyError, Preempted
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import NamedCheckpoint, Plan, StartKind
 from cachepolicy.sampling import SamplingParams
@@ -31,11 +31,6 @@ class Execution:
     drift_top1_agree: bool | None = None
     stopped_at: int | None = None  # a prefetch stopped early: pieces[:stopped_at] are in
     encode_s: float = 0.0  # the vision encoder, for images the embedding cache did not hold
-
-
-class Preempted(Exception):
-    """Work stopped at a piece boundary and must not be published (e.g. its caller was
-    cancelled)."""
 
 
 class _EncodeClock:
@@ -83,13 +78,13 @@ def kl_divergence(ref_logits: np.ndarray, logits: np.ndarray) -> float:
     return float(np.sum(np.exp(log_p) * (log_p - log_q)))
 
 
-def execute(engine: Engine, plan: Plan, seq: int, *, decode_tokens: int = 16,
-            sampling: SamplingParams | None = None, stop_at_eog: bool = False,
-            scratch_seq: int | None = None,
+def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = None,
             should_stop: Callable[[], bool] | None = None) -> Execution:
-    """Run ``plan`` on ``seq``.  ``should_stop`` is polled between pieces: a prefill-only
-    plan (a prefetch) then stops there and reports ``stopped_at`` (what it did is valid and
-    may be published); a decoding plan raises ``Preempted``."""
+    """Phase 1 of a plan on ``seq``: start point, edits, pieces, checkpoints (and relocate's
+    drift measurement).  ``should_stop`` is polled between pieces: a prefill-only plan (a
+    prefetch) then stops there and reports ``stopped_at`` (what it did is valid and may be
+    published); a decoding plan raises ``Preempted``.  Between pieces, waiting decode rows of
+    other sequences go first (``DecodeBatcher.yield_round``)."""
     t0 = time.perf_counter()
     clock = _EncodeClock()
     _apply_start(engine, seq, plan)
@@ -110,17 +105,14 @@ def execute(engine: Engine, plan: Plan, seq: int, *, decode_tokens: int = 16,
                                  plan.reused_pieces:i]),
                              prefill_s=time.perf_counter() - t0 - clock.seconds, decode_s=0.0,
                              logits=None, stopped_at=i, encode_s=clock.seconds)
+        engine.batcher.yield_round()
         logits = _prefill_piece(engine, seq, plan.pieces[i], plan.decode and i == last, clock)
     if len(plan.pieces) in takes:
         t = takes[len(plan.pieces)]
         made.append(NamedCheckpoint(t.label, engine.checkpoint(seq, t.kind)))
+    if plan.decode and logits is None:
+        raise PolicyError("a decoding plan must prefill at least its last piece")
     t1 = time.perf_counter()
-    output: list[int] = []
-    if plan.decode:
-        if logits is None:
-            raise PolicyError("a decoding plan must prefill at least its last piece")
-        output = engine.generate(seq, logits, decode_tokens, sampling, stop_at_eog=stop_at_eog)
-    t2 = time.perf_counter()
     kl = agree = None
     if plan.drift_reference and scratch_seq is not None and logits is not None:
         engine.clear(scratch_seq)
@@ -132,7 +124,22 @@ def execute(engine: Engine, plan: Plan, seq: int, *, decode_tokens: int = 16,
         assert ref is not None
         kl = kl_divergence(ref, logits)
         agree = bool(int(np.argmax(ref)) == int(np.argmax(logits)))
-    return Execution(new_checkpoints=tuple(made), output_tokens=tuple(output),
+    return Execution(new_checkpoints=tuple(made), output_tokens=(),
                      prefill_tokens=plan.prefill_tokens, prefill_s=t1 - t0 - clock.seconds,
-                     decode_s=t2 - t1, logits=logits, drift_kl=kl, drift_top1_agree=agree,
+                     decode_s=0.0, logits=logits, drift_kl=kl, drift_top1_agree=agree,
                      encode_s=clock.seconds)
+
+
+def decode(engine: Engine, plan: Plan, seq: int, prefilled: Execution, *,
+           decode_tokens: int = 16, sampling: SamplingParams | None = None,
+           stop_at_eog: bool = False,
+           should_stop: Callable[[], bool] | None = None) -> Execution:
+    """Phase 2: generate from the prompt's logits.  It needs no engine slot of its own: its
+    rows join the engine's fixed-size decode calls with other sequences' rows."""
+    if not plan.decode or prefilled.logits is None:
+        return prefilled
+    t0 = time.perf_counter()
+    output = engine.generate(seq, prefilled.logits, decode_tokens, sampling,
+                             stop_at_eog=stop_at_eog, should_stop=should_stop)
+    return attrs.evolve(prefilled, output_tokens=tuple(output),
+                        decode_s=time.perf_counter() - t0)

@@ -12,7 +12,8 @@ the other cannot fail):
 * the engine's count of live checkpoints (weakref-tracked)  vs  the checkpoints the published
   states reference;
 * the sequences that hold tokens  vs  the sequences the open episodes own; the free list,
-  the episodes' sequences and the spare sequence partition the engine's sequences;
+  the episodes' sequences and the spare sequence partition the engine's sequences; the
+  decode lanes hold nothing;
 * no reservation open and the peak within the budget.
 
 Meaningful only when the scheduler is idle (no job planning or running); the scheduler runs
@@ -88,6 +89,8 @@ def check_integrity(engine: Engine, ledger: MemoryLedger, slots: Mapping[str, Sl
         problems.append(f"free {sorted(free)} + owned {sorted(owned)} + spare {sorted(spare)} "
                         f"do not partition the engine's {engine.config.n_seq_max} sequences")
 
+    if mem.lanes_in_use:
+        problems.append(f"decode lanes {list(mem.lanes_in_use)} hold cells while idle")
     if snap.reserved:
         problems.append(f"{snap.reserved} bytes are reserved while idle: "
                         f"{ledger.reservations()}")

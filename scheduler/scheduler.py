@@ -31,8 +31,7 @@ import structlog
 from cachepolicy.base import CachePolicy
 from cachepolicy.context_log import Segment
 from cachepolicy.engine import Engine
-from cachepolicy.errors import DecodeError
-from cachepolicy.executor import Preempted
+from cachepolicy.errors import DecodeError, Preempted
 from cachepolicy.segments import SegmentFactory
 from scheduler.admission import Admission
 from scheduler.errors import AdmissionError, EpisodeClosedError, NoFreeSequenceError
@@ -45,7 +44,8 @@ from scheduler.release import ReleaseSignal
 from scheduler.slots import IMAGE_CACHE, Phase, Priority, Slot, set_on_cancel
 from scheduler.summary import summary_line
 from scheduler.transaction import (
-    EpisodeCache, PrefetchRecord, StepOptions, Transaction, abort, commit,
+    EpisodeCache, PrefetchRecord, StepOptions, Transaction, abort, commit_finish,
+    commit_prefill, rollback,
 )
 
 T = TypeVar("T")
@@ -256,8 +256,11 @@ class Scheduler:
 
     async def _run(self, slot: Slot, txn: Transaction,
                    priority: Priority) -> StepRecord | PrefetchRecord:
-        """execute + publish in the worker thread; cancellation and preemption are polled
-        between pieces and before publication, so a cancelled step rolls back."""
+        """execute + publish in worker threads, in two phases: the prefill holds the engine
+        gate; the decode does not (its rows join the engine's fixed-size decode calls with
+        other episodes' rows — continuous batching).  Cancellation and preemption are polled
+        between pieces, between tokens and before publication, so a cancelled step rolls
+        back."""
         stop = threading.Event()
         gate = self.gate
 
@@ -273,23 +276,32 @@ class Scheduler:
             if self.fault is not None:
                 self.fault(point)
 
+        finished = False
         try:
-            async with gate.hold(priority):
-                slot.phase = Phase.RUNNING
-                error: Exception | None = None
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(set_on_cancel, stop)
-                    try:
-                        record = await anyio.to_thread.run_sync(functools.partial(
-                            commit, self.engine, txn, self.ledger, self.options, fault=fault,
+            error: Exception | None = None
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(set_on_cancel, stop)
+                try:
+                    async with gate.hold(priority):
+                        slot.phase = Phase.RUNNING
+                        prefilled = await anyio.to_thread.run_sync(functools.partial(
+                            commit_prefill, self.engine, txn, self.ledger, self.options,
                             should_stop=should_stop))
-                    except Exception as exc:  # re-raised below, outside the task group, so
-                        error = exc           # callers see the error itself, not a group;
-                    finally:                  # cancellation (BaseException) passes through
-                        tg.cancel_scope.cancel()
-                if error is not None:
-                    raise error
+                    record = await anyio.to_thread.run_sync(functools.partial(
+                        commit_finish, self.engine, txn, self.ledger, self.options, prefilled,
+                        fault=fault, should_stop=stop.is_set))
+                    finished = True
+                except Exception as exc:  # re-raised below, outside the task group, so
+                    error = exc           # callers see the error itself, not a group;
+                finally:                  # cancellation (BaseException) passes through
+                    tg.cancel_scope.cancel()
+            if error is not None:
+                raise error
         finally:
+            if not finished:  # cancelled between the phases: nothing was published
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(functools.partial(
+                        rollback, self.engine, txn, self.ledger))
             abort(txn, self.ledger)
             self._notify_release()
             self._log.info("release", episode_id=txn.episode.episode_id,

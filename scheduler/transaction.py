@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import attrs
 import structlog
@@ -26,7 +27,7 @@ from cachepolicy.base import CachePolicy
 from cachepolicy.context_log import ContextLog, Segment
 from cachepolicy.engine import Engine
 from cachepolicy.errors import StalePublishError
-from cachepolicy.executor import Execution, execute
+from cachepolicy.executor import Execution, decode, prefill
 from cachepolicy.plan import CacheState, CacheView, Plan
 from cachepolicy.sampling import SamplingParams
 from scheduler.ledger import MemoryLedger, Reservation
@@ -141,45 +142,85 @@ def abort(txn: Transaction, ledger: MemoryLedger) -> None:
         ledger.release(txn.reservation)
 
 
-def commit(engine: Engine, txn: Transaction, ledger: MemoryLedger,
-           options: StepOptions = StepOptions(), *, fault: FaultHook | None = None,
-           should_stop: Callable[[], bool] | None = None) -> StepRecord | PrefetchRecord:
-    """execute + publish + release.  Any failure before publication rolls back: the parent
-    stays published and the reservation is returned."""
+@contextmanager
+def _rolls_back(engine: Engine, txn: Transaction, ledger: MemoryLedger) -> Iterator[None]:
+    """Any failure inside rolls the transaction back: the parent stays published (the
+    sequence brought back into account), the reservation is returned."""
     ep = txn.episode
-    bound = log.bind(episode_id=ep.episode_id, seq_id=ep.seq, txn_id=txn.txn_id)
-    if txn.plan is None:  # a prefetch the policy had nothing for: only the log advances
+    try:
+        yield
+    except BaseException as exc:
+        log.info("txn_rollback", episode_id=ep.episode_id, seq_id=ep.seq, txn_id=txn.txn_id,
+                 error=type(exc).__name__, reason=str(exc), prefetch=txn.prefetch)
+        rollback(engine, txn, ledger)
+        raise
+
+
+def commit_prefill(engine: Engine, txn: Transaction, ledger: MemoryLedger,
+                   options: StepOptions = StepOptions(), *,
+                   should_stop: Callable[[], bool] | None = None) -> Execution | None:
+    """Phase 1 (holds the engine's gate): execute the plan's prefill.  None for a prefetch
+    the policy had nothing for."""
+    if txn.plan is None:
+        return None
+    plan, ep = txn.plan, txn.episode
+    log.debug("txn_execute", episode_id=ep.episode_id, seq_id=ep.seq, txn_id=txn.txn_id,
+              policy=plan.policy, start=plan.start.kind.value,
+              prefill_tokens=plan.prefill_tokens, prefetch=txn.prefetch)
+    with _rolls_back(engine, txn, ledger):
+        return prefill(engine, plan, ep.seq, scratch_seq=options.scratch_seq,
+                       should_stop=should_stop)
+
+
+def commit_finish(engine: Engine, txn: Transaction, ledger: MemoryLedger,
+                  options: StepOptions, prefilled: Execution | None, *,
+                  fault: FaultHook | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> StepRecord | PrefetchRecord:
+    """Phase 2 (needs no gate: decode rows join the engine's shared decode calls): decode,
+    then publish + release.  Any failure before publication rolls back."""
+    ep = txn.episode
+    if txn.plan is None or prefilled is None:  # only the log advances
         ep.publish(txn.parent_log, txn.parent, txn.new_log,
                    attrs.evolve(txn.parent, generation=txn.new_log.generation), ledger, None)
         return PrefetchRecord(ep.episode_id, txn.new_log.generation, 0, 0.0, False)
     plan = txn.plan
-    bound.debug("txn_execute", policy=plan.policy, start=plan.start.kind.value,
-                prefill_tokens=plan.prefill_tokens, prefetch=txn.prefetch)
-    try:
-        exe = execute(engine, plan, ep.seq, decode_tokens=options.decode_tokens,
-                      sampling=step_sampling(options.sampling, ep.seed, txn.new_log),
-                      stop_at_eog=options.stop_at_eog,
-                      scratch_seq=options.scratch_seq, should_stop=should_stop)
+    with _rolls_back(engine, txn, ledger):
+        exe = decode(engine, plan, ep.seq, prefilled, decode_tokens=options.decode_tokens,
+                     sampling=step_sampling(options.sampling, ep.seed, txn.new_log),
+                     stop_at_eog=options.stop_at_eog, should_stop=should_stop)
         if fault is not None:
             fault("before_publish")
         successor = _successor(engine, ep, plan, exe, txn.parent)
         ep.publish(txn.parent_log, txn.parent, txn.new_log, successor, ledger, txn.reservation)
-    except BaseException as exc:
-        bound.info("txn_rollback", error=type(exc).__name__, reason=str(exc),
-                   prefetch=txn.prefetch)
-        if ep.state is txn.parent:  # not published: bring the sequence back into account
-            settle_rollback(engine, ep, ledger)
-        raise
-    finally:
-        abort(txn, ledger)  # release (a no-op after a successful publish)
-    bound.debug("txn_publish", generation=txn.new_log.generation, held=successor.held_bytes,
-                checkpoints=len(successor.checkpoints), prefetch=txn.prefetch)
+        text = engine.detokenize(exe.output_tokens) if not txn.prefetch else ""
+    abort(txn, ledger)  # release (a no-op after a successful publish)
+    log.debug("txn_publish", episode_id=ep.episode_id, seq_id=ep.seq, txn_id=txn.txn_id,
+              generation=txn.new_log.generation, held=successor.held_bytes,
+              checkpoints=len(successor.checkpoints), prefetch=txn.prefetch)
     if txn.prefetch:
         return PrefetchRecord(ep.episode_id, txn.new_log.generation, exe.prefill_tokens,
                               exe.prefill_s, True, preempted=exe.stopped_at is not None,
                               encode_s=exe.encode_s)
     ep.steps_done += 1
-    return _record(txn, exe, successor, ledger, engine.detokenize(exe.output_tokens))
+    return _record(txn, exe, successor, ledger, text)
+
+
+def rollback(engine: Engine, txn: Transaction, ledger: MemoryLedger) -> None:
+    """Roll back a transaction whose phases did not all run (e.g. cancelled between them)."""
+    try:
+        if txn.episode.state is txn.parent:
+            settle_rollback(engine, txn.episode, ledger)
+    finally:
+        abort(txn, ledger)
+
+
+def commit(engine: Engine, txn: Transaction, ledger: MemoryLedger,
+           options: StepOptions = StepOptions(), *, fault: FaultHook | None = None,
+           should_stop: Callable[[], bool] | None = None) -> StepRecord | PrefetchRecord:
+    """Both phases in one call (callers that hold the engine themselves)."""
+    prefilled = commit_prefill(engine, txn, ledger, options, should_stop=should_stop)
+    return commit_finish(engine, txn, ledger, options, prefilled, fault=fault,
+                         should_stop=should_stop)
 
 
 def settle_rollback(engine: Engine, ep: EpisodeCache, ledger: MemoryLedger) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import llama_cpp
@@ -23,6 +23,7 @@ import numpy as np
 
 from cachepolicy.checkpoint import Checkpoint, CheckpointKind, ModelKind
 from cachepolicy.engine.backend import init_backend
+from cachepolicy.engine.batcher import DecodeBatcher
 from cachepolicy.engine.decoder import Decoder
 from cachepolicy.engine.native import Native, locked
 from cachepolicy.engine.records import EngineConfig, MemoryReport, SeqInfo
@@ -30,7 +31,7 @@ from cachepolicy.engine.sampler import Sampler
 from cachepolicy.engine.sequences import Sequences
 from cachepolicy.engine.state import SequenceState
 from cachepolicy.engine.vision import Vision
-from cachepolicy.errors import EngineError, ModelLoadError
+from cachepolicy.errors import EngineError, ModelLoadError, Preempted
 from cachepolicy.images import DecodedImage, EmbeddingCache, EncodedImage
 from cachepolicy.sampling import SamplingParams
 
@@ -55,9 +56,9 @@ def _load(model_path: Path, config: EngineConfig) -> Native:
     if not model:
         raise ModelLoadError(f"llama.cpp could not load {model_path}")
     cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = config.n_ctx_per_seq * config.n_seq_max
+    cparams.n_ctx = config.n_ctx_per_seq * config.n_seq_total
     cparams.n_batch = cparams.n_ubatch = config.n_batch
-    cparams.n_seq_max = config.n_seq_max
+    cparams.n_seq_max = config.n_seq_total
     cparams.n_threads = cparams.n_threads_batch = config.n_threads
     cparams.flash_attn_type = 1 if config.flash_attn else 0  # off: split == one-call, bitwise
     cparams.kv_unified = False  # one KV stream per sequence: cell placement is reproducible
@@ -102,6 +103,10 @@ class Engine:
                                n_embd=self.n_embd)
         self.states = SequenceState(native, self._seqs, model_id=self.model_id,
                                     kind=self.kind)
+        self.batcher = DecodeBatcher(
+            lanes=range(config.n_seq_max, config.n_seq_total), n_ctx=config.n_ctx_per_seq,
+            run_lanes=self.decoder.run_lanes, copy_in=self.decoder.copy_to_lane,
+            clear=self.decoder.clear_lane)
         self.image_cache = EmbeddingCache(config.image_cache_bytes)
         self.vision = Vision(native, self.image_cache, n_embd=self.n_embd)
         self.mmproj_path = Path(mmproj_path) if mmproj_path is not None else None
@@ -196,6 +201,8 @@ class Engine:
         return self.decoder.prefill_image(seq, image, logits=logits)
 
     def decode_token(self, seq: int, token: int) -> np.ndarray:
+        """Feed one token to ``seq`` in place, in a 1-row call (a low-level primitive:
+        ``generate`` decodes in lanes, see ``DecodeBatcher``)."""
         return self.decoder.decode_token(seq, token)
 
     def decode_many(self, items: Sequence[tuple[int, int]]) -> list[np.ndarray]:
@@ -237,7 +244,9 @@ class Engine:
             recurrent_bytes_per_seq=self.recurrent_bytes_per_seq,
             seq_state_bytes={s: self.states.held_bytes(s) for s in self._seqs.non_empty()},
             live_checkpoints=count, live_checkpoint_bytes=nbytes,
-            image_cache_bytes=self.image_cache.nbytes)
+            image_cache_bytes=self.image_cache.nbytes,
+            lanes_in_use=tuple(lane for lane in self.batcher.lanes
+                               if self.decoder.occupied(lane)))
 
     def _measure_state_bytes(self) -> tuple[int, int, int]:
         """KV bytes per cell, recurrent bytes per sequence and a sequence state's fixed part
@@ -260,24 +269,29 @@ class Engine:
     # ------------------------------------------------------------------ generation
 
     def generate(self, seq: int, logits: np.ndarray, max_tokens: int,
-                 sampling: SamplingParams | None = None, *,
-                 stop_at_eog: bool = True) -> list[int]:
+                 sampling: SamplingParams | None = None, *, stop_at_eog: bool = True,
+                 should_stop: Callable[[], bool] | None = None) -> list[int]:
         """Sample up to ``max_tokens`` tokens starting from ``logits`` (the prompt's last).
 
-        Every sampled token but the last is fed back; generation stops after an
-        end-of-generation token (unless ``stop_at_eog`` is False: benchmarks decode a fixed
-        number of tokens).
+        Every sampled token but the last is fed back — in a decode lane holding a copy of
+        ``seq`` (``DecodeBatcher``: bitwise the same tokens alone or beside other generations);
+        ``seq`` itself keeps the prompt.  Generation stops after an end-of-generation token
+        (unless ``stop_at_eog`` is False: benchmarks decode a fixed number of tokens).  ``should_stop`` is polled between tokens: True raises
+        ``Preempted`` (the caller was cancelled).
         """
         sampler = self.sampler(sampling or SamplingParams())
         out: list[int] = []
         try:
-            for i in range(max_tokens):
-                tok = sampler.sample(logits)
-                out.append(tok)
-                sampler.accept(tok)
-                if (stop_at_eog and self.is_end_of_generation(tok)) or i == max_tokens - 1:
-                    break
-                logits = self.decode_token(seq, tok)
+            with self.batcher.generating(seq) as lane:
+                for i in range(max_tokens):
+                    tok = sampler.sample(logits)
+                    out.append(tok)
+                    sampler.accept(tok)
+                    if (stop_at_eog and self.is_end_of_generation(tok)) or i == max_tokens - 1:
+                        break
+                    if should_stop is not None and should_stop():
+                        raise Preempted(f"stopped after {len(out)} decoded tokens")
+                    logits = lane.decode(tok)
         finally:
             sampler.close()
         return out

@@ -22,6 +22,8 @@ from cachepolicy.engine.sequences import Sequences
 from cachepolicy.errors import ContextFullError, DecodeError, ImageError, SingleTokenPrefillError
 from cachepolicy.images import EncodedImage
 
+_PAD_TOKEN = 0  # what a pad row feeds (any valid id: its logits are thrown away)
+
 
 class Decoder:
     def __init__(self, native: Native, seqs: Sequences, *, kind: ModelKind, n_batch: int,
@@ -172,6 +174,44 @@ class Decoder:
         digest = chain_digest(history_digest(tuple(runs)), RunKind.TEXT, toks.tobytes())
         runs.append(Run(RunKind.TEXT, pos0, 1, 1, digest, (int(token),)))
         return self.logits()
+
+    @locked
+    def run_lanes(self, rows: Sequence[tuple[int, int | None, int]]) -> list[np.ndarray | None]:
+        """One llama_decode over every decode lane, in lane order: a generation's lane feeds
+        its token at its position, an idle lane a pad row (a fixed token at position 0 of the
+        empty lane, removed again after the call).  Every row asks for logits, so every call
+        has the same shape; returns the logits of the real rows (None for pads)."""
+        ids = np.asarray([lane for lane, _, _ in rows], dtype=np.int32)
+        toks = np.asarray([_PAD_TOKEN if t is None else t for _, t, _ in rows], dtype=np.int32)
+        pos = np.asarray([p if t is not None else 0 for _, t, p in rows], dtype=np.int32)
+        mem = self._native.mem
+        try:
+            self._decode(ids, tokens=toks, embd=None, pos=pos,
+                         want_logits=np.ones(len(rows), dtype=np.int8))
+        finally:
+            for lane, token, _ in rows:  # idle lanes are empty between calls
+                if token is None:
+                    llama_cpp.llama_memory_seq_rm(mem, lane, -1, -1)
+        return [self.logits(i) if t is not None else None for i, (_, t, _) in enumerate(rows)]
+
+    @locked
+    def copy_to_lane(self, seq: int, lane: int) -> int:
+        """Copy ``seq``'s state (KV cells and recurrent state) into the empty ``lane``;
+        returns the lane's next position."""
+        mem = self._native.mem
+        llama_cpp.llama_memory_seq_rm(mem, lane, -1, -1)
+        llama_cpp.llama_memory_seq_cp(mem, seq, lane, -1, -1)
+        return self._seqs.next_pos(seq)
+
+    @locked
+    def occupied(self, seq: int) -> bool:
+        """Whether llama.cpp holds any cell of ``seq`` (for sequences outside the engine's
+        bookkeeping: the decode lanes)."""
+        return int(llama_cpp.llama_memory_seq_pos_max(self._native.mem, seq)) >= 0
+
+    @locked
+    def clear_lane(self, lane: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self._native.mem, lane, -1, -1)
 
     @locked
     def decode_many(self, items: Sequence[tuple[int, int]]) -> list[np.ndarray]:

@@ -34,6 +34,16 @@ class EngineConfig:
     # Only for demonstrating what the oracle catches: with flash attention on, a split prefill
     # is no longer bitwise equal to a one-call prefill.
     flash_attn: bool = False
+    # Generations decode in this many lanes (spare sequences, one KV stream each), every
+    # llama_decode call feeding all of them: a sequence's tokens are then the same alone or
+    # beside others, and up to this many generations share a call (see DecodeBatcher).
+    decode_rows: int = attrs.field(default=4, validator=[attrs.validators.ge(1),
+                                                         attrs.validators.le(16)])
+
+    @property
+    def n_seq_total(self) -> int:
+        """Sequences the llama context holds: the usable ones and the decode lanes."""
+        return self.n_seq_max + self.decode_rows
 
 
 @attrs.frozen
@@ -46,6 +56,7 @@ class MemoryReport:
     live_checkpoints: int
     live_checkpoint_bytes: int
     image_cache_bytes: int
+    lanes_in_use: tuple[int, ...] = ()  # decode lanes holding cells (none between generations)
 
     @property
     def total_held(self) -> int:
