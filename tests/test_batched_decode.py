@@ -74,3 +74,23 @@ def test_rows_1_is_one_generation_per_call(forged) -> None:
         out = _generate(e, [0, 1], 6, gate=threading.Barrier(2))
         assert e.batcher.calls == e.batcher.real_rows == 10
         assert out == {s: _generate(e, [s], 6)[s] for s in (0, 1)}
+
+
+def test_bench_decode_reports_identical_tokens(forged, tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    m = forged("llama", vision=False)
+    out = tmp_path / "decode.json"
+    res = subprocess.run([sys.executable, "-m", "runtime.cli", "bench-decode", "--model",
+                          str(m.model_path), "--sequences", "3", "--context", "64",
+                          "--tokens", "6", "--threads", "1", "--json", str(out)],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(out.read_text())
+    assert report["identical_to_one_at_a_time"] is True
+    calls = report["decode_calls"]
+    assert calls["batched"]["rows"] == calls["one_at_a_time"]["rows"] == 3 * 5
+    assert calls["batched"]["calls"] < calls["one_at_a_time"]["calls"] == 15
+    assert "padding costs a lone generation" in res.stdout

@@ -80,23 +80,3 @@ def test_bad_sampling_params_are_rejected() -> None:
         SamplingParams(temperature=-1.0)
     with pytest.raises(ValueError):
         SamplingParams(top_p=0.0)
-
-
-def test_decode_many_feeds_each_sequence_once(engines) -> None:
-    e = engines("qwen35", vision=False)
-    prompt = e.tokenize("the agent clicks the ok button")
-    singles = []
-    for s in (0, 1):
-        logits = e.prefill_tokens(s, prompt)
-        singles.append(e.decode_token(s, int(np.argmax(logits))))
-        e.clear(s)
-    for s in (0, 1):
-        logits = e.prefill_tokens(s, prompt)
-    first = int(np.argmax(logits))
-    outs = e.decode_many([(0, first), (1, first)])
-    assert len(outs) == 2 and all(o.shape == (e.n_vocab,) for o in outs)
-    assert all(e.seq_info(s).n_tokens == len(prompt) + 1 for s in (0, 1))
-    # close to the 1-row results (another kernel: not promised bitwise)
-    assert all(np.allclose(o, ref, atol=1e-3) for o, ref in zip(outs, singles))
-    with pytest.raises(ValueError, match="distinct"):
-        e.decode_many([(0, first), (0, first)])

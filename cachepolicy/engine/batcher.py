@@ -24,7 +24,6 @@ lanes, the extra ones wait for a lane.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -33,8 +32,10 @@ import numpy as np
 
 from cachepolicy.errors import ContextFullError
 
-#: (lane, token, position) rows of one call, every lane once, in lane order → real rows' logits
-RunLanes = Callable[[Sequence[tuple[int, int | None, int]]], list[np.ndarray | None]]
+#: (lane, token, position) rows of one call, every lane once, in lane order → the real rows'
+#: logits (None for pads) and the seconds llama_decode took
+RunLanes = Callable[[Sequence[tuple[int, int | None, int]]],
+                    tuple[list[np.ndarray | None], float]]
 CopyIn = Callable[[int, int], int]  # (sequence, lane) → the lane's next position
 Clear = Callable[[int], None]
 
@@ -43,7 +44,7 @@ Clear = Callable[[int], None]
 class DecodeStats:
     calls: int
     rows: int  # real rows (generated tokens fed back)
-    seconds: float  # inside llama_decode calls (waiting for the engine lock included)
+    seconds: float  # inside the llama_decode calls
 
     def __sub__(self, other: DecodeStats) -> DecodeStats:
         return DecodeStats(self.calls - other.calls, self.rows - other.rows,
@@ -132,12 +133,12 @@ class DecodeBatcher:
                 break
             else:
                 return self._take(lane)
-        t0 = time.perf_counter()
+        elapsed = 0.0
         try:  # the leader runs the call outside the condition (the engine lock is inside)
-            results: list[np.ndarray | BaseException | None] = list(self._run_lanes(rows))
+            logits, elapsed = self._run_lanes(rows)
+            results: list[np.ndarray | BaseException | None] = list(logits)
         except BaseException as exc:  # every row of the call gets the failure (re-raised)
             results = [exc] * len(rows)
-        elapsed = time.perf_counter() - t0
         with self._cv:
             self.call_s += elapsed
             for (lid, token, _), result in zip(rows, results):

@@ -200,13 +200,6 @@ class Engine:
                       logits: bool = False) -> np.ndarray | None:
         return self.decoder.prefill_image(seq, image, logits=logits)
 
-    def decode_token(self, seq: int, token: int) -> np.ndarray:
-        """Feed one token to ``seq`` in place, in a 1-row call (a low-level primitive:
-        ``generate`` decodes in lanes, see ``DecodeBatcher``)."""
-        return self.decoder.decode_token(seq, token)
-
-    def decode_many(self, items: Sequence[tuple[int, int]]) -> list[np.ndarray]:
-        return self.decoder.decode_many(items)
 
     # checkpoints, edits and sizes: the SequenceState
     def checkpoint(self, seq: int, kind: CheckpointKind = CheckpointKind.FULL) -> Checkpoint:

@@ -1,4 +1,5 @@
-"""Feeding rows to llama.cpp: prefill of text and image embeddings in chunks, and decode.
+"""Feeding rows to llama.cpp: prefill of text and image embeddings in chunks, and the decode
+lanes' calls (``DecodeBatcher`` drives those).
 
 Keeps the engine's numerical contract (see the package docstring): chunks come from
 ``chunk_sizes`` (never a 1-row batch inside a multi-row prefill), and a failed llama_decode
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import time
 from collections.abc import Callable, Sequence
 
 import llama_cpp
@@ -162,29 +164,18 @@ class Decoder:
         return self.logits() if logits else None
 
     @locked
-    def decode_token(self, seq: int, token: int) -> np.ndarray:
-        """Feed one generated token (a 1-row batch, as every decode step is); returns logits."""
-        runs = self._seqs.runs(seq)
-        self._reserve_room(seq, 1, 1)
-        pos0 = self._seqs.next_pos(seq)
-        toks = np.asarray([token], dtype=np.int32)
-        self._run_batches(seq, len(runs), pos0, [functools.partial(
-            self._decode, seq, tokens=toks, embd=None,
-            pos=np.asarray([pos0], dtype=np.int32), want_logits=True)])
-        digest = chain_digest(history_digest(tuple(runs)), RunKind.TEXT, toks.tobytes())
-        runs.append(Run(RunKind.TEXT, pos0, 1, 1, digest, (int(token),)))
-        return self.logits()
-
-    @locked
-    def run_lanes(self, rows: Sequence[tuple[int, int | None, int]]) -> list[np.ndarray | None]:
+    def run_lanes(self, rows: Sequence[tuple[int, int | None, int]],
+                  ) -> tuple[list[np.ndarray | None], float]:
         """One llama_decode over every decode lane, in lane order: a generation's lane feeds
         its token at its position, an idle lane a pad row (a fixed token at position 0 of the
         empty lane, removed again after the call).  Every row asks for logits, so every call
-        has the same shape; returns the logits of the real rows (None for pads)."""
+        has the same shape; returns the logits of the real rows (None for pads) and the
+        seconds the call took."""
         ids = np.asarray([lane for lane, _, _ in rows], dtype=np.int32)
         toks = np.asarray([_PAD_TOKEN if t is None else t for _, t, _ in rows], dtype=np.int32)
         pos = np.asarray([p if t is not None else 0 for _, t, p in rows], dtype=np.int32)
         mem = self._native.mem
+        t0 = time.perf_counter()
         try:
             self._decode(ids, tokens=toks, embd=None, pos=pos,
                          want_logits=np.ones(len(rows), dtype=np.int8))
@@ -192,7 +183,9 @@ class Decoder:
             for lane, token, _ in rows:  # idle lanes are empty between calls
                 if token is None:
                     llama_cpp.llama_memory_seq_rm(mem, lane, -1, -1)
-        return [self.logits(i) if t is not None else None for i, (_, t, _) in enumerate(rows)]
+        elapsed = time.perf_counter() - t0
+        return ([self.logits(i) if t is not None else None for i, (_, t, _) in enumerate(rows)],
+                elapsed)
 
     @locked
     def copy_to_lane(self, seq: int, lane: int) -> int:
@@ -212,27 +205,3 @@ class Decoder:
     @locked
     def clear_lane(self, lane: int) -> None:
         llama_cpp.llama_memory_seq_rm(self._native.mem, lane, -1, -1)
-
-    @locked
-    def decode_many(self, items: Sequence[tuple[int, int]]) -> list[np.ndarray]:
-        """Feed one token to each of several sequences in ONE llama_decode (a multi-row
-        batch); returns each row's logits.  Faster per token than one call per sequence, but a
-        row's logits are not bitwise those of a 1-row decode (another kernel): kvagent's exact
-        paths never use it; ``kvagent bench-decode`` measures both."""
-        seqs = [s for s, _ in items]
-        if len(set(seqs)) != len(seqs) or not seqs:
-            raise ValueError("decode_many needs distinct sequences")
-        for s in seqs:
-            self._reserve_room(s, 1, 1)
-        toks = np.asarray([t for _, t in items], dtype=np.int32)
-        pos = np.asarray([self._seqs.next_pos(s) for s in seqs], dtype=np.int32)
-        self._decode(np.asarray(seqs, dtype=np.int32), tokens=toks, embd=None, pos=pos,
-                     want_logits=np.ones(len(seqs), dtype=np.int8))
-        out = []
-        for i, (s, tok) in enumerate(items):
-            runs = self._seqs.runs(s)
-            digest = chain_digest(history_digest(tuple(runs)), RunKind.TEXT,
-                                  np.asarray([tok], dtype=np.int32).tobytes())
-            runs.append(Run(RunKind.TEXT, int(pos[i]), 1, 1, digest, (int(tok),)))
-            out.append(self.logits(i))
-        return out

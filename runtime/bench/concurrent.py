@@ -44,7 +44,9 @@ async def measure_concurrency(engine: Engine, traj: Trajectory, agent: AgentConf
     config = replay_run_config(agent, traj, episodes=n, vm_seconds=vm_seconds,
                                memory_budget=nbytes, wait_s=wait_s)
     phases: dict[str, RunResult] = {}
+    decode: dict[str, dict[str, float]] = {}
     for phase in ("concurrent", "sequential"):
+        before = engine.batcher.stats()
         last = {"summary": ""}
 
         def on_event(e: Any, last: dict[str, str] = last) -> None:
@@ -60,6 +62,7 @@ async def measure_concurrency(engine: Engine, traj: Trajectory, agent: AgentConf
                                              sequential=phase == "sequential",
                                              on_event=on_event)
             tg.cancel_scope.cancel()
+        decode[phase] = (engine.batcher.stats() - before).as_dict()
     conc, seq = phases["concurrent"], phases["sequential"]
     steps = sum(e.n_steps for e in conc.episodes)
     identical = [a.output_sha256 == b.output_sha256 for a, b in zip(conc.episodes, seq.episodes)]
@@ -74,4 +77,8 @@ async def measure_concurrency(engine: Engine, traj: Trajectory, agent: AgentConf
                        "sequential_steps_per_s": steps / seq.wall_s,
                        "ratio": seq.wall_s / conc.wall_s},
         "scheduler": {"concurrent": conc.counters, "sequential": seq.counters},
+        # decode calls in each phase: rows per call and tokens per second of llama_decode
+        "decode": {**decode, "speedup": (decode["concurrent"]["tokens_per_s"]
+                                         / decode["sequential"]["tokens_per_s"]
+                                         if decode["sequential"]["tokens_per_s"] else 0.0)},
     }

@@ -239,4 +239,8 @@ def _concurrency_table(c: dict) -> str:
         f"sequential: {counts(c['sequential_episodes'])}; {t['sequential_steps_per_s']:.2f} "
         f"steps/s; ledger peak {format_bytes(led['sequential_peak_bytes'])}",
         f"throughput ratio (concurrent / sequential): {t['ratio']:.2f}; outputs identical to "
-        f"the sequential run: {'yes' if c['outputs_identical_to_sequential'] else 'no'}"])
+        f"the sequential run: {'yes' if c['outputs_identical_to_sequential'] else 'no'}",
+        f"decode: {c['decode']['concurrent']['tokens_per_s']:.1f} tokens/s concurrent "
+        f"({c['decode']['concurrent']['rows_per_call']:.2f} rows per call) vs "
+        f"{c['decode']['sequential']['tokens_per_s']:.1f} sequential: "
+        f"{c['decode']['speedup']:.2f}x"])

@@ -1,5 +1,7 @@
-"""``kvagent bench-decode``: does batching several episodes' decode steps into one
-llama_decode pay, and what does it cost in exactness?  Measured side by side in one run."""
+"""``kvagent bench-decode``: what batching several generations' decode steps into shared,
+fixed-shape llama_decode calls buys (throughput), and what it costs (padding for a lone
+generation) — while the tokens stay identical to each generation run alone.  All measured
+side by side in one run, through ``Engine.generate`` (the path agents use)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-HELP = "measure decode throughput of N sequences: one call each vs one multi-row batch"
+HELP = ("decode throughput of N concurrent generations (sharing padded decode calls) vs one "
+        "at a time, whether their tokens are identical, and what padding costs a lone one")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,75 +21,101 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sequences", type=int, default=4)
     p.add_argument("--context", type=int, default=2048, help="prompt tokens per sequence")
     p.add_argument("--tokens", type=int, default=32, help="decode steps measured")
+    p.add_argument("--rows", type=int, default=4,
+                   help="decode lanes: rows of every decode call (the engine's decode_rows)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json", type=Path, dest="json_out")
 
 
-def run(args: argparse.Namespace) -> int:
-    import numpy as np
+def _generations(model: Path, args: argparse.Namespace, rows: int, *,
+                 together: bool) -> tuple[dict[int, list[int]], float, dict]:
+    """Every sequence generates ``args.tokens`` tokens through ``Engine.generate`` (the path
+    agents use), all at once (``together``: concurrent generations share decode calls) or
+    one after another.  Returns the tokens, the wall seconds and the batcher's counters."""
+    import anyio
+    import anyio.to_thread
 
     from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.sampling import SamplingParams
 
-    if min(args.sequences, args.context, args.tokens) < 2:
-        print("kvagent bench-decode: error: --sequences, --context and --tokens must be >= 2",
-              file=sys.stderr)
+    n = args.sequences
+    per_seq = args.context + args.tokens + 64
+    config = EngineConfig(n_ctx_per_seq=per_seq, n_seq_max=n, n_batch=min(512, per_seq),
+                          n_threads=args.threads, decode_rows=rows)
+    params = SamplingParams(temperature=1.0, seed=11)  # sampled: any logit change shows
+    with Engine(model, None, config) as e:
+        base = list(e.tokenize("the agent looks at the screen and clicks "))
+        logits = {}
+        for s in range(n):  # a different prompt per sequence (other tokens and lengths)
+            prompt = ([s + 3] + base * 400)[: args.context - 7 * s]
+            logits[s] = e.prefill_tokens(s, prompt)
+        out: dict[int, list[int]] = {}
+        before = e.batcher.stats()
+
+        def one(s: int) -> None:
+            out[s] = e.generate(s, logits[s], args.tokens, params, stop_at_eog=False)
+
+        async def main() -> float:
+            t0 = time.perf_counter()
+            if together:
+                async with anyio.create_task_group() as tg:
+                    for s in range(n):
+                        tg.start_soon(anyio.to_thread.run_sync, one, s)
+            else:
+                for s in range(n):
+                    await anyio.to_thread.run_sync(one, s)
+            return time.perf_counter() - t0
+
+        wall = anyio.run(main)
+        stats = (e.batcher.stats() - before).as_dict()
+    return out, wall, stats
+
+
+def run(args: argparse.Namespace) -> int:
+    from runtime.commands.agent_args import check_threads
+
+    if min(args.sequences, args.context, args.tokens) < 2 or args.sequences > 16:
+        print("kvagent bench-decode: error: --sequences (2..16), --context and --tokens "
+              "must be >= 2", file=sys.stderr)
+        return 2
+    problem = check_threads(args.threads) or (
+        None if 1 <= args.rows <= 16 else "--rows must be 1..16")
+    if problem:
+        print(f"kvagent bench-decode: error: {problem}", file=sys.stderr)
         return 2
     model = args.model
     if model is None:
         from cachepolicy.forge import forge_cached
         model = forge_cached("qwen35", "M").model_path
-    n = args.sequences
-    per_seq = args.context + args.tokens + 64
-    config = EngineConfig(n_ctx_per_seq=per_seq, n_seq_max=n, n_batch=min(512, per_seq),
-                          n_threads=args.threads)
-    with Engine(model, None, config) as e:
-        prompt = (list(e.tokenize("the agent looks at the screen and clicks ")) * 400)[: args.context]
-        firsts = []
-        for s in range(n):
-            logits = e.prefill_tokens(s, prompt)
-            firsts.append(int(np.argmax(logits)))
-        base = [e.checkpoint(s) for s in range(n)]
-        # one call per sequence (what kvagent does)
-        t0 = time.perf_counter()
-        single: list[list[np.ndarray]] = [[] for _ in range(n)]
-        toks = list(firsts)
-        for _ in range(args.tokens):
-            for s in range(n):
-                out = e.decode_token(s, toks[s])
-                single[s].append(out)
-                toks[s] = int(np.argmax(out))
-        t_single = time.perf_counter() - t0
-        for s in range(n):
-            e.restore(s, base[s])
-        # one multi-row batch per step
-        t0 = time.perf_counter()
-        batched: list[list[np.ndarray]] = [[] for _ in range(n)]
-        toks = list(firsts)
-        for _ in range(args.tokens):
-            outs = e.decode_many(list(enumerate(toks)))
-            for s, out in enumerate(outs):
-                batched[s].append(out)
-                toks[s] = int(np.argmax(out))
-        t_batched = time.perf_counter() - t0
-        diff = max(float(np.max(np.abs(a - b))) for s in range(n)
-                   for a, b in zip(single[s], batched[s]))
-        same_tokens = all(int(np.argmax(a)) == int(np.argmax(b)) for s in range(n)
-                          for a, b in zip(single[s], batched[s]))
-        report = {
-            "model": str(model), "sequences": n, "context": args.context, "tokens": args.tokens,
-            "threads": args.threads,
-            "single_tokens_per_s": n * args.tokens / t_single,
-            "batched_tokens_per_s": n * args.tokens / t_batched,
-            "speedup": t_single / t_batched,
-            "bitwise_equal": diff == 0.0, "max_abs_diff": diff,
-            "greedy_tokens_equal": same_tokens,
-        }
-    print(f"{n} sequences x {args.tokens} decode steps at {args.context} context tokens")
-    print(f"one llama_decode per sequence: {report['single_tokens_per_s']:.1f} tokens/s")
-    print(f"one multi-row batch per step:  {report['batched_tokens_per_s']:.1f} tokens/s "
-          f"(speedup {report['speedup']:.2f}x)")
-    print(f"batched logits bitwise equal to single-row: {str(diff == 0.0).lower()} "
-          f"(max |diff| {diff:.3g}); greedy tokens equal: {str(same_tokens).lower()}")
+    n, d = args.sequences, args.rows
+    runs = {}
+    for name, rows, together in (("batched", d, True), ("one_at_a_time", d, False),
+                                 ("unpadded_one_at_a_time", 1, False)):
+        print(f"[{name}] {n} generations x {args.tokens} tokens, {rows} decode lane(s)",
+              file=sys.stderr, flush=True)
+        runs[name] = _generations(model, args, rows, together=together)
+    tokens = n * (args.tokens - 1)  # the first token comes from the prompt's logits
+    b, o, u = (runs[k] for k in ("batched", "one_at_a_time", "unpadded_one_at_a_time"))
+    report = {
+        "model": str(model), "sequences": n, "context": args.context, "tokens": args.tokens,
+        "threads": args.threads, "decode_rows": d,
+        "batched_tokens_per_s": tokens / b[1], "one_at_a_time_tokens_per_s": tokens / o[1],
+        "unpadded_tokens_per_s": tokens / u[1],
+        "speedup": o[1] / b[1], "padding_cost": o[1] / u[1],
+        "identical_to_one_at_a_time": b[0] == o[0],
+        "decode_calls": {k: v[2] for k, v in runs.items()},
+    }
+    print(f"{n} generations x {args.tokens} tokens at ~{args.context} context tokens, "
+          f"{d} decode lanes")
+    print(f"together (batched):  {report['batched_tokens_per_s']:.1f} tokens/s "
+          f"({b[2]['rows_per_call']:.2f} rows per call)")
+    print(f"one at a time:       {report['one_at_a_time_tokens_per_s']:.1f} tokens/s "
+          f"(speedup of batching {report['speedup']:.2f}x)")
+    print(f"unpadded (1 lane):   {report['unpadded_tokens_per_s']:.1f} tokens/s "
+          f"(padding costs a lone generation {report['padding_cost']:.2f}x)")
+    print(f"batched tokens identical to one at a time: "
+          f"{str(report['identical_to_one_at_a_time']).lower()}")
     if args.json_out is not None:
-        args.json_out.write_text(json.dumps(report, indent=1))
-    return 0
+        from vmenv.trajectory_writer import write_durably
+        write_durably(args.json_out, json.dumps(report, indent=1).encode())
+    return 0 if report["identical_to_one_at_a_time"] else 1
