@@ -69,6 +69,20 @@ def _apply_start(engine: Engine, seq: int, plan: Plan) -> None:
         raise PolicyError("the sequence changed since the plan was made")
 
 
+def _stop_strings(engine: Engine, stops: tuple[str, ...]) -> Callable[[list[int]], bool] | None:
+    """True once the decoded text holds a stop string (only the tail is detokenized: a stop
+    string of c characters lies within the last c tokens plus one)."""
+    if not stops:
+        return None
+    tail = max(len(s) for s in stops) + 1
+
+    def hit(tokens: list[int]) -> bool:
+        text = engine.detokenize(tokens[-tail:])
+        return any(s in text for s in stops)
+
+    return hit
+
+
 def kl_divergence(ref_logits: np.ndarray, logits: np.ndarray) -> float:
     """KL(softmax(ref) || softmax(logits)) in nats."""
     a = ref_logits.astype(np.float64) - ref_logits.max()
@@ -132,14 +146,16 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
 
 def decode(engine: Engine, plan: Plan, seq: int, prefilled: Execution, *,
            decode_tokens: int = 16, sampling: SamplingParams | None = None,
-           stop_at_eog: bool = False,
-           should_stop: Callable[[], bool] | None = None) -> Execution:
+           stop_at_eog: bool = False, should_stop: Callable[[], bool] | None = None,
+           stop: tuple[str, ...] = ()) -> Execution:
     """Phase 2: generate from the prompt's logits.  It needs no engine slot of its own: its
-    rows join the engine's fixed-size decode calls with other sequences' rows."""
+    rows join the engine's fixed-size decode calls with other sequences' rows.  Decoding
+    ends early once the text holds one of the ``stop`` strings."""
     if not plan.decode or prefilled.logits is None:
         return prefilled
     t0 = time.perf_counter()
     output = engine.generate(seq, prefilled.logits, decode_tokens, sampling,
-                             stop_at_eog=stop_at_eog, should_stop=should_stop)
+                             stop_at_eog=stop_at_eog, should_stop=should_stop,
+                             stop_when=_stop_strings(engine, stop))
     return attrs.evolve(prefilled, output_tokens=tuple(output),
                         decode_s=time.perf_counter() - t0)

@@ -67,7 +67,8 @@ class EpisodeDriver:
         """Open the episode's cache in ``scheduler`` (a sequence of its own) and a session on
         it.  Raises PolicyRefusedError / NoFreeSequenceError before anything is held."""
         policy = config.make_policy(factory)
-        episode = scheduler.open_episode(episode_id, policy, seed=seed)
+        episode = scheduler.open_episode(episode_id, policy, seed=seed,
+                                         options=config.step_options())
         return cls(scheduler, AgentSession(scheduler, factory, episode, config, instruction,
                                            screen, teacher=teacher))
 

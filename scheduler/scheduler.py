@@ -105,15 +105,19 @@ class Scheduler:
 
     # ------------------------------------------------------------------ episodes
 
-    def open_episode(self, episode_id: str, policy: CachePolicy, *,
-                     seed: int = 0) -> EpisodeCache:
+    def open_episode(self, episode_id: str, policy: CachePolicy, *, seed: int = 0,
+                     options: StepOptions | None = None) -> EpisodeCache:
+        """A new episode on a free sequence; ``options`` are its step options (decode
+        budget, sampling, grammar) when they differ from the scheduler's."""
         if episode_id in self._slots:
             raise ValueError(f"episode {episode_id} is already open")
         if not self._free_seqs:
             raise NoFreeSequenceError(
                 f"all {self.engine.config.n_seq_max} sequences are in use; raise n_seq_max")
         seq = self._free_seqs.pop(0)
-        episode = EpisodeCache(episode_id, seq, policy, seed=seed)
+        if options is not None:  # the spare sequence is the scheduler's, whoever asks
+            options = attrs.evolve(options, scratch_seq=self.options.scratch_seq)
+        episode = EpisodeCache(episode_id, seq, policy, seed=seed, options=options)
         self._slots[episode_id] = Slot(episode, last_used=next(self._clock))
         self._log.info("episode_open", episode_id=episode_id, seq_id=seq, policy=policy.name)
         return episode
@@ -139,12 +143,13 @@ class Scheduler:
 
     # ------------------------------------------------------------------ work
 
-    async def step(self, episode: EpisodeCache,
-                   build: Callable[[], tuple[Segment, ...]]) -> StepRecord:
+    async def step(self, episode: EpisodeCache, build: Callable[[], tuple[Segment, ...]], *,
+                   options: StepOptions | None = None) -> StepRecord:
         """Run one critical step: ``build`` (run in a worker thread; it may encode images)
-        returns the new segments.  Raises ``AdmissionError`` if even the ladder fails;
+        returns the new segments; ``options`` override the episode's for this step (e.g. a
+        request's sampling).  Raises ``AdmissionError`` if even the ladder fails;
         cancellation propagates as cancellation (the step rolled back)."""
-        result = await self._transact(episode, build, Priority.CRITICAL)
+        result = await self._transact(episode, build, Priority.CRITICAL, options)
         if not isinstance(result, StepRecord):  # a critical job is never discarded
             raise AssertionError(f"critical step of {episode.episode_id} returned {result!r}")
         return result
@@ -183,7 +188,8 @@ class Scheduler:
             return await anyio.to_thread.run_sync(fn)
 
     async def _transact(self, episode: EpisodeCache, build: Callable[[], tuple[Segment, ...]],
-                        priority: Priority) -> StepRecord | PrefetchRecord | None:
+                        priority: Priority, options: StepOptions | None = None,
+                        ) -> StepRecord | PrefetchRecord | None:
         slot = self._slots.get(episode.episode_id)
         if slot is None or slot.closed:
             if priority is Priority.PREFETCH:
@@ -202,8 +208,11 @@ class Scheduler:
                 # and lets this job reach admission meanwhile.
                 segments = slot.pending + await anyio.to_thread.run_sync(build)
                 slot.pending = ()
+                if options is not None:
+                    options = attrs.evolve(options, scratch_seq=self.options.scratch_seq)
+                opts = options or episode.options or self.options
                 try:
-                    return await self._admit_and_run(slot, segments, priority)
+                    return await self._admit_and_run(slot, segments, priority, opts)
                 except Exception:
                     if priority is Priority.PREFETCH:
                         slot.pending = segments  # the next step delivers them
@@ -217,7 +226,8 @@ class Scheduler:
                 self.counters["idle_checks"] += 1
 
     async def _admit_and_run(self, slot: Slot, segments: tuple[Segment, ...],
-                             priority: Priority) -> StepRecord | PrefetchRecord | None:
+                             priority: Priority,
+                             options: StepOptions) -> StepRecord | PrefetchRecord | None:
         for attempt in range(3):
             try:
                 txn = await self.admission.admit(slot, segments, priority, degrade=attempt > 0)
@@ -227,7 +237,7 @@ class Scheduler:
                     return None
                 raise
             try:
-                result = await self._run(slot, txn, priority)
+                result = await self._run(slot, txn, priority, options)
                 if isinstance(result, PrefetchRecord) and result.preempted:
                     self.counters["prefetch_preempted"] += 1
                 return result
@@ -254,8 +264,8 @@ class Scheduler:
                 slot.pinned = False
         raise AssertionError("unreachable")
 
-    async def _run(self, slot: Slot, txn: Transaction,
-                   priority: Priority) -> StepRecord | PrefetchRecord:
+    async def _run(self, slot: Slot, txn: Transaction, priority: Priority,
+                   options: StepOptions) -> StepRecord | PrefetchRecord:
         """execute + publish in worker threads, in two phases: the prefill holds the engine
         gate; the decode does not (its rows join the engine's fixed-size decode calls with
         other episodes' rows — continuous batching).  Cancellation and preemption are polled
@@ -285,10 +295,10 @@ class Scheduler:
                     async with gate.hold(priority):
                         slot.phase = Phase.RUNNING
                         prefilled = await anyio.to_thread.run_sync(functools.partial(
-                            commit_prefill, self.engine, txn, self.ledger, self.options,
+                            commit_prefill, self.engine, txn, self.ledger, options,
                             should_stop=should_stop))
                     record = await anyio.to_thread.run_sync(functools.partial(
-                        commit_finish, self.engine, txn, self.ledger, self.options, prefilled,
+                        commit_finish, self.engine, txn, self.ledger, options, prefilled,
                         fault=fault, should_stop=stop.is_set))
                     finished = True
                 except Exception as exc:  # re-raised below, outside the task group, so

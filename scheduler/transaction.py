@@ -49,6 +49,7 @@ class EpisodeCache:
     state: CacheState = attrs.Factory(CacheState)
     steps_done: int = 0
     seed: int = 0  # the episode's sampling seed (mixed with the step index at each step)
+    options: StepOptions | None = None  # the episode's own step options (None: the scheduler's)
     publish_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
 
     def view(self, engine: Engine) -> CacheView:
@@ -78,6 +79,7 @@ class StepOptions:
     sampling: SamplingParams = attrs.Factory(SamplingParams)
     stop_at_eog: bool = False
     scratch_seq: int | None = None  # a spare sequence for relocate's drift measurement
+    stop: tuple[str, ...] = ()  # decoding ends once the text holds one of these
 
 
 @attrs.frozen
@@ -187,12 +189,14 @@ def commit_finish(engine: Engine, txn: Transaction, ledger: MemoryLedger,
     with _rolls_back(engine, txn, ledger):
         exe = decode(engine, plan, ep.seq, prefilled, decode_tokens=options.decode_tokens,
                      sampling=step_sampling(options.sampling, ep.seed, txn.new_log),
-                     stop_at_eog=options.stop_at_eog, should_stop=should_stop)
+                     stop_at_eog=options.stop_at_eog, should_stop=should_stop,
+                     stop=options.stop)
         if fault is not None:
             fault("before_publish")
         successor = _successor(engine, ep, plan, exe, txn.parent)
         ep.publish(txn.parent_log, txn.parent, txn.new_log, successor, ledger, txn.reservation)
         text = engine.detokenize(exe.output_tokens) if not txn.prefetch else ""
+        text = cut_at_stop(text, options.stop)
     abort(txn, ledger)  # release (a no-op after a successful publish)
     log.debug("txn_publish", episode_id=ep.episode_id, seq_id=ep.seq, txn_id=txn.txn_id,
               generation=txn.new_log.generation, held=successor.held_bytes,
@@ -221,6 +225,12 @@ def commit(engine: Engine, txn: Transaction, ledger: MemoryLedger,
     prefilled = commit_prefill(engine, txn, ledger, options, should_stop=should_stop)
     return commit_finish(engine, txn, ledger, options, prefilled, fault=fault,
                          should_stop=should_stop)
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
+    """The text up to (not including) the first stop string it holds."""
+    cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return text[: min(cuts)] if cuts else text
 
 
 def settle_rollback(engine: Engine, ep: EpisodeCache, ledger: MemoryLedger) -> None:

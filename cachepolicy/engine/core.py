@@ -263,7 +263,8 @@ class Engine:
 
     def generate(self, seq: int, logits: np.ndarray, max_tokens: int,
                  sampling: SamplingParams | None = None, *, stop_at_eog: bool = True,
-                 should_stop: Callable[[], bool] | None = None) -> list[int]:
+                 should_stop: Callable[[], bool] | None = None,
+                 stop_when: Callable[[list[int]], bool] | None = None) -> list[int]:
         """Sample up to ``max_tokens`` tokens starting from ``logits`` (the prompt's last).
 
         Every sampled token but the last is fed back — in a decode lane holding a copy of
@@ -280,7 +281,8 @@ class Engine:
                     tok = sampler.sample(logits)
                     out.append(tok)
                     sampler.accept(tok)
-                    if (stop_at_eog and self.is_end_of_generation(tok)) or i == max_tokens - 1:
+                    if ((stop_at_eog and self.is_end_of_generation(tok)) or i == max_tokens - 1
+                            or (stop_when is not None and stop_when(out))):
                         break
                     if should_stop is not None and should_stop():
                         raise Preempted(f"stopped after {len(out)} decoded tokens")

@@ -1,0 +1,273 @@
+"""Request bodies of the HTTP APIs → validated records (or an ``ApiError`` saying what is
+wrong, with the parameter).
+
+Chat completions follow OpenAI's request shape: ``messages`` with string or list content,
+text parts and ``image_url`` parts carrying ``data:`` URLs (or bare base64); ``max_tokens``
+(or ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``,
+``user``.  Images are decoded with Pillow's decompression-bomb limit and converted to PNG
+(``vmenv.png.screenshot_png``); nothing is fetched from the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from runtime.serve.errors import ApiError, bad_request, too_large
+from vmenv.errors import ScreenshotError
+from vmenv.png import screenshot_png
+
+ROLES = ("system", "user", "assistant")
+
+
+@attrs.frozen
+class Limits:
+    """What one request may ask for (the server's settings)."""
+
+    max_body_bytes: int = 64 << 20
+    max_image_bytes: int = 16 << 20
+    max_images: int = 16
+    max_messages: int = 256
+    max_text_chars: int = 200_000
+    max_tokens: int = 4096
+    max_stop: int = 4
+    max_stop_chars: int = 64
+
+
+@attrs.frozen
+class TextPart:
+    text: str
+
+
+@attrs.frozen
+class ImagePart:
+    png: bytes = attrs.field(repr=False)
+    size: tuple[int, int]
+
+
+Part = TextPart | ImagePart
+
+
+@attrs.frozen
+class Message:
+    role: str  # system | user | assistant
+    parts: tuple[Part, ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+    @property
+    def images(self) -> tuple[ImagePart, ...]:
+        return tuple(p for p in self.parts if isinstance(p, ImagePart))
+
+
+@attrs.frozen
+class Sampling:
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...]
+
+
+@attrs.frozen
+class ChatRequest:
+    model: str
+    messages: tuple[Message, ...]
+    sampling: Sampling
+    stream: bool
+    user: str | None
+    mode: str | None  # faithful | terminal (kvagent extension), None: the server's default
+
+    @property
+    def images(self) -> tuple[ImagePart, ...]:
+        return tuple(i for m in self.messages for i in m.images)
+
+
+def parse_json(body: bytes, limits: Limits) -> dict[str, Any]:
+    if len(body) > limits.max_body_bytes:
+        raise too_large(f"the request body has {len(body)} bytes; the limit is "
+                        f"{limits.max_body_bytes}")
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad_request("the request body must be a JSON object")
+    return data
+
+
+def parse_chat(data: Mapping[str, Any], limits: Limits) -> ChatRequest:
+    """Validate a chat completions body (blocking: decodes images — run it off the loop)."""
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' must be a non-empty string", param="model")
+    if data.get("n", 1) != 1:
+        raise bad_request("only n=1 is supported", param="n")
+    if data.get("tools") or data.get("functions"):
+        raise bad_request("tool definitions are not supported; describe the tool in the "
+                          "system prompt", param="tools")
+    raw = data.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("'messages' must be a non-empty list", param="messages")
+    if len(raw) > limits.max_messages:
+        raise too_large(f"{len(raw)} messages; the limit is {limits.max_messages}",
+                        param="messages")
+    messages: list[Message] = []
+    n_images = 0
+    n_chars = 0
+    for i, m in enumerate(raw):
+        msg = _message(m, i, limits)
+        n_images += len(msg.images)
+        n_chars += len(msg.text)
+        if n_images > limits.max_images:
+            raise bad_request(f"more than {limits.max_images} images in one request",
+                              param=f"messages[{i}]", code="too_many_images")
+        messages.append(msg)
+    if n_chars > limits.max_text_chars:
+        raise too_large(f"{n_chars} characters of text; the limit is {limits.max_text_chars}",
+                        param="messages")
+    if messages[-1].role == "assistant":
+        raise bad_request("the last message must not be the assistant's (continuing an "
+                          "assistant message is not supported)", param="messages")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean", param="stream")
+    user = data.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad_request("'user' must be a string", param="user")
+    mode = data.get("kvagent_mode")
+    if mode is not None and mode not in ("faithful", "terminal"):
+        raise bad_request("'kvagent_mode' must be 'faithful' or 'terminal'",
+                          param="kvagent_mode")
+    return ChatRequest(model, tuple(messages), _sampling(data, limits), stream, user, mode)
+
+
+def _message(m: Any, i: int, limits: Limits) -> Message:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise bad_request(f"{where} must be an object", param=where)
+    role = m.get("role")
+    if role == "developer":  # OpenAI's newer name for system instructions
+        role = "system"
+    if role not in ROLES:
+        raise bad_request(f"{where}.role {role!r} is not supported (use one of "
+                          f"{', '.join(ROLES)})", param=f"{where}.role")
+    content = m.get("content")
+    if isinstance(content, str):
+        return Message(role, (TextPart(content),))
+    if not isinstance(content, list):
+        raise bad_request(f"{where}.content must be a string or a list of parts",
+                          param=f"{where}.content")
+    parts: list[Part] = []
+    for j, part in enumerate(content):
+        parts.append(_part(part, f"{where}.content[{j}]", role, limits))
+    return Message(role, tuple(parts))
+
+
+def _part(part: Any, where: str, role: str, limits: Limits) -> Part:
+    if not isinstance(part, dict):
+        raise bad_request(f"{where} must be an object", param=where)
+    kind = part.get("type")
+    if kind == "text":
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise bad_request(f"{where}.text must be a string", param=f"{where}.text")
+        return TextPart(text)
+    if kind in ("image_url", "image"):
+        if role != "user":
+            raise bad_request(f"{where}: images are only supported in user messages",
+                              param=where)
+        url = part.get("image_url", part.get("image"))
+        if isinstance(url, dict):
+            url = url.get("url")
+        if not isinstance(url, str):
+            raise bad_request(f"{where}.image_url.url must be a string", param=where)
+        return _image(url, where, limits)
+    raise bad_request(f"{where}.type {kind!r} is not supported (text, image_url)",
+                      param=f"{where}.type")
+
+
+def _image(url: str, where: str, limits: Limits) -> ImagePart:
+    if url.startswith("data:"):
+        header, sep, payload = url.partition(",")
+        if not sep:
+            raise bad_request(f"{where}: a data: URL without a comma", param=where)
+        media = header[5:].split(";")[0].strip().lower()
+        if not media.startswith("image/"):
+            raise bad_request(f"{where}: a data: URL of type {media or 'unknown'!r}, not "
+                              "an image", param=where, code="invalid_image")
+        if ";base64" not in header.lower():
+            raise bad_request(f"{where}: only base64 data: URLs are supported", param=where)
+    elif url.startswith(("http://", "https://", "file:")):
+        raise bad_request(f"{where}: images must be inline (data: URLs or base64); kvagent "
+                          "fetches nothing", param=where, code="invalid_image")
+    else:
+        payload = url  # bare base64
+    if len(payload) * 3 // 4 > limits.max_image_bytes:
+        raise too_large(f"{where}: an image of ~{len(payload) * 3 // 4} bytes; the limit is "
+                        f"{limits.max_image_bytes}", param=where)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise bad_request(f"{where}: the image is not valid base64", param=where,
+                          code="invalid_image") from None
+    try:
+        png, size = screenshot_png(data)
+    except ScreenshotError as exc:
+        raise bad_request(f"{where}: {exc}", param=where, code="invalid_image") from None
+    return ImagePart(png, size)
+
+
+def _number(data: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    value = data.get(key, default)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_request(f"'{key}' must be a number", param=key)
+    if not lo <= value <= hi:
+        raise bad_request(f"'{key}' must be in [{lo:g}, {hi:g}], got {value:g}", param=key)
+    return float(value)
+
+
+def _sampling(data: Mapping[str, Any], limits: Limits) -> Sampling:
+    key = "max_completion_tokens" if "max_completion_tokens" in data else "max_tokens"
+    max_tokens = data.get(key, 256)
+    if max_tokens is None:
+        max_tokens = 256
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise bad_request(f"'{key}' must be a positive integer", param=key)
+    if max_tokens > limits.max_tokens:
+        raise bad_request(f"'{key}' is {max_tokens}; this server allows at most "
+                          f"{limits.max_tokens}", param=key, code="max_tokens_too_large")
+    temperature = _number(data, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(data, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:
+        raise bad_request("'top_p' must be > 0", param="top_p")
+    seed = data.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                             or not -(2**63) <= seed < 2**63):
+        raise bad_request("'seed' must be a 64-bit integer", param="seed")
+    stop = data.get("stop")
+    stops: tuple[str, ...]
+    if stop is None:
+        stops = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = tuple(stop)
+    else:
+        raise bad_request("'stop' must be a string or a list of strings", param="stop")
+    if len(stops) > limits.max_stop or any(not s or len(s) > limits.max_stop_chars
+                                           for s in stops):
+        raise bad_request(f"'stop': at most {limits.max_stop} non-empty strings of at most "
+                          f"{limits.max_stop_chars} characters", param="stop")
+    return Sampling(max_tokens, temperature, top_p, seed, stops)
+
