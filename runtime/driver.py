@@ -28,7 +28,7 @@ from runtime.config import AgentConfig
 from runtime.metrics import StepMetrics
 from runtime.session import ActStep, AgentSession, Teacher
 from scheduler.scheduler import Scheduler
-from scheduler.transaction import PrefetchRecord
+from scheduler.transaction import PrefetchRecord, StepOptions
 from vmenv.actions import TERMINAL_ACTIONS, format_action
 
 log = structlog.get_logger("kvagent.driver")
@@ -80,14 +80,16 @@ class EpisodeDriver:
     def prefetch_running(self) -> bool:
         return self._prefetch is not None and not self._prefetch.done.is_set()
 
-    async def act(self, png: bytes, *, arrived_at: float | None = None) -> DriverStep:
-        """Decide the action for ``png`` (critical path).  Raises the scheduler's typed
-        errors (e.g. ``AdmissionError``) when the step cannot run; the episode's published
-        cache state is then untouched."""
+    async def act(self, png: bytes, *, arrived_at: float | None = None,
+                  options: StepOptions | None = None) -> DriverStep:
+        """Decide the action for ``png`` (critical path); ``options`` override the
+        episode's step options for this step.  Raises the scheduler's typed errors (e.g.
+        ``AdmissionError``) when the step cannot run; the episode's published cache state is
+        then untouched."""
         t0 = time.perf_counter() if arrived_at is None else arrived_at
         job = await self._settle(cancel=False)
         waited = time.perf_counter() - t0
-        act = await self.session.act(png)
+        act = await self.session.act(png, options=options)
         critical = time.perf_counter() - t0
         metrics = StepMetrics.decided(
             act.record, act.prefetch, action=format_action(act.action) if act.parsed else None,

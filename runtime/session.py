@@ -22,7 +22,7 @@ from runtime.actions import CoordConvention, NoOp, format_action, parse_action
 from runtime.config import AgentConfig
 from scheduler.records import StepRecord
 from scheduler.scheduler import Scheduler
-from scheduler.transaction import EpisodeCache, PrefetchRecord
+from scheduler.transaction import EpisodeCache, PrefetchRecord, StepOptions
 from vmenv.actions import Action
 
 NOOP_TEXT = "noop()"  # what an unparsable step leaves in the history (never the raw text)
@@ -95,8 +95,10 @@ class AgentSession:
         """The text the last decided action leaves in the history."""
         return self._history_text
 
-    async def act(self, screenshot_png: bytes) -> ActStep:
-        """Decide the action for a new screenshot (the critical path)."""
+    async def act(self, screenshot_png: bytes, *,
+                  options: StepOptions | None = None) -> ActStep:
+        """Decide the action for a new screenshot (the critical path); ``options`` override
+        the episode's step options for this step."""
         i, f = self._index, self.factory
         carry = self._history_text if (i > 0 and not self._prefetched) else None
         encode = [0.0]
@@ -113,7 +115,7 @@ class AgentSession:
             encode[0] = time.perf_counter() - t0
             return segs + (shot,)
 
-        record = await self.scheduler.step(self.episode, build)
+        record = await self.scheduler.step(self.episode, build, options=options)
         response = record.output_text
         action = parse_action(response, convention=self.config.convention, screen=self.screen)
         if isinstance(action, NoOp):

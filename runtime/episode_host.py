@@ -1,0 +1,169 @@
+"""Episodes hosted by id on one scheduler: what ``KvAgent``'s in-process runtime and
+``kvagent serve`` both run.
+
+``EpisodeHost.run`` owns the ``Scheduler`` and one task group (where every episode's
+overlapped prefetch runs) until ``stop``; episodes are opened, stepped and closed by id, each
+through its own ``EpisodeDriver``.  One step of an episode runs at a time (a second
+concurrent one is refused with ``EpisodeBusyError``: it is a client bug, not load).  When the
+host stops, prefetches are cancelled and every episode is closed: the ledger returns to zero.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import anyio
+import anyio.abc
+import attrs
+import structlog
+
+from cachepolicy.segments import SegmentFactory
+from runtime.config import AgentConfig
+from runtime.driver import DriverStep, EpisodeDriver
+from runtime.session import Teacher
+from scheduler.errors import NoFreeSequenceError
+from scheduler.ledger import MemoryLedger
+from scheduler.scheduler import Scheduler
+from scheduler.transaction import StepOptions
+
+log = structlog.get_logger("kvagent.host")
+
+
+class HostError(Exception):
+    """Base class of the episode host's errors."""
+
+
+class HostClosedError(HostError):
+    """The host is not running."""
+
+
+class UnknownEpisodeError(HostError, KeyError):
+    """No open episode has this id."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class EpisodeBusyError(HostError):
+    """A step of this episode is already running."""
+
+
+class HostFullError(HostError):
+    """Every episode slot is taken (and none is idle enough to give back)."""
+
+
+@attrs.define(eq=False)
+class HostedEpisode:
+    driver: EpisodeDriver
+    config: AgentConfig
+    busy: bool = False  # a step is running
+    last_used: float = attrs.Factory(time.monotonic)
+
+    @property
+    def episode_id(self) -> str:
+        return self.driver.episode_id
+
+
+class EpisodeHost:
+    def __init__(self, factory: SegmentFactory, ledger: MemoryLedger, *, max_episodes: int,
+                 options: StepOptions = StepOptions(), wait_s: float = 30.0) -> None:
+        self.factory, self.ledger, self.max_episodes = factory, ledger, max_episodes
+        self._options, self._wait_s = options, wait_s
+        self._scheduler: Scheduler | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._stopping: anyio.Event | None = None
+        self.episodes: dict[str, HostedEpisode] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+                  ) -> None:
+        """Own the scheduler and the task group until ``stop``; then every episode closes."""
+        self._stopping = anyio.Event()
+        async with Scheduler(self.factory.engine, self.ledger, self.factory,
+                             options=self._options, wait_s=self._wait_s) as scheduler:
+            self._scheduler = scheduler
+            try:
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    task_status.started()
+                    await self._stopping.wait()
+                    tg.cancel_scope.cancel()  # running prefetches are speculative: drop them
+            finally:
+                self._tg = None
+                with anyio.CancelScope(shield=True):
+                    for hosted in list(self.episodes.values()):
+                        await hosted.driver.aclose()
+                    self.episodes.clear()
+                self._scheduler = None
+
+    def stop(self) -> None:
+        if self._stopping is not None:
+            self._stopping.set()
+
+    @property
+    def scheduler(self) -> Scheduler:
+        if self._scheduler is None or self._tg is None:
+            raise HostClosedError("the episode host is not running")
+        return self._scheduler
+
+    # ------------------------------------------------------------------ episodes
+
+    async def open(self, episode_id: str, config: AgentConfig, instruction: str,
+                   screen: tuple[int, int], *, seed: int = 0, teacher: Teacher | None = None,
+                   evictable: Callable[[HostedEpisode], bool] | None = None) -> HostedEpisode:
+        """Open an episode (its own sequence).  When every slot is taken, the least
+        recently used idle episode that ``evictable`` allows is closed first (its next
+        request starts from scratch); with none, ``HostFullError``."""
+        if episode_id in self.episodes:
+            raise ValueError(f"episode {episode_id} is already open")
+        while len(self.episodes) >= self.max_episodes:
+            idle = sorted((h for h in self.episodes.values()
+                           if not h.busy and evictable is not None and evictable(h)),
+                          key=lambda h: h.last_used)
+            if not idle:
+                raise HostFullError(f"all {self.max_episodes} episode slots are in use")
+            log.info("host_episode_evicted", episode_id=idle[0].episode_id,
+                     reason="slots full: the least recently used idle episode")
+            await self.close(idle[0].episode_id)
+        try:  # no await from the check above to here: the slot is still free
+            driver = EpisodeDriver.open(self.scheduler, self.factory, config, episode_id,
+                                        instruction, screen, seed=seed, teacher=teacher)
+        except NoFreeSequenceError as exc:
+            raise HostFullError(str(exc)) from exc
+        hosted = self.episodes[episode_id] = HostedEpisode(driver, config)
+        log.info("host_episode_open", episode_id=episode_id, policy=config.policy,
+                 open=len(self.episodes))
+        return hosted
+
+    def get(self, episode_id: str) -> HostedEpisode:
+        hosted = self.episodes.get(episode_id)
+        if hosted is None:
+            raise UnknownEpisodeError(f"no open episode {episode_id!r}")
+        return hosted
+
+    async def step(self, episode_id: str, png: bytes, *, arrived_at: float,
+                   options: StepOptions | None = None,
+                   prefetch: bool = True) -> DriverStep:
+        """One step: the driver acts on ``png`` (settling the previous prefetch), then — with
+        overlap — the next step's prefetch starts in the host's task group."""
+        hosted = self.get(episode_id)
+        if hosted.busy:
+            raise EpisodeBusyError(f"a step of episode {episode_id} is already running")
+        hosted.busy = True
+        try:
+            step = await hosted.driver.act(png, arrived_at=arrived_at, options=options)
+            if prefetch and self._tg is not None:
+                hosted.driver.start_prefetch(self._tg, step)
+            return step
+        finally:
+            hosted.busy = False
+            hosted.last_used = time.monotonic()
+
+    async def close(self, episode_id: str) -> None:
+        hosted = self.episodes.pop(episode_id, None)
+        if hosted is not None:
+            await hosted.driver.aclose()
+            log.info("host_episode_close", episode_id=episode_id, open=len(self.episodes))
+
