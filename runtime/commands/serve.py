@@ -1,0 +1,122 @@
+"""``kvagent serve``: one model host for many agents, over HTTP (see ``runtime/serve``).
+
+With no arguments it serves the forged tiny model on 127.0.0.1:8000.  When the model is
+loaded and the socket listens it prints one JSON line to stdout —
+``{"event": "serve_ready", "url": ..., "port": ..., "model": ...}`` — which scripts (and the
+tests, with ``--port 0``) wait for.  SIGINT / SIGTERM shut it down gracefully: new requests
+are refused, in-flight steps finish (or roll back after the grace period), every episode
+closes and the ledger returns to zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import anyio
+
+HELP = ("serve the model to many agents over HTTP: an OpenAI-compatible chat API and kvagent's "
+        "episode API, one engine, scheduler and memory budget")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from runtime.commands.agent_args import add_agent_arguments, default_threads
+
+    p.add_argument("--model", type=Path, help="GGUF model (default: the forged tiny qwen35)")
+    p.add_argument("--mmproj", type=Path, help="vision projector GGUF (required with --model)")
+    p.add_argument("--model-name", help="the model id clients send (default: the file stem)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 = any free port")
+    p.add_argument("--memory-budget", default=None,
+                   help="ledger budget (2GiB, 512MiB; default: the memory available now)")
+    p.add_argument("--max-episodes", type=int, default=4,
+                   help="episodes (and chat conversations) held at once; more get 429")
+    p.add_argument("--ctx", type=int, default=16384, help="context tokens per episode")
+    p.add_argument("--n-batch", type=int, default=512)
+    p.add_argument("--threads", type=int, default=default_threads())
+    p.add_argument("--mode", default="terminal", choices=("terminal", "faithful"),
+                   help="chat completions: re-lay prompts in kvagent's terminal layout, or "
+                        "keep them exactly as sent")
+    p.add_argument("--grace-seconds", type=float, default=30.0,
+                   help="on SIGINT/SIGTERM, how long in-flight requests may finish")
+    add_agent_arguments(p)
+
+
+def _config(args: argparse.Namespace) -> object:
+    from runtime.commands.agent_args import agent_config, check_threads
+    from runtime.commands.run import _default_budget
+    from runtime.serve.host import ServeConfig
+    from scheduler.sizes import parse_budget
+
+    problem = check_threads(args.threads)
+    if problem:
+        raise ValueError(problem)
+    if not 0 <= args.port <= 65535:
+        raise ValueError("--port must be 0..65535")
+    if not 0 <= args.grace_seconds <= 3600:
+        raise ValueError("--grace-seconds must be 0..3600")
+    budget = parse_budget(args.memory_budget, relative=False)
+    return ServeConfig(
+        model_path=args.model, mmproj_path=args.mmproj, model_name=args.model_name,
+        max_episodes=args.max_episodes, n_ctx=args.ctx, n_batch=args.n_batch,
+        n_threads=args.threads,
+        memory_budget=_default_budget() if budget.unlimited else budget.resolve(),
+        agent=agent_config(args), mode=args.mode)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = _config(args)
+    except ValueError as exc:
+        print(f"kvagent serve: error: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from runtime.serve.app import create_app
+
+    try:
+        sock = socket.create_server((args.host, args.port))
+    except OSError as exc:
+        print(f"kvagent serve: error: cannot listen on {args.host}:{args.port}: {exc}",
+              file=sys.stderr)
+        return 2
+    port = sock.getsockname()[1]
+
+    def ready(host: object) -> None:
+        print(json.dumps({"event": "serve_ready", "url": f"http://{args.host}:{port}",
+                          "port": port, "model": host.model_name}), flush=True)  # type: ignore[attr-defined]
+
+    app = create_app(config, on_ready=ready)  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(
+        app, log_level="warning", timeout_graceful_shutdown=args.grace_seconds,
+        lifespan="on"))
+    # kvagent owns the signals (uvicorn would re-raise them after its shutdown, turning a
+    # clean SIGTERM into a traceback): the first asks for a graceful shutdown, a second
+    # forces it.
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    try:
+        anyio.run(_serve, server, sock)
+    finally:
+        sock.close()
+    return 0 if server.started else 2  # not started: the model did not load (logged)
+
+
+async def _serve(server: object, sock: socket.socket) -> None:
+    async with anyio.create_task_group() as tg:
+        async def on_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for sig in signals:
+                    print(f"kvagent serve: {signal.Signals(sig).name}: shutting down",
+                          file=sys.stderr, flush=True)
+                    if server.should_exit:  # type: ignore[attr-defined]
+                        server.force_exit = True  # type: ignore[attr-defined]
+                    server.should_exit = True  # type: ignore[attr-defined]
+
+        tg.start_soon(on_signals)
+        await server.serve(sockets=[sock])  # type: ignore[attr-defined]
+        tg.cancel_scope.cancel()

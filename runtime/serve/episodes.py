@@ -1,0 +1,110 @@
+"""The episode API: kvagent's own agent, hosted (what ``KvAgent(server=URL)`` speaks).
+
+    POST   /v1/episodes                 {"instruction", "screen"?: [w, h], "options"?: {...}}
+                                         → 201 {"episode_id", "config"}
+    POST   /v1/episodes/{id}/step       {"screenshot": base64 PNG/JPEG/...}
+                                         → {"episode_id", "step", "action", "parsed",
+                                            "response", "terminal", "info"}
+    DELETE /v1/episodes/{id}            → 204
+
+A step returns the decided action as data: its text in kvagent's action language
+(``action``, absolute pixels of the screenshot; ``null`` for an unparsable output) — the
+client turns it into a record (``parse_action``) and generates the pyautogui code itself, as
+the in-process agent does.  Overlap happens here: after answering, the host prefetches the
+next step while the client's VM executes the action.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio.to_thread
+import attrs
+
+from runtime.config import AgentConfig
+from runtime.serve.errors import bad_request, too_large
+from runtime.serve.host import ModelHost
+from vmenv.actions import TERMINAL_ACTIONS
+from vmenv.errors import ScreenshotError
+from vmenv.png import screenshot_png
+
+#: The agent options a client may set per episode (``AgentConfig`` fields).
+EPISODE_OPTIONS = ("policy", "window", "overlap", "temperature", "seed", "grammar",
+                   "decode_tokens", "system_prompt")
+MAX_INSTRUCTION_CHARS = 20_000
+
+
+def episode_config(base: AgentConfig, options: Any) -> AgentConfig:
+    if options is None:
+        return base
+    if not isinstance(options, Mapping):
+        raise bad_request("'options' must be an object", param="options")
+    unknown = sorted(set(options) - set(EPISODE_OPTIONS))
+    if unknown:
+        raise bad_request(f"unknown options {unknown}; known: {', '.join(EPISODE_OPTIONS)}",
+                          param="options")
+    try:
+        return attrs.evolve(base, **options)
+    except (ValueError, TypeError) as exc:
+        raise bad_request(f"options: {exc}", param="options") from None
+
+
+async def create(host: ModelHost, body: Mapping[str, Any]) -> dict[str, Any]:
+    instruction = body.get("instruction")
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise bad_request("'instruction' must be a non-empty string", param="instruction")
+    if len(instruction) > MAX_INSTRUCTION_CHARS:
+        raise too_large(f"the instruction has {len(instruction)} characters; the limit is "
+                        f"{MAX_INSTRUCTION_CHARS}", param="instruction")
+    screen = body.get("screen")
+    if screen is not None:
+        if (not isinstance(screen, list) or len(screen) != 2
+                or not all(isinstance(v, int) and 1 <= v <= 16384 for v in screen)):
+            raise bad_request("'screen' must be [width, height] in pixels", param="screen")
+        screen = (screen[0], screen[1])
+    config = episode_config(host.config.agent, body.get("options"))
+    episode_id, n = host.new_id("ep")
+    # the screen size until the first screenshot says otherwise (coordinates follow the
+    # screenshot the model sees)
+    await host.episodes.open(episode_id, config, instruction, screen or (1920, 1080), seed=n)
+    return {"episode_id": episode_id, "config": {k: getattr(config, k)
+                                                  for k in EPISODE_OPTIONS
+                                                  if k != "system_prompt"}}
+
+
+async def step(host: ModelHost, episode_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    arrived = time.perf_counter()  # the screenshot's bytes are in hand
+    hosted = host.episodes.get(episode_id)
+    shot = body.get("screenshot")
+    if not isinstance(shot, str) or not shot:
+        raise bad_request("'screenshot' must be a base64 string", param="screenshot")
+    if len(shot) * 3 // 4 > host.config.limits.max_image_bytes:
+        raise too_large("the screenshot is too large", param="screenshot")
+    try:
+        data = base64.b64decode(shot, validate=True)
+        png, size = await anyio.to_thread.run_sync(screenshot_png, data)
+    except (binascii.Error, ValueError):
+        raise bad_request("'screenshot' is not valid base64", param="screenshot") from None
+    except ScreenshotError as exc:
+        raise bad_request(f"'screenshot': {exc}", param="screenshot",
+                          code="invalid_image") from None
+    session = hosted.driver.session
+    if session.screen != size:
+        session.screen = size  # coordinates refer to the screenshot the model sees
+    result = await host.episodes.step(episode_id, png, arrived_at=arrived)
+    metrics = result.metrics
+    host.metrics.step("episode", metrics)
+    info = metrics.as_dict()
+    info.pop("output_tokens")
+    return {"episode_id": episode_id, "step": result.act.index, "action": metrics.action,
+            "parsed": metrics.parsed, "response": result.act.response,
+            "terminal": isinstance(result.act.action, TERMINAL_ACTIONS), "info": info}
+
+
+async def end(host: ModelHost, episode_id: str) -> None:
+    host.episodes.get(episode_id)  # 404 for an unknown id
+    await host.episodes.close(episode_id)

@@ -1,0 +1,152 @@
+"""The model host behind ``kvagent serve``: one engine, one scheduler, one memory ledger and
+the episodes of every client.
+
+``ModelHost.running(config)`` loads the engine (off the event loop), runs an ``EpisodeHost``
+in a task group it owns, and on the way out stops it (prefetches cancelled, episodes closed,
+the ledger back to zero) and frees the engine.  The HTTP layer (``app.py``) calls
+``episode_*`` / the chat service and reads ``status`` / ``gauges``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import attrs
+import structlog
+
+from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.segments import SegmentFactory
+from runtime.config import AgentConfig
+from runtime.episode_host import EpisodeHost
+from runtime.serve.prometheus import ServeMetrics
+from runtime.serve.requests import Limits
+from scheduler.ledger import MemoryLedger
+from scheduler.sizes import UNLIMITED_BYTES
+
+log = structlog.get_logger("kvagent.serve")
+
+MODES = ("terminal", "faithful")
+
+
+@attrs.frozen
+class ServeConfig:
+    """What ``kvagent serve`` runs (see ``runtime/commands/serve.py`` for the flags)."""
+
+    model_path: Path | None = attrs.field(default=None,
+                                          converter=attrs.converters.optional(Path))
+    mmproj_path: Path | None = attrs.field(default=None,
+                                           converter=attrs.converters.optional(Path))
+    model_name: str | None = None  # the id clients send as "model" (default: the file stem)
+    max_episodes: int = attrs.field(default=4, validator=[attrs.validators.ge(1),
+                                                          attrs.validators.le(64)])
+    n_ctx: int = attrs.field(default=16384, validator=[attrs.validators.ge(512),
+                                                       attrs.validators.le(1 << 20)])
+    n_batch: int = attrs.field(default=512, validator=[attrs.validators.ge(2),
+                                                       attrs.validators.le(8192)])
+    n_threads: int = attrs.field(factory=lambda: os.cpu_count() or 1,
+                                 validator=[attrs.validators.ge(1), attrs.validators.le(256)])
+    memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=attrs.validators.ge(1))
+    agent: AgentConfig = attrs.Factory(AgentConfig)  # episodes' defaults
+    mode: str = attrs.field(default="terminal", validator=attrs.validators.in_(MODES))
+    limits: Limits = attrs.Factory(Limits)
+    wait_s: float = 30.0  # the scheduler's wait-for-memory bound
+
+    def __attrs_post_init__(self) -> None:
+        if (self.model_path is None) != (self.mmproj_path is None):
+            raise ValueError("give both --model and --mmproj (a vision projector), or "
+                             "neither (the forged tiny test model)")
+
+
+class ModelHost:
+    def __init__(self, config: ServeConfig, engine: Engine, model_name: str) -> None:
+        self.config, self.engine, self.model_name = config, engine, model_name
+        self.factory = SegmentFactory(engine)
+        self.ledger = MemoryLedger(config.memory_budget)
+        self.episodes = EpisodeHost(self.factory, self.ledger,
+                                    max_episodes=config.max_episodes,
+                                    options=config.agent.step_options(), wait_s=config.wait_s)
+        self.metrics = ServeMetrics()
+        self._ids = _counter()
+
+    @classmethod
+    @asynccontextmanager
+    async def running(cls, config: ServeConfig) -> AsyncIterator[ModelHost]:
+        engine, name = await anyio.to_thread.run_sync(functools.partial(_load, config))
+        try:
+            host = cls(config, engine, name)
+            config.agent.make_policy(host.factory)  # refuse a policy this model cannot run
+            async with anyio.create_task_group() as tg:
+                await tg.start(host.episodes.run)
+                log.info("serve_host_ready", model=name, kind=engine.kind.value,
+                         max_episodes=config.max_episodes, mode=config.mode)
+                try:
+                    yield host
+                finally:
+                    host.episodes.stop()
+        finally:
+            engine.close()
+            log.info("serve_host_closed")
+
+    def new_id(self, prefix: str) -> tuple[str, int]:
+        """A fresh id (``ep-7``) and its number (an episode's sampling seed)."""
+        n = next(self._ids)
+        return f"{prefix}-{n}", n
+
+    def status(self) -> dict[str, Any]:
+        snap = self.ledger.snapshot()
+        return {"status": "ok", "model": self.model_name,
+                "episodes": {"open": len(self.episodes.episodes),
+                             "max": self.config.max_episodes},
+                "ledger": {"budget_bytes": snap.budget, "held_bytes": snap.held,
+                           "reserved_bytes": snap.reserved, "peak_bytes": snap.peak},
+                "summary": self.episodes.scheduler.summary()}
+
+    def gauges(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
+        snap = self.ledger.snapshot()
+        yield ("kvagent_episodes_open", "Open episodes (conversations included).", {},
+               len(self.episodes.episodes))
+        yield ("kvagent_episodes_max", "Episode slots (--max-episodes).", {},
+               self.config.max_episodes)
+        for kind, value in (("budget", snap.budget), ("held", snap.held),
+                            ("reserved", snap.reserved), ("peak", snap.peak)):
+            yield ("kvagent_ledger_bytes", "The memory ledger.", {"kind": kind}, value)
+        stats = self.engine.batcher.stats()
+        yield ("kvagent_decode_calls", "llama_decode calls of the decode lanes.", {},
+               stats.calls)
+        yield ("kvagent_decode_rows", "Generated tokens fed back through the lanes.", {},
+               stats.rows)
+
+
+def _counter() -> Iterator[int]:
+    n = 0
+    while True:
+        n += 1
+        yield n
+
+
+def _load(config: ServeConfig) -> tuple[Engine, str]:
+    """Load the engine (blocking): the given model, or the forged tiny one."""
+    model, mmproj = config.model_path, config.mmproj_path
+    if model is None:
+        from cachepolicy.forge import forge_cached
+        forged = forge_cached("qwen35", "tiny", vision=True)
+        model, mmproj = forged.model_path, forged.mmproj_path
+        log.warning("forged_test_model", path=str(model.parent),
+                    note="random weights: outputs are valid but aimless")
+        name = config.model_name or "kvagent-forged-qwen35-tiny"
+    else:
+        name = config.model_name or model.stem
+    engine = Engine(model, mmproj, EngineConfig(
+        n_ctx_per_seq=config.n_ctx, n_seq_max=config.max_episodes, n_batch=config.n_batch,
+        n_threads=config.n_threads))
+    if not engine.has_vision:
+        engine.close()
+        raise ValueError(f"{mmproj} gave no vision projector: the server needs one")
+    return engine, name
