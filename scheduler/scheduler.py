@@ -139,12 +139,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------ work
 
-    async def step(self, episode: EpisodeCache,
-                   build: Callable[[], tuple[Segment, ...]]) -> StepRecord:
+    async def step(self, episode: EpisodeCache, build: Callable[[], tuple[Segment, ...]], *,
+                   options: StepOptions | None = None) -> StepRecord:
         """Run one critical step: ``build`` (run in a worker thread; it may encode images)
-        returns the new segments.  Raises ``AdmissionError`` if even the ladder fails;
-        cancellation propagates as cancellation (the step rolled back)."""
-        result = await self._transact(episode, build, Priority.CRITICAL)
+        returns the new segments.  ``options``: this step's decoding (its grammar may depend
+        on the screenshot's size); None: the scheduler's.  Raises ``AdmissionError`` if even
+        the ladder fails; cancellation propagates as cancellation (the step rolled back)."""
+        if options is not None and options.scratch_seq != self.options.scratch_seq:
+            raise ValueError("a step's options must keep the scheduler's scratch sequence")
+        result = await self._transact(episode, build, Priority.CRITICAL, options)
         if not isinstance(result, StepRecord):  # a critical job is never discarded
             raise AssertionError(f"critical step of {episode.episode_id} returned {result!r}")
         return result
@@ -183,7 +186,8 @@ class Scheduler:
             return await anyio.to_thread.run_sync(fn)
 
     async def _transact(self, episode: EpisodeCache, build: Callable[[], tuple[Segment, ...]],
-                        priority: Priority) -> StepRecord | PrefetchRecord | None:
+                        priority: Priority, options: StepOptions | None = None,
+                        ) -> StepRecord | PrefetchRecord | None:
         slot = self._slots.get(episode.episode_id)
         if slot is None or slot.closed:
             if priority is Priority.PREFETCH:
@@ -203,7 +207,8 @@ class Scheduler:
                 segments = slot.pending + await anyio.to_thread.run_sync(build)
                 slot.pending = ()
                 try:
-                    return await self._admit_and_run(slot, segments, priority)
+                    return await self._admit_and_run(slot, segments, priority,
+                                                     options or self.options)
                 except Exception:
                     if priority is Priority.PREFETCH:
                         slot.pending = segments  # the next step delivers them
@@ -217,7 +222,8 @@ class Scheduler:
                 self.counters["idle_checks"] += 1
 
     async def _admit_and_run(self, slot: Slot, segments: tuple[Segment, ...],
-                             priority: Priority) -> StepRecord | PrefetchRecord | None:
+                             priority: Priority, options: StepOptions,
+                             ) -> StepRecord | PrefetchRecord | None:
         for attempt in range(3):
             try:
                 txn = await self.admission.admit(slot, segments, priority, degrade=attempt > 0)
@@ -227,7 +233,7 @@ class Scheduler:
                     return None
                 raise
             try:
-                result = await self._run(slot, txn, priority)
+                result = await self._run(slot, txn, priority, options)
                 if isinstance(result, PrefetchRecord) and result.preempted:
                     self.counters["prefetch_preempted"] += 1
                 return result
@@ -254,8 +260,8 @@ class Scheduler:
                 slot.pinned = False
         raise AssertionError("unreachable")
 
-    async def _run(self, slot: Slot, txn: Transaction,
-                   priority: Priority) -> StepRecord | PrefetchRecord:
+    async def _run(self, slot: Slot, txn: Transaction, priority: Priority,
+                   options: StepOptions) -> StepRecord | PrefetchRecord:
         """execute + publish in the worker thread; cancellation and preemption are polled
         between pieces and before publication, so a cancelled step rolls back."""
         stop = threading.Event()
@@ -281,7 +287,7 @@ class Scheduler:
                     tg.start_soon(set_on_cancel, stop)
                     try:
                         record = await anyio.to_thread.run_sync(functools.partial(
-                            commit, self.engine, txn, self.ledger, self.options, fault=fault,
+                            commit, self.engine, txn, self.ledger, options, fault=fault,
                             should_stop=should_stop))
                     except Exception as exc:  # re-raised below, outside the task group, so
                         error = exc           # callers see the error itself, not a group;

@@ -193,7 +193,6 @@ def _end_point(action: dict[str, Any]) -> tuple[int, int]:
     return (action["x1"], action["y1"]) if action["kind"] == "drag" else (action["x"], action["y"])
 
 
-@pytest.mark.xfail(strict=True, reason="coordinate scaling: lead")
 def test_coordinates_are_scaled_from_screenshot_to_screen(kv_agent: Any,
                                                           tmp_path: Path) -> None:
     """Screenshots twice the screen's size (HiDPI): the model points in screenshot pixels,
