@@ -16,6 +16,7 @@ import anyio.to_thread
 import attrs
 import structlog
 
+from cachepolicy.context_log import Segment
 from cachepolicy.engine import Engine
 from cachepolicy.errors import ContextFullError, KvagentCacheError
 from cachepolicy.segments import SegmentFactory
@@ -54,6 +55,10 @@ class RuntimeStatus:
     held: dict[str, int]  # ledger holdings of the image cache and the open episode
     seqs_in_use: tuple[int, ...]  # engine sequences holding state
     summary: str
+    #: the open episode's log as the model reads it: the head (system prompt, instruction)
+    #: and one history line per past step (the profile's text), screenshots left out
+    head: str = ""
+    history: tuple[str, ...] = ()
 
 
 class AgentRuntime:
@@ -159,12 +164,23 @@ class AgentRuntime:
         scheduler = self._running()
         driver = self._driver
         owners = [IMAGE_CACHE] + ([driver.episode_id] if driver is not None else [])
+        log_ = driver.session.episode.log if driver is not None else None  # immutable
+
+        def texts(segments: tuple[Segment, ...]) -> tuple[str, ...]:
+            return tuple(self.engine.detokenize(s.tokens) for s in segments)
+
+        head: tuple[str, ...] = ()
+        history: tuple[str, ...] = ()
+        if log_ is not None:  # the engine's lock may be busy: not on the loop's thread
+            head = await anyio.to_thread.run_sync(texts, log_.head)
+            history = await anyio.to_thread.run_sync(texts, log_.actions)
         return RuntimeStatus(
             episode_id=driver.episode_id if driver is not None else None,
             steps=driver.session.steps_decided if driver is not None else 0,
             prefetch_running=driver is not None and driver.prefetch_running,
             ledger=self.ledger.snapshot(), held={o: self.ledger.held_by(o) for o in owners},
-            seqs_in_use=tuple(sorted(mem.seq_state_bytes)), summary=scheduler.summary())
+            seqs_in_use=tuple(sorted(mem.seq_state_bytes)), summary=scheduler.summary(),
+            head="".join(head), history=history)
 
     async def check_integrity(self) -> None:
         """The scheduler's integrity check (ledger vs engine), between steps."""
