@@ -17,7 +17,7 @@ from PIL import Image
 
 from runtime.actions import Click, DragTo, MoveTo, Scroll, TypeText, parse_action, to_pyautogui
 from runtime.context_budget import ContextBudgetError, blank_png, estimate_image_tokens
-from runtime.osworld_agent import AgentStepError, KvAgent
+from runtime.osworld_agent import AgentStepError
 from runtime.osworld_host import THREADS_ENV, KvAgentConfig, default_threads
 from vmenv.actions.rescale import rescale, rescale_axis
 
@@ -35,21 +35,8 @@ def _png(size: tuple[int, int], seed: int = 0) -> bytes:
 
 
 @pytest.fixture
-def agent_of(forged: Any) -> Any:
-    made: list[KvAgent] = []
-    m = forged("qwen35")
-
-    def make(**kw: Any) -> KvAgent:
-        opts: dict[str, Any] = {"n_threads": 1, "n_batch": 64, "screen_size": SCREEN,
-                                "temperature": 1.0, "seed": 7}
-        opts.update(kw)
-        agent = KvAgent(m.model_path, m.mmproj_path, **opts)
-        made.append(agent)
-        return agent
-
-    yield make
-    for a in made:
-        a.close()
+def agent_of(kv_agents: Any) -> Any:
+    return lambda **kw: kv_agents(**{"temperature": 1.0, "seed": 7, **kw})
 
 
 # ---------------------------------------------------------------- the context

@@ -37,21 +37,8 @@ from vmenv.simdesk_widgets import locate
 
 SCREEN = (320, 240)
 @pytest.fixture
-def make_agent(forged: Any) -> Any:
-    made: list[KvAgent] = []
-    model = forged("qwen35")
-
-    def make(**kw: Any) -> KvAgent:
-        opts: dict[str, Any] = {"n_threads": 1, "n_ctx": 4096, "n_batch": 64,
-                                "screen_size": SCREEN, "temperature": 1.0, "seed": 7}
-        opts.update(kw)
-        agent = KvAgent(model.model_path, model.mmproj_path, **opts)
-        made.append(agent)
-        return agent
-
-    yield make
-    for a in made:
-        a.close()
+def make_agent(kv_agents: Any) -> Any:
+    return lambda **kw: kv_agents(**{"n_ctx": 4096, "temperature": 1.0, "seed": 7, **kw})
 
 
 def _result_dir(root: Path, example: dict[str, Any]) -> Path:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from osworld_runner_like import ARGS, TRAJ_KEYS, InfoRecorder, run_single_exampl
 from PIL import Image
 
 from runtime.actions import Click, DragTo, MoveTo, parse_action, to_pyautogui
-from runtime.osworld_agent import KvAgent
 from runtime.profiles import get, names, pointer_after
 from vmenv.actions import SPECIAL_ACTIONS
 from vmenv.osworld import OSWorldEnv
@@ -65,24 +63,13 @@ def _status(vm: VmServer) -> dict[str, Any]:
 
 
 @pytest.fixture
-def kv_agent(forged: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., KvAgent]]:
+def kv_agent(forged: Any, kv_agents: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """``KvAgent(**options)`` without a model: the forged tiny qwen35, taken from the test
     session's model cache (no second forge, nothing written to ~/.cache)."""
     model = forged("qwen35")
     monkeypatch.setenv("KVAGENT_CACHE_DIR", str(model.model_path.parent.parent))
-    made: list[KvAgent] = []
-
-    def make(**kw: Any) -> KvAgent:
-        opts: dict[str, Any] = {"n_threads": 1, "n_ctx": 4096, "n_batch": 64,
-                                "screen_size": SCREEN}
-        opts.update(kw)
-        agent = KvAgent(**opts)
-        made.append(agent)
-        return agent
-
-    yield make
-    for a in made:
-        a.close()
+    return lambda **kw: kv_agents(**{"model_path": None, "mmproj_path": None, "n_ctx": 4096,
+                                     "screen_size": SCREEN, **kw})
 
 
 def test_run_single_example_against_the_real_desktop_env(kv_agent: Any, tmp_path: Path) -> None:
