@@ -67,6 +67,13 @@ def test_too_small_context_fails_at_construction_naming_the_knobs(agent_of: Any)
         agent_of(window=2, n_ctx=need // 2, screen_size=HD)
 
 
+def test_unknown_profiles_and_conventions_fail_at_construction(agent_of: Any) -> None:
+    with pytest.raises(ValueError, match="known: kvagent, qwen3vl, uitars, uitars-v1"):
+        agent_of(profile="gpt-4o")
+    with pytest.raises(ValueError, match="fixes its own"):  # Qwen3-VL's grid is its own
+        agent_of(profile="qwen3vl", coord_convention="relative_1")
+
+
 def test_1920x1080_with_defaults_runs_a_full_window(agent_of: Any) -> None:
     """The default context is derived from the screen: a 1920x1080 episode runs until its
     window (3 screenshots) is full — it used to fail at its second step on n_ctx=4096."""
