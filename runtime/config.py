@@ -67,7 +67,8 @@ class AgentConfig:
     profile: str = attrs.field(default=DEFAULT_PROFILE, validator=_known_profile)
     policy: str = attrs.field(default="terminal-slot", validator=_known_policy)
     #: screenshots the model sees (K); default: the window the profile's model was trained
-    #: with (``layout.window``: 3 for kvagent, 5 for qwen3vl and uitars)
+    #: with (``layout.window``: 3 for kvagent, 5 for qwen3vl and uitars), resolved when the
+    #: config is made (``attrs.evolve(c, profile=...)`` keeps ``c``'s window)
     window: int = attrs.field(
         default=attrs.Factory(lambda self: get(self.profile).layout.window, takes_self=True),
         validator=[attrs.validators.ge(1), attrs.validators.le(MAX_WINDOW)])

@@ -106,10 +106,9 @@ class KvAgentConfig:
         if len(self.screen_size) != 2 or min(self.screen_size) < 1:
             raise ValueError(f"screen_size must be (width, height), got {self.screen_size}")
 
-    def need(self, image_tokens: int, screen: tuple[int, int] | None = None) -> ContextNeed:
-        """What an episode needs with screenshots of ``image_tokens`` tokens."""
-        return context_need(self.agent, screen or self.screen_size, image_tokens,
-                            steps=self.max_steps)
+    def need(self, image_tokens: int) -> ContextNeed:
+        """What an episode needs with ``screen_size`` screenshots of ``image_tokens`` tokens."""
+        return context_need(self.agent, self.screen_size, image_tokens, steps=self.max_steps)
 
 
 @attrs.frozen

@@ -15,8 +15,8 @@ import pytest
 
 from gbnf_regex import grammar_regex
 from runtime.actions import (
-    Click, action_grammar, CoordConvention, Done, DragTo, Fail, Hotkey, MoveTo, NoOp, Press, Scroll, TypeText,
-    Wait,
+    Click, CoordConvention, Done, DragTo, Fail, Hotkey, MoveTo, NoOp, Press, Scroll, TypeText,
+    Wait, action_grammar,
 )
 from runtime.profiles import (
     KvAgentProfile, Qwen3VLProfile, UITarsProfile, UITarsV1Profile, UnknownProfileError, get,

@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
             "trajectory": str(args.trajectory) if args.trajectory else None,
             "image_tokens_target": args.image_tokens, "image_tokens": tokens,
             "screenshot_size": [w, h], "vm_seconds": args.vm_seconds,
-            "decode_tokens": decode, "grammar": args.agent.grammar,
+            "profile": args.agent.profile, "decode_tokens": decode, "grammar": args.agent.grammar,
             "stop_at_eog": args.agent.stop_at_eog, "temperature": args.agent.temperature,
             "threads": args.threads, "n_batch": args.n_batch, "reference_arm": REFERENCE_ARM,
             "rss_after_load_bytes": rss_loaded, "rss_peak_bytes": rss_peak_bytes(),
