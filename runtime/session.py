@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 import attrs
+import structlog
 
 from cachepolicy.context_log import Segment
 from cachepolicy.segments import SegmentFactory
@@ -32,6 +33,8 @@ from scheduler.records import StepRecord
 from scheduler.scheduler import Scheduler
 from scheduler.transaction import EpisodeCache, PrefetchRecord
 from vmenv.actions import Action
+
+log = structlog.get_logger("kvagent.session")
 
 #: Teacher forcing: the history text of step i, or None to use what the model decided.
 Teacher = Callable[[int], str | None]
@@ -103,6 +106,7 @@ class AgentSession:
     _prefetched: bool = False  # the previous action's text went in with a prefetch
     _last_prefetch: PrefetchRecord | None = None
     _pointer: Point | None = None  # where the last action left the mouse (None: unknown)
+    _projector_checked: set[Screen] = attrs.Factory(set)
     unparsable: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -128,7 +132,7 @@ class AgentSession:
         """Decide the action for a new screenshot (the critical path)."""
         i, prompt, screen = self._index, self.prompt, self.screen
         carry = self._history_text if (i > 0 and not self._prefetched) else None
-        encode = [0.0]
+        encode, image_tokens = [0.0], [0]
 
         def build() -> tuple[Segment, ...]:
             segs: tuple[Segment, ...] = prompt.head(screen, self.instruction) if i == 0 else ()
@@ -137,6 +141,7 @@ class AgentSession:
             t0 = time.perf_counter()
             shot = self.factory.screenshot(i, screenshot_png)  # PNG decode + vision encoder
             encode[0] = time.perf_counter() - t0
+            image_tokens[0] = shot.n_image_tokens
             return segs + (shot,)
 
         options = self.config.step_options(screen, self.scheduler.options.scratch_seq)
@@ -147,6 +152,7 @@ class AgentSession:
         if isinstance(action, NoOp):
             self.unparsable += 1
             notes += (f"not an action: {action.reason}",)
+        notes += self._check_projector(image_tokens[0], screen)
         history = self.profile.history_text(action, response, screen)
         forced = self.teacher(i) if self.teacher is not None else None
         self._history_text = forced if forced is not None else history
@@ -154,6 +160,22 @@ class AgentSession:
         step = ActStep(i, action, response, record, self._last_prefetch, encode[0], notes)
         self._index, self._prefetched, self._last_prefetch = i + 1, False, None
         return step
+
+    def _check_projector(self, n_tokens: int, screen: Screen) -> tuple[str, ...]:
+        """Once per screenshot size: a note when the projector did not make of the screenshot
+        what the profile's model expects (UI-TARS 1.5 answers in the pixels of its own
+        resize: then its points land off target)."""
+        if screen in self._projector_checked:
+            return ()
+        self._projector_checked.add(screen)
+        expected = self.profile.image_tokens(screen)
+        if expected is None or expected == n_tokens:
+            return ()
+        log.warning("projector_mismatch", profile=self.profile.name, screen=screen,
+                    expected=expected, image_tokens=n_tokens)
+        return (f"the projector made {n_tokens} image tokens of the {screen[0]}x{screen[1]} "
+                f"screenshot where the {self.profile.name} model's processor makes "
+                f"{expected}: its points may be off target",)
 
     async def prefetch(self) -> PrefetchRecord | None:
         """While the VM executes the last action: append its text and prefill what the next
