@@ -59,7 +59,7 @@ class ContextNeed:
         need = self.head + self.history + self.images + self.decode
         return -(-need // ROUND_TOKENS) * ROUND_TOKENS
 
-    def check(self, n_ctx: int, *, steps_knob: str = "max_steps") -> None:
+    def check(self, n_ctx: int) -> None:
         """Raise ``ContextBudgetError`` if ``n_ctx`` positions cannot hold it; the message
         says what takes the room and which knob to turn."""
         if self.tokens <= n_ctx:
@@ -72,7 +72,7 @@ class ContextNeed:
             f"{self.steps} steps up to {self.history} and a response up to {self.decode} "
             f"(total {self.tokens}).  Raise n_ctx to at least {self.tokens}, lower the window "
             f"(screenshots kept, now {self.shots}), send smaller screenshots (screen size) "
-            f"or lower {steps_knob}.")
+            f"or lower max_steps.")
 
 
 def context_need(agent: AgentConfig, screen: Screen, image_tokens: int, *,
