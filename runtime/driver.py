@@ -66,9 +66,8 @@ class EpisodeDriver:
              teacher: Teacher | None = None) -> EpisodeDriver:
         """Open the episode's cache in ``scheduler`` (a sequence of its own) and a session on
         it.  Raises PolicyRefusedError / NoFreeSequenceError before anything is held."""
-        policy = config.make_policy(factory)
-        episode = scheduler.open_episode(episode_id, policy, seed=seed,
-                                         options=config.step_options())
+        policy = config.make_policy(factory, screen)
+        episode = scheduler.open_episode(episode_id, policy, seed=seed)
         return cls(scheduler, AgentSession(scheduler, factory, episode, config, instruction,
                                            screen, teacher=teacher))
 
@@ -95,7 +94,7 @@ class EpisodeDriver:
             act.record, act.prefetch, action=format_action(act.action) if act.parsed else None,
             parsed=act.parsed, build_encode_s=act.encode_s, critical_path_s=critical,
             prefetch_s=job.seconds if job is not None else 0.0, prefetch_wait_s=waited,
-            prefetch_error=job.error if job is not None else "")
+            prefetch_error=job.error if job is not None else "", notes=act.notes)
         self._log.info("step_decided", step=act.index, action=metrics.action,
                        parsed=act.parsed, prefill_tokens=metrics.critical_path_prefill_tokens,
                        critical_path_s=round(critical, 4))

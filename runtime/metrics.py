@@ -52,6 +52,9 @@ class StepMetrics:
     reason: str = ""  # why degraded / failed
     action: str | None = None  # the decided action in the action language (None: failed)
     parsed: bool = False  # the model's text parsed into an action (else a recorded NoOp)
+    #: what the parser changed or refused: clamped / rejected points, ignored calls, why the
+    #: text was not an action (the profile's ``Parsed.notes``)
+    notes: tuple[str, ...] = ()
     policy: str = ""
     start: str = ""  # how the critical step began: clear / keep / trim / truncate / restore
     generation: int = 0
@@ -83,11 +86,13 @@ class StepMetrics:
     @classmethod
     def decided(cls, record: StepRecord, prefetch: PrefetchRecord | None, *, action: str,
                 parsed: bool, build_encode_s: float, critical_path_s: float,
-                prefetch_s: float, prefetch_wait_s: float, prefetch_error: str) -> StepMetrics:
+                prefetch_s: float, prefetch_wait_s: float, prefetch_error: str,
+                notes: tuple[str, ...] = ()) -> StepMetrics:
         pre_tokens = prefetch.prefill_tokens if prefetch is not None else 0
         return cls(
             episode_id=record.episode_id, step=record.step, status=record.status,
-            reason=record.reason, action=action, parsed=parsed, policy=record.policy,
+            reason=record.reason, action=action, parsed=parsed, notes=notes,
+            policy=record.policy,
             start=record.start, generation=record.generation,
             new_content_tokens=record.new_content_tokens,
             prefill_tokens=record.prefill_tokens + pre_tokens,
@@ -124,6 +129,7 @@ class StepMetrics:
     def as_dict(self) -> dict[str, Any]:
         d = attrs.asdict(self)
         d["output_tokens"] = list(self.output_tokens)
+        d["notes"] = list(self.notes)
         return d
 
 
