@@ -24,6 +24,7 @@ from cachepolicy.sampling import MAX_TEMPERATURE, SamplingParams
 from cachepolicy.segments import SegmentFactory, model_info
 from runtime.actions import CoordConvention, Screen
 from runtime.profiles import Profile, get, names
+from runtime.profiles.registry import SERVING_PROFILES
 from scheduler.transaction import StepOptions
 
 #: Tokens an action may take when the grammar is off (the grammar bounds it otherwise).
@@ -49,7 +50,7 @@ def _known_policy(_: object, attribute: attrs.Attribute, name: str) -> None:
 
 
 def _known_profile(_: object, attribute: attrs.Attribute, name: str) -> None:
-    if name not in names():
+    if name not in names() and name not in SERVING_PROFILES:
         raise ValueError(f"unknown agent profile {name!r}; known: {', '.join(names())}")
 
 
