@@ -48,6 +48,18 @@ class SegmentFactory:
                        n_image_tokens=image.n_tokens, n_image_pos=image.n_pos)
 
 
+    def text(self, place: int, text: str) -> Segment:
+        """Verbatim text (a chat message's, as the chat format renders it) at ``place``."""
+        return Segment(SegmentKind.TEXT, place, tokens=self.engine.tokenize(text))
+
+    def image(self, place: int, png: bytes) -> Segment:
+        """An image as a chat message holds it: only the projector's own markers around it."""
+        image = self.engine.encode_image(png)
+        return Segment(SegmentKind.SCREENSHOT, place, image_id=image.image_id, png=png,
+                       intro=image.prefix_tokens, outro=image.suffix_tokens,
+                       n_image_tokens=image.n_tokens, n_image_pos=image.n_pos)
+
+
 def model_info(engine: Engine) -> ModelInfo:
     """What policies may know about the engine's model."""
     return ModelInfo(kind=engine.kind, kv_bytes_per_token=engine.kv_bytes_per_token,

@@ -107,6 +107,9 @@ class AgentSession:
     _last_prefetch: PrefetchRecord | None = None
     _pointer: Point | None = None  # where the last action left the mouse (None: unknown)
     _projector_checked: set[Screen] = attrs.Factory(set)
+    # what the next prefetch appends instead of the last step's history line (a whole-prompt
+    # client's predicted next turn; see ``respond``)
+    _continuation: tuple[Segment, ...] | None = None
     unparsable: int = 0
 
     def __attrs_post_init__(self) -> None:
@@ -164,6 +167,41 @@ class AgentSession:
         self._index, self._prefetched, self._last_prefetch = i + 1, False, None
         return step
 
+    async def respond(self, build: Callable[[], tuple[Segment, ...]], *, options: StepOptions,
+                      continuation: Callable[[str], tuple[Segment, ...]]) -> ActStep:
+        """A step whose whole prompt the caller renders (a chat client that sends every
+        message every time): ``build``'s segments replace the log, the policy reuses what the
+        sequence holds of them, and the response is returned as text (the profile parses
+        it).  ``continuation(response)`` gives what the client's next request will most
+        likely add after this prompt: the next prefetch prefills it."""
+        i, screen = self._index, self.screen
+        record = await self.scheduler.step(self.episode, build, options=options, replace=True)
+        response = record.output_text
+        action = self.profile.parse(response, screen).action
+        self._history_text = self.profile.history_text(action, response, screen)
+        self._continuation = continuation(response)
+        step = ActStep(i, action, response, record, self._last_prefetch, 0.0)
+        self._index, self._prefetched, self._last_prefetch = i + 1, False, None
+        return step
+
+    async def observe(self, screenshot_png: bytes, history_text: str) -> None:
+        """A past step told, not decided: its screenshot joins the log and ``history_text``
+        becomes its line in the history (a conversation that starts with history, e.g. a
+        chat client's earlier turns).  Nothing is decoded; the policy prefills what the next
+        step will need, as a prefetch would."""
+        i, prompt, screen = self._index, self.prompt, self.screen
+        carry = self._history_text if (i > 0 and not self._prefetched) else None
+
+        def build() -> tuple[Segment, ...]:
+            segs: tuple[Segment, ...] = prompt.head(screen, self.instruction) if i == 0 else ()
+            if carry is not None:
+                segs += (prompt.past_step(i - 1, carry),)
+            return segs + (self.factory.screenshot(i, screenshot_png),)
+
+        await self.scheduler.prefetch(self.episode, build)  # discarded: the next step has it
+        self._history_text = history_text
+        self._index, self._prefetched, self._last_prefetch = i + 1, False, None
+
     def _check_projector(self, n_tokens: int, screen: Screen) -> tuple[str, ...]:
         """Once per screenshot size: a note when the projector did not make of the screenshot
         what the profile's model expects (UI-TARS 1.5 answers in the pixels of its own
@@ -185,9 +223,13 @@ class AgentSession:
         step already knows.  A discarded prefetch still hands its text to the next step."""
         if self._index == 0 or self._prefetched or self._history_text is None:
             return None
-        i, text = self._index, self._history_text
+        i, text, continuation = self._index, self._history_text, self._continuation
         self._prefetched = True  # from here on the scheduler owns delivering the text
-        rec = await self.scheduler.prefetch(self.episode,
-                                            lambda: (self.prompt.past_step(i - 1, text),))
+        if continuation is not None:
+            self._continuation = None
+            build = lambda: continuation  # noqa: E731  (a whole-prompt client's next turn)
+        else:
+            build = lambda: (self.prompt.past_step(i - 1, text),)  # noqa: E731
+        rec = await self.scheduler.prefetch(self.episode, build)
         self._last_prefetch = rec
         return rec

@@ -75,6 +75,8 @@ class ModelHost:
                                     wait_s=config.wait_s)
         self.metrics = ServeMetrics()
         self._ids = _counter()
+        from runtime.serve.chat import ChatService  # (it builds on this class)
+        self.chat = ChatService(self)
 
     @classmethod
     @asynccontextmanager
