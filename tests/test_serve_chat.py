@@ -155,7 +155,7 @@ def test_bad_requests_get_openai_errors(client, server) -> None:
             {"role": "user", "content": [_img(i) for i in range(17)]}])
     assert err.value.code == "too_many_images"
     with pytest.raises(openai.BadRequestError) as err:
-        c.chat.completions.create(model=model, messages=[user], max_tokens=10**6)
+        c.chat.completions.create(model=model, messages=[user], max_tokens=10**7)
     assert err.value.code == "max_tokens_too_large"
     with pytest.raises(openai.BadRequestError) as err:
         c.chat.completions.create(model=model, max_tokens=4, messages=[
