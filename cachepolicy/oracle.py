@@ -18,7 +18,6 @@ from PIL import Image, ImageDraw
 
 from cachepolicy.checkpoint import CheckpointKind
 from cachepolicy.engine import Engine
-from cachepolicy.engine.records import MIN_CHUNK_ROWS
 from cachepolicy.errors import UnsafeEditError
 from cachepolicy.oracle_sweeps import PROBE_ROWS, SweepResult, Sweeper, remainder_tokens
 
@@ -74,7 +73,7 @@ class _Oracle:
         self.a = self._text_at_least(TEXT_A, engine.config.n_batch + 7)
         self.b = engine.tokenize(TEXT_B)
         self.c = engine.tokenize(TEXT_C)
-        # sweeps: x splits at every point mod 16; z = a short piece + one longer than n_batch
+        # sweeps: x is split at every length mod 16; z holds 16 pieces longer than n_batch
         self.x = self._text_at_least(TEXT_B + " " + TEXT_C, 3 * 16)[:3 * 16]
         self.z = self._text_at_least(TEXT_A, remainder_tokens(engine.config.n_batch))
         self.sweeper = Sweeper(engine)
@@ -87,8 +86,7 @@ class _Oracle:
         return toks
 
     def _fresh(self) -> None:
-        for s in range(self.e.config.n_seq_max):
-            self.e.clear(s)
+        self.sweeper.fresh()
 
     def reference(self, *pieces: tuple[int, ...]) -> np.ndarray:
         self._fresh()

@@ -30,7 +30,7 @@ PROBE_ROWS = 2 * MIN_CHUNK_ROWS - 1
 
 def remainder_tokens(n_batch: int) -> int:
     """How many tokens ``Sweeper.chunk_remainders`` needs."""
-    return 16 * n_batch + 136 + 2 * MIN_CHUNK_ROWS
+    return sum(n_batch + k for k in range(1, 17)) + 2 * MIN_CHUNK_ROWS
 
 
 @attrs.frozen

@@ -167,3 +167,26 @@ def test_chunk_sizes_keep_every_chunk_of_a_split_piece_large() -> None:
                 assert min(sizes) >= MIN_CHUNK_ROWS
             else:
                 assert sizes == [n]
+
+
+@pytest.mark.parametrize(("arch", "fast"), [("qwen35moe", False), ("qwen35", True)])
+def test_terminal_slot_equals_scratch_where_split_prefill_is_not_exact(qforged, arch: str,
+                                                                      fast: bool) -> None:
+    """terminal-scratch prefills terminal-slot's piece boundaries, so the two agree even where
+    a split prefill differs from a one-call one (K-quant MoE experts; repacked weights)."""
+    from cachepolicy.segments import SegmentFactory
+    from runtime.bench.arms import run_arm
+    from runtime.bench.trajectory import trajectory
+
+    traj = trajectory(6, 128, 96)
+    outs, runs = [], []
+    with engine_for(qforged(arch, "q4_k_m"), fast=fast) as e:
+        for name in ("terminal-slot", "terminal-scratch"):
+            seen: list = []  # after each step, the runs the sequence was fed: one per call
+            outs.append(run_arm(e, SegmentFactory(e), name, traj, window=3, decode_tokens=4,
+                                scratch_seq=1, on_step=lambda _rec, seen=seen: seen.append(
+                                    [(r.kind, r.n_tokens) for r in e.seq_info(0).history])))
+            runs.append(seen[-1])
+    assert {s["start"] for s in outs[0].steps[1:]} == {"truncate"}  # slot really reused
+    assert runs[0] == runs[1] and len(runs[0]) > 6
+    assert outs[0].output_sha256 == outs[1].output_sha256
