@@ -52,6 +52,9 @@ def _load(model_path: Path, config: EngineConfig) -> Native:
     """Load the model and create the context with the contract's settings."""
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 0
+    # Repacked weight layouts pick a matmul kernel by the batch's row count, which breaks
+    # split == one-call on quantized models; off unless speed was asked for.
+    mparams.use_extra_bufts = config.fast_kernels
     model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
     if not model:
         raise ModelLoadError(f"llama.cpp could not load {model_path}")

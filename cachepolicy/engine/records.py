@@ -11,15 +11,29 @@ from cachepolicy.checkpoint import GENESIS, Run, RunKind, chain_digest
 from cachepolicy.errors import UnsafeEditError
 
 
+#: The fewest rows a batch needs for every weight type's matmul to take its large-batch kernel
+#: (measured on this CPU build, repacking off: f16 takes another kernel for 1 row,
+#: the K-quants and IQ4_XS for 1-7 rows; Q8_0, Q5_0, Q4_0 and IQ4_NL never switch).
+MIN_CHUNK_ROWS = 8
+
+
 def chunk_sizes(n: int, n_batch: int) -> list[int]:
-    """Split ``n`` rows into batches of at most ``n_batch``, never leaving a 1-row batch."""
+    """Split ``n`` rows into batches of at most ``n_batch``.
+
+    When a split is needed, the last batch borrows rows from the one before so that no batch
+    has fewer than ``MIN_CHUNK_ROWS`` rows (fewer only if ``n_batch < 2 * MIN_CHUNK_ROWS``,
+    never 1 unless ``n_batch`` is 2).  So every row of a piece of at least ``MIN_CHUNK_ROWS``
+    rows runs through the same kernels however the piece is chunked: a piece prefilled in
+    ``n_batch``-sized calls is bitwise the same as inside a longer one-call prefill.
+    """
     if n <= n_batch:
         return [n]
     k = -(-n // n_batch)
     sizes = [n_batch] * (k - 1) + [n - n_batch * (k - 1)]
-    if sizes[-1] == 1:  # move one row over: both batches stay multi-row
-        sizes[-2] -= 1
-        sizes[-1] = 2
+    floor = max(2, min(MIN_CHUNK_ROWS, n_batch // 2))
+    if sizes[-1] < floor:
+        sizes[-2] -= floor - sizes[-1]
+        sizes[-1] = floor
     return sizes
 
 
@@ -34,6 +48,10 @@ class EngineConfig:
     # Only for demonstrating what the oracle catches: with flash attention on, a split prefill
     # is no longer bitwise equal to a one-call prefill.
     flash_attn: bool = False
+    # Speed over exactness: let the CPU backend repack quantized weights (llama.cpp's
+    # use_extra_bufts). Its kernels depend on a batch's row count, so on quantized models a
+    # split prefill is no longer bitwise a one-call prefill; check-exact reports it.
+    fast_kernels: bool = False
     # Generations decode in this many lanes (spare sequences, one KV stream each), every
     # llama_decode call feeding all of them: a sequence's tokens are then the same alone or
     # beside others, and up to this many generations share a call (see DecodeBatcher).
