@@ -19,6 +19,7 @@ from PIL import Image, ImageDraw
 from cachepolicy.checkpoint import CheckpointKind
 from cachepolicy.engine import Engine
 from cachepolicy.errors import UnsafeEditError
+from cachepolicy.oracle_lanes import decode_lanes
 from cachepolicy.oracle_sweeps import PROBE_ROWS, SweepResult, Sweeper, remainder_tokens
 
 TEXT_A = ("You are a GUI agent. The screen shows a desktop with a file manager, a terminal and "
@@ -121,6 +122,9 @@ class _Oracle:
             self._attention_checks(ref)
         if self.e.has_vision:
             self._image_checks()
+        self._fresh()
+        self._sweep("decode_lanes", decode_lanes(self.e, (self.a, self.b + self.c),
+                                                 (self.x[:8], self.x[8:16])))
         self._fresh()
         return self.results
 

@@ -55,13 +55,41 @@ class EngineConfig:
     # Generations decode in this many lanes (spare sequences, one KV stream each), every
     # llama_decode call feeding all of them: a sequence's tokens are then the same alone or
     # beside others, and up to this many generations share a call (see DecodeBatcher).
-    decode_rows: int = attrs.field(default=4, validator=[attrs.validators.ge(1),
-                                                         attrs.validators.le(16)])
+    # None: the engine decides per model (``decode_lanes_for``).
+    decode_rows: int | None = attrs.field(default=None, validator=attrs.validators.optional(
+        [attrs.validators.ge(1), attrs.validators.le(16)]))
 
     @property
     def n_seq_total(self) -> int:
-        """Sequences the llama context holds: the usable ones and the decode lanes."""
+        """Sequences the llama context holds: the usable ones and the decode lanes (the
+        engine's config always has ``decode_rows`` resolved)."""
+        if self.decode_rows is None:
+            raise ValueError("decode_rows is resolved when the engine loads the model")
         return self.n_seq_max + self.decode_rows
+
+
+#: Decode lanes when ``decode_rows`` is not given: up to this many generations share a call.
+DEFAULT_DECODE_ROWS = 4
+
+
+def decode_lanes_for(expert_count: int, requested: int | None) -> tuple[int, str]:
+    """The decode lanes a model gets, and why.
+
+    On a dense model a row's result depends only on the row count of the call, which lanes
+    keep fixed (every call feeds all of them), so generations share calls exactly at any
+    count.  On a mixture-of-experts model the router sends each expert the rows whose tokens
+    chose it, and with ``MIN_CHUNK_ROWS`` rows or more an expert's quantized matmul may take
+    its large-batch kernel for some calls and not others — a generation's logits then depend
+    on what the other rows decode (measured: K-quant experts at 8 and 16 lanes).  Below that
+    every expert computes each row on its own, so MoE models get at most
+    ``MIN_CHUNK_ROWS - 1`` lanes.
+    """
+    rows = DEFAULT_DECODE_ROWS if requested is None else requested
+    if expert_count > 0 and rows >= MIN_CHUNK_ROWS:
+        return MIN_CHUNK_ROWS - 1, (f"mixture of experts ({expert_count} experts): {rows} "
+                                    f"lanes would let an expert's kernel depend on the other "
+                                    f"rows; capped at {MIN_CHUNK_ROWS - 1}")
+    return rows, "every call feeds all lanes: rows do not interact"
 
 
 @attrs.frozen

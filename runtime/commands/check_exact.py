@@ -14,7 +14,8 @@ HELP = ("check that checkpoint / restore / truncate reproduce a from-scratch pre
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, type=Path, help="GGUF model file")
+    p.add_argument("--model", type=Path,
+                   help="GGUF model file (default: the forged tiny qwen35 and its mmproj)")
     p.add_argument("--mmproj", type=Path, help="vision projector GGUF (adds the image checks)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -44,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(n_ctx_per_seq=max(4096, remainder_tokens(args.n_batch) + 256), n_seq_max=2,
                           n_batch=args.n_batch, n_threads=args.threads,
                           fast_kernels=args.fast_kernels)
+    if args.model is None:
+        from cachepolicy.forge import forge_cached
+
+        forged = forge_cached("qwen35", "tiny", vision=True)
+        args.model, args.mmproj = forged.model_path, args.mmproj or forged.mmproj_path
     try:
         with Engine(args.model, args.mmproj, config) as engine:
             if not args.json:
