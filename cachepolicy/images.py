@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -100,7 +101,8 @@ class EncodedImage:
 class EmbeddingCache:
     """Bounded LRU of encoded images keyed by pixel identity; its bytes are counted.
 
-    Not thread-safe by itself: the engine calls it under its own lock.
+    Thread-safe: the vision encoder fills it from worker threads (under the vision lock, not
+    the engine's) while the scheduler may shrink it from another.
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -108,6 +110,7 @@ class EmbeddingCache:
             raise ValueError("max_bytes must be >= 0")
         self.max_bytes = max_bytes
         self._items: OrderedDict[str, EncodedImage] = OrderedDict()
+        self._lock = threading.Lock()
         self.nbytes = 0
         self.hits = 0
         self.misses = 0
@@ -117,24 +120,30 @@ class EmbeddingCache:
         return len(self._items)
 
     def get(self, image_id: str) -> EncodedImage | None:
-        item = self._items.get(image_id)
-        if item is None:
-            self.misses += 1
-            return None
-        self._items.move_to_end(image_id)
-        self.hits += 1
-        return item
+        with self._lock:
+            item = self._items.get(image_id)
+            if item is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(image_id)
+            self.hits += 1
+            return item
 
     def put(self, item: EncodedImage) -> None:
-        if item.image_id in self._items or item.nbytes > self.max_bytes:
-            return
-        self._items[item.image_id] = item
-        self.nbytes += item.nbytes
-        while self.nbytes > self.max_bytes:
-            self.evict_one()
+        with self._lock:
+            if item.image_id in self._items or item.nbytes > self.max_bytes:
+                return
+            self._items[item.image_id] = item
+            self.nbytes += item.nbytes
+            while self.nbytes > self.max_bytes:
+                self._evict_one()
 
     def evict_one(self) -> int:
         """Drop the least recently used entry; returns the bytes freed (0 when empty)."""
+        with self._lock:
+            return self._evict_one()
+
+    def _evict_one(self) -> int:
         if not self._items:
             return 0
         _, old = self._items.popitem(last=False)
@@ -143,12 +152,14 @@ class EmbeddingCache:
         return old.nbytes
 
     def clear(self) -> None:
-        self._items.clear()
-        self.nbytes = 0
+        with self._lock:
+            self._items.clear()
+            self.nbytes = 0
 
     def entry_bytes(self) -> int:
         """The bytes of the entries, summed afresh (``nbytes`` is the running count)."""
-        return sum(item.nbytes for item in self._items.values())
+        with self._lock:
+            return sum(item.nbytes for item in self._items.values())
 
 
 def grid_for_tokens(target_tokens: int, aspect: float = 16 / 9) -> tuple[int, int]:

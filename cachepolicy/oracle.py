@@ -19,6 +19,8 @@ from PIL import Image, ImageDraw
 from cachepolicy.checkpoint import CheckpointKind
 from cachepolicy.engine import Engine
 from cachepolicy.errors import UnsafeEditError
+from cachepolicy.images import EncodedImage
+from cachepolicy.oracle_encoder import encoder_after_eviction, encoder_run_to_run
 from cachepolicy.oracle_lanes import decode_lanes
 from cachepolicy.oracle_sweeps import PROBE_ROWS, SweepResult, Sweeper, remainder_tokens
 
@@ -47,9 +49,10 @@ def _compare(name: str, ref: np.ndarray, got: np.ndarray | None, detail: str = "
     return CheckResult(name, bool(np.array_equal(ref, got)), diff, detail)
 
 
-def oracle_screenshot(width: int = 128, height: int = 96) -> bytes:
-    """A deterministic synthetic screenshot (PNG bytes) for the image checks."""
-    img = Image.new("RGB", (width, height), (236, 236, 240))
+def oracle_screenshot(width: int = 128, height: int = 96, *, variant: int = 0) -> bytes:
+    """A deterministic synthetic screenshot (PNG bytes) for the image checks; another
+    ``variant`` has other pixels at the same size."""
+    img = Image.new("RGB", (width, height), (236, 236 - 40 * variant, 240))
     draw = ImageDraw.Draw(img)
     draw.rectangle([0, 0, width, height // 8], fill=(40, 60, 120))
     draw.rectangle([width // 6, height // 4, width * 5 // 6, height * 3 // 4],
@@ -215,6 +218,24 @@ class _Oracle:
         self.results.append(_compare(name, ref, e.prefill_tokens(0, tail)))
         self._sweep("image_split_points", self.sweeper.split_points(
             tail + self.c, lambda seq: prefix_and_image(seq)))
+        self._encoder_checks(head, tail)
+
+    def _encoder_checks(self, head: tuple[int, ...], tail: tuple[int, ...]) -> None:
+        e = self.e
+
+        def prompt(seq: int, img: EncodedImage) -> np.ndarray:
+            e.prefill_tokens(seq, head, logits=False)
+            e.prefill_image(seq, img)
+            logits = e.prefill_tokens(seq, tail)
+            assert logits is not None
+            return logits
+
+        self._fresh()
+        shots = [oracle_screenshot(), oracle_screenshot(variant=1), oracle_screenshot(200, 120)]
+        self._sweep("encoder_run_to_run", encoder_run_to_run(e, shots))
+        self._sweep("encoder_after_eviction",
+                    encoder_after_eviction(e, shots[0], shots[1], prompt))
+        self._fresh()
 
 
 def run_checks(engine: Engine) -> list[CheckResult]:

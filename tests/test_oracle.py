@@ -22,7 +22,8 @@ def test_every_check_is_bitwise(engines, arch: str, vision: bool) -> None:
         assert {"partial_only_truncate", "middle_removal_refused",
                 "tail_trim_without_checkpoint_refused"} <= names
     if vision:
-        assert {"image_restore_before_image", "image_restore_after_image"} <= names
+        assert {"image_restore_before_image", "image_restore_after_image",
+                "encoder_run_to_run", "encoder_after_eviction"} <= names
     failed = [(r.name, r.max_abs_diff, r.detail) for r in results if not r.bitwise]
     assert failed == []
     assert all(r.max_abs_diff == 0.0 for r in results)

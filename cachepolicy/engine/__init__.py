@@ -24,8 +24,15 @@ Numerical contract (see ../shared/notes/llama-cpp.md, and ``kvagent check-exact`
 * edits that llama.cpp would accept but that silently corrupt a recurrent state (a middle-range
   removal, a tail trim without a recurrent checkpoint) are refused with ``UnsafeEditError``.
 
-Every public method takes the engine's lock: one llama context is not thread-safe.  The class
-is synchronous; the scheduler runs its calls in worker threads (``anyio.to_thread``).
+* the vision encoder (mtmd, a graph of its own) runs WITH flash attention
+  (``EngineConfig.encoder_flash_attn``): an image is encoded in one call, so no split rule
+  applies; the same pixels must give the same embedding bits every time, also re-encoded
+  after an embedding-cache eviction (``check-exact``'s ``encoder_*`` checks).
+
+Every public method takes the engine's lock: one llama context is not thread-safe.  The
+exception is the vision encoder (``encode_image``, ``image_tokens``): its own lock, so a
+screenshot can be encoded while the llama context prefills.  The class is synchronous; the
+scheduler runs its calls in worker threads (``anyio.to_thread``).
 """
 
 from cachepolicy.engine.core import Engine

@@ -139,7 +139,8 @@ class Engine:
         self.mmproj_path = Path(mmproj_path) if mmproj_path is not None else None
         try:
             if self.mmproj_path is not None:
-                self.vision.load(self.mmproj_path, n_threads=config.n_threads)
+                self.vision.load(self.mmproj_path, n_threads=config.n_threads,
+                                 flash_attn=config.encoder_flash_attn)
             (self.kv_bytes_per_token, self.recurrent_bytes_per_seq,
              self.state_overhead_bytes) = self._measure_state_bytes()
         except BaseException:
@@ -254,9 +255,9 @@ class Engine:
         return self.states.held_bytes(seq)
 
     # images: the Vision part
-    def encode_image(self, png: bytes | DecodedImage, *,
-                     image_id: str | None = None) -> EncodedImage:
-        return self.vision.encode_image(png, image_id=image_id)
+    def encode_image(self, png: bytes | DecodedImage, *, image_id: str | None = None,
+                     use_cache: bool = True) -> EncodedImage:
+        return self.vision.encode_image(png, image_id=image_id, use_cache=use_cache)
 
     def image_tokens(self, png: bytes | DecodedImage) -> tuple[int, int]:
         return self.vision.image_tokens(png)

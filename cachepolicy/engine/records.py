@@ -48,6 +48,11 @@ class EngineConfig:
     # Only for demonstrating what the oracle catches: with flash attention on, a split prefill
     # is no longer bitwise equal to a one-call prefill.
     flash_attn: bool = False
+    # The vision encoder's flash attention: on by default. An image is encoded in one call,
+    # so the split-prefill rule above has nothing to protect there; the encoder only has to
+    # be deterministic (check-exact's encoder checks). Off = the slower non-flash kernel,
+    # kept for comparison (``kvagent bench-encode``).
+    encoder_flash_attn: bool = True
     # Speed over exactness: let the CPU backend repack quantized weights (llama.cpp's
     # use_extra_bufts). Its kernels depend on a batch's row count, so on quantized models a
     # split prefill is no longer bitwise a one-call prefill; check-exact reports it.

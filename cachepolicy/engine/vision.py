@@ -1,26 +1,42 @@
 """mtmd (the multimodal part of llama.cpp): one image → embedding rows + decoder positions.
 
 ``Vision`` is the part of the ``Engine`` that owns the mtmd context (when an mmproj is loaded)
-and fills the engine's embedding cache; it runs under the engine's lock.
+and fills the engine's embedding cache.  The mtmd context is its own ggml graph with its own
+weights and buffers; of the LLM it reads only the vocabulary (to tokenize the image markers),
+which never changes once loaded.  So it has its own lock, not the engine's: an image can be
+encoded while the llama context prefills or decodes (a new screenshot while a prefetch
+finishes, ``EpisodeDriver.act``).
+
+Flash attention in the encoder (``EngineConfig.encoder_flash_attn``, on by default): the
+LLM keeps it off because a prefill split into calls must equal one call bitwise; an image is
+always encoded in ONE call, so that rule has nothing to protect here.  What the encoder must
+be is deterministic — the same pixels give the same bits run after run, whether the
+embedding came from the cache or was encoded again after an eviction — and ``kvagent
+check-exact``'s ``encoder_*`` checks verify exactly that (``cachepolicy.oracle_encoder``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from llama_cpp import mtmd_cpp
 
-from cachepolicy.engine.native import Native, locked
-from cachepolicy.errors import ImageError, ModelLoadError, NoVisionError
+from cachepolicy.engine.native import Native
+from cachepolicy.errors import EngineError, ImageError, ModelLoadError, NoVisionError
 from cachepolicy.images import DecodedImage, EmbeddingCache, EncodedImage, decode_png
 
 
 class Vision:
     def __init__(self, native: Native, cache: EmbeddingCache, *, n_embd: int) -> None:
         self._native, self.cache, self.n_embd = native, cache, n_embd
+        # guards the mtmd context (one encode at a time); never held while taking the
+        # engine's lock, so the order engine lock → vision lock cannot deadlock
+        self._lock = threading.Lock()
+        self._closed = False
         self._mtmd: Any = None
         self._marker = b""
         self.uses_mrope = False
@@ -29,14 +45,19 @@ class Vision:
     def loaded(self) -> bool:
         return self._mtmd is not None
 
-    def load(self, path: Path, *, n_threads: int) -> None:
-        """Load the projector for this engine's model (ModelLoadError if mtmd refuses)."""
+    def load(self, path: Path, *, n_threads: int, flash_attn: bool) -> None:
+        """Load the projector for this engine's model (ModelLoadError if mtmd refuses).
+
+        ``flash_attn`` picks the encoder's attention kernel (see the module docstring); the
+        warmup lets mtmd size its compute buffers at load time instead of on the first
+        screenshot's critical path.
+        """
         params = mtmd_cpp.mtmd_context_params_default()
         params.use_gpu = False
         params.print_timings = False
         params.n_threads = n_threads
-        params.warmup = False
-        params.flash_attn_type = 0
+        params.warmup = True
+        params.flash_attn_type = _FLASH_ATTN_ENABLED if flash_attn else _FLASH_ATTN_DISABLED
         self._mtmd = mtmd_cpp.mtmd_init_from_file(str(path).encode(), self._native.model, params)
         if not self._mtmd:
             raise ModelLoadError(f"mtmd could not load mmproj {path}")
@@ -44,42 +65,57 @@ class Vision:
         self._marker = mtmd_cpp.mtmd_default_marker()
 
     def close(self) -> None:
-        if self._mtmd:
-            mtmd_cpp.mtmd_free(self._mtmd)
-            self._mtmd = None
+        with self._lock:
+            self._closed = True
+            if self._mtmd:
+                mtmd_cpp.mtmd_free(self._mtmd)
+                self._mtmd = None
 
-    @locked
-    def encode_image(self, png: bytes | DecodedImage, *,
-                     image_id: str | None = None) -> EncodedImage:
+    def _check(self) -> None:
+        if self._closed or self._native.closed:
+            raise EngineError("engine is closed")
+        if self._mtmd is None:
+            raise NoVisionError("this engine was loaded without an mmproj")
+
+    def encode_image(self, png: bytes | DecodedImage, *, image_id: str | None = None,
+                     use_cache: bool = True) -> EncodedImage:
         """PNG bytes → embedding rows and decoder positions (cached by pixel identity).
 
         ``image_id`` (the pixel hash, when the caller already knows it) lets a cache hit skip
-        decoding the PNG.
+        decoding the PNG.  ``use_cache=False`` runs the encoder whatever the cache holds and
+        leaves the cache as it was (the encoder checks and ``kvagent bench-encode``).  Takes
+        only the vision lock (see the module docstring).
         """
-        if self._mtmd is None:
-            raise NoVisionError("this engine was loaded without an mmproj")
-        if image_id is not None:
+        self._check()
+        if use_cache and image_id is not None:
             hit = self.cache.get(image_id)
             if hit is not None:
                 return hit
         img = png if isinstance(png, DecodedImage) else decode_png(png)
-        hit = self.cache.get(img.image_id)
-        if hit is not None:
-            return hit
-        with MtmdChunks(self._mtmd, img, self._marker) as chunks:
-            enc = chunks.encode(img, self.n_embd, self.uses_mrope)
-        self.cache.put(enc)
+        with self._lock:
+            self._check()
+            if use_cache:
+                hit = self.cache.get(img.image_id)  # another thread may have just encoded it
+                if hit is not None:
+                    return hit
+            with MtmdChunks(self._mtmd, img, self._marker) as chunks:
+                enc = chunks.encode(img, self.n_embd, self.uses_mrope)
+            if use_cache:
+                self.cache.put(enc)
         return enc
 
-    @locked
     def image_tokens(self, png: bytes | DecodedImage) -> tuple[int, int]:
         """(n_tokens, n_pos) an image would cost, without running the vision encoder."""
-        if self._mtmd is None:
-            raise NoVisionError("this engine was loaded without an mmproj")
+        self._check()
         img = png if isinstance(png, DecodedImage) else decode_png(png)
-        with MtmdChunks(self._mtmd, img, self._marker) as chunks:
-            return chunks.image_counts()
+        with self._lock:
+            self._check()
+            with MtmdChunks(self._mtmd, img, self._marker) as chunks:
+                return chunks.image_counts()
 
+
+# mtmd's flash_attn_type values (llama.cpp's enum; -1 "auto" would probe at warmup instead)
+_FLASH_ATTN_DISABLED, _FLASH_ATTN_ENABLED = 0, 1
 
 _SECTION_ORDER = ("t", "y", "x", "z")  # llama.cpp's M-RoPE section order for decoder positions
 
