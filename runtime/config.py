@@ -74,6 +74,10 @@ class AgentConfig:
         default=attrs.Factory(lambda self: get(self.profile).layout.window, takes_self=True),
         validator=[attrs.validators.ge(1), attrs.validators.le(MAX_WINDOW)])
     overlap: bool = True  # prefetch the next step while the env executes the action
+    #: with overlap: a screenshot that arrives while the prefetch still runs is encoded at
+    #: once, beside the prefetch's last pieces (the encoder has its own lock; its result is a
+    #: pure function of the pixels), instead of after it
+    encode_ahead: bool = True
     temperature: float = attrs.field(default=0.0, converter=float,
                                      validator=_finite_temperature)
     seed: int = 0

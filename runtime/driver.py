@@ -12,6 +12,14 @@ work of an ended episode is dropped, never published half-way).
 Timing: ``act`` is the critical path, from the moment the screenshot's bytes are in hand
 (``arrived_at``) to the action being ready — waiting for the prefetch, decoding and encoding
 the image, prefill, decode and parsing are all inside it.
+
+Encoding ahead (``AgentConfig.encode_ahead``): when the screenshot arrives while the prefetch
+is still running (the VM was quicker than the prefetch), ``act`` encodes it at once, in a
+task beside the wait, instead of after the prefetch: the vision encoder has its own lock (not
+the llama context's) and puts the embedding in the engine's cache, where the step's build
+finds it.  Outputs cannot change: an embedding is a pure function of the pixels
+(``check-exact``'s encoder checks), and the step's segments and pieces are the same.  A
+failure there is only logged: the step's own build encodes again and reports it.
 """
 
 from __future__ import annotations
@@ -53,6 +61,11 @@ class _Prefetch:
     seconds: float = 0.0
 
 
+@attrs.define(eq=False)
+class _Ahead:
+    seconds: float = 0.0  # the screenshot's encode beside the prefetch (0: not encoded ahead)
+
+
 class EpisodeDriver:
     """Drives one episode's session; see the module docstring for the ownership rules."""
 
@@ -88,17 +101,34 @@ class EpisodeDriver:
         ``AdmissionError``) when the step cannot run; the episode's published cache state is
         then untouched."""
         t0 = time.perf_counter() if arrived_at is None else arrived_at
-        job = await self._settle(cancel=False)
-        waited = time.perf_counter() - t0
+        ahead = _Ahead()
+        if self.prefetch_running and self.session.config.encode_ahead:
+            async with anyio.create_task_group() as tg:  # both finish before the step
+                tg.start_soon(self._encode_ahead, png, ahead)
+                job = await self._settle(cancel=False)
+                waited = time.perf_counter() - t0
+        else:
+            job = await self._settle(cancel=False)
+            waited = time.perf_counter() - t0
         act = await self.session.act(png, options=options)
-        return self._measured(act, t0, waited, job)
+        return self._measured(act, t0, waited, job, ahead.seconds)
+
+    async def _encode_ahead(self, png: bytes, ahead: _Ahead) -> None:
+        t = time.perf_counter()
+        try:
+            await anyio.to_thread.run_sync(self.session.encode_ahead, png)
+        except Exception as exc:  # noqa: BLE001  the step's build encodes again and fails
+            self._log.warning("encode_ahead_failed", reason=f"{type(exc).__name__}: {exc}")
+        finally:
+            ahead.seconds = time.perf_counter() - t
 
     def _measured(self, act: ActStep, t0: float, waited: float,
-                  job: _Prefetch | None) -> DriverStep:
+                  job: _Prefetch | None, ahead_s: float = 0.0) -> DriverStep:
         critical = time.perf_counter() - t0
         metrics = StepMetrics.decided(
             act.record, act.prefetch, action=format_action(act.action) if act.parsed else None,
-            parsed=act.parsed, build_encode_s=act.encode_s, critical_path_s=critical,
+            parsed=act.parsed, build_encode_s=act.encode_s, encode_ahead_s=ahead_s,
+            critical_path_s=critical,
             prefetch_s=job.seconds if job is not None else 0.0, prefetch_wait_s=waited,
             prefetch_error=job.error if job is not None else "", notes=act.notes)
         self._log.info("step_decided", step=act.index, action=metrics.action,

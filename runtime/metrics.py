@@ -12,7 +12,8 @@ everywhere (docs/bench-json.md is the reference):
   is wasted work, not reuse).
 * ``prefill_s`` — LLM prefill seconds (restores, prefill, checkpoints) of the critical path
   and the prefetch; the vision encoder is not in it: ``encode_s`` (the new screenshot's
-  decode + encode on the critical path, plus encoder time of cache misses).
+  decode + encode on the critical path, plus encoder time of cache misses;
+  ``encode_ahead_s`` of it ran beside a prefetch that was still running).
 * ``critical_path_s`` — from the screenshot's bytes being in hand to the action being ready:
   waiting for the prefetch, decoding and encoding the image, prefill, decode, parsing.
 """
@@ -68,6 +69,9 @@ class StepMetrics:
     context_tokens: int = 0
     decode_tokens: int = 0
     encode_s: float = 0.0
+    #: the part of ``encode_s`` that ran beside the prefetch (the screenshot arrived while
+    #: it was still running: ``AgentConfig.encode_ahead``); 0.0 otherwise
+    encode_ahead_s: float = 0.0
     prefill_s: float = 0.0
     prefetch_s: float = 0.0  # the prefetch's engine time (prefill + encode)
     prefetch_wait_s: float = 0.0  # the critical path waited this long for the prefetch
@@ -88,6 +92,7 @@ class StepMetrics:
     @classmethod
     def decided(cls, record: StepRecord, prefetch: PrefetchRecord | None, *, action: str,
                 parsed: bool, build_encode_s: float, critical_path_s: float,
+                encode_ahead_s: float = 0.0,
                 prefetch_s: float, prefetch_wait_s: float, prefetch_error: str,
                 notes: tuple[str, ...] = ()) -> StepMetrics:
         pre_tokens = prefetch.prefill_tokens if prefetch is not None else 0
@@ -106,7 +111,8 @@ class StepMetrics:
             prefetch_prefill_tokens=pre_tokens,
             reused_tokens=record.reused_tokens - used,
             context_tokens=record.context_tokens, decode_tokens=record.decode_tokens,
-            encode_s=build_encode_s + record.encode_s,
+            encode_s=encode_ahead_s + build_encode_s + record.encode_s,
+            encode_ahead_s=encode_ahead_s,
             prefill_s=record.prefill_s + (prefetch.prefill_s if prefetch is not None else 0.0),
             prefetch_s=prefetch_s, prefetch_wait_s=prefetch_wait_s,
             prefetch_error=prefetch_error, decode_s=record.decode_s,

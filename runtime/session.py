@@ -167,6 +167,12 @@ class AgentSession:
         self._index, self._prefetched, self._last_prefetch = i + 1, False, None
         return step
 
+    def encode_ahead(self, screenshot_png: bytes) -> None:
+        """Run the vision encoder on the next step's screenshot now (blocking; a worker
+        thread's job): the embedding lands in the engine's cache, where ``act``'s build
+        finds it."""
+        self.factory.engine.encode_image(screenshot_png)
+
     async def respond(self, build: Callable[[], tuple[Segment, ...]], *, options: StepOptions,
                       continuation: Callable[[str], tuple[Segment, ...]]) -> ActStep:
         """A step whose whole prompt the caller renders (a chat client that sends every

@@ -42,8 +42,13 @@ async def test_overlap_is_token_for_token_identical(engines, arch) -> None:
     e = engines(arch)
     plain, _ = await _run(e, overlap=False)
     over, _ = await _run(e, overlap=True)
+    waited, _ = await _run(e, overlap=True, agent=attrs.evolve(GRAMMAR, encode_ahead=False))
     assert [s.output_tokens for s in plain.steps] == [s.output_tokens for s in over.steps]
-    assert plain.output_sha256 == over.output_sha256
+    assert plain.output_sha256 == over.output_sha256 == waited.output_sha256
+    # the VM acts in 10 ms, so screenshots arrive while prefetches run: encoded ahead, the
+    # outputs above unchanged; without encode_ahead, never
+    assert any(s.encode_ahead_s > 0 for s in over.steps)
+    assert all(s.encode_ahead_s == 0 for s in waited.steps + plain.steps)
     assert len(over.steps) >= 2
     # with overlap, the action text and retained screenshots left the critical path, while
     # the step as a whole prefilled the same tokens
