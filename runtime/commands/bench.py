@@ -40,6 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "of the synthetic one")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--image-tokens", type=int, default=512, help="target tokens per screenshot")
+    p.add_argument("--screen", default=None,
+                   help="screenshot size WxH instead of --image-tokens (e.g. 1280x720: what "
+                        "the projector makes of that size)")
+    p.add_argument("--scenario", choices=["study"], default=None,
+                   help="a preset run instead (study: the forged qwen35 L Q4_K_M with vision, "
+                        "1280x720 and 1920x1080 screenshots x K = 3 and 5; see docs/benchmarks.md)")
     p.add_argument("--vm-seconds", type=float, default=0.0, help="simulated VM time per action")
     p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--n-batch", type=int, default=512)
@@ -78,6 +84,13 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--memory-budget: {exc}"
     if args.model is not None and args.mmproj is None:
         return "--model needs --mmproj: the bench replays screenshots"
+    if args.screen is not None:
+        from runtime.bench.study import parse_screen
+        args.screen = parse_screen(args.screen)
+        if args.screen is None:
+            return "--screen: give WxH, each 32..8192"
+        if args.trajectory is not None:
+            return "--screen and --trajectory: a recorded trajectory has its own screenshots"
     if args.trajectory is not None and not args.trajectory.is_dir():
         return f"--trajectory {args.trajectory}: not a directory"
     for name, top in (("steps", 1000), ("image_tokens", 16384)):
@@ -101,6 +114,9 @@ def _check(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.scenario == "study":
+        from runtime.bench.study import run_study
+        return run_study(args, run)
     problem = _check(args)
     if problem:
         print(f"kvagent bench: error: {problem}", file=sys.stderr)
@@ -133,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
         model, mmproj = forged.model_path, forged.mmproj_path
         print(f"using the forged qwen35 M model with vision: {model.parent}", file=sys.stderr)
     steps = len(recorded.frames) - 1 if recorded is not None else args.steps
+    if args.screen is not None:  # size the context for what the projector makes of it
+        from runtime.context_budget import estimate_image_tokens
+        args.image_tokens = estimate_image_tokens(mmproj, args.screen)
     shot_tokens = args.image_tokens + 96
     decode = args.agent.decode_tokens  # the bench always fixes it (--decode-tokens N)
     assert decode is not None
@@ -146,8 +165,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     with engine:
         if recorded is None:
-            w, h, tokens = fit_resolution(
-                lambda w, h: engine.image_tokens(screenshot(0, w, h))[0], args.image_tokens)
+            if args.screen is not None:
+                w, h = args.screen
+                tokens = engine.image_tokens(screenshot(0, w, h))[0]
+            else:
+                w, h, tokens = fit_resolution(
+                    lambda w, h: engine.image_tokens(screenshot(0, w, h))[0], args.image_tokens)
             traj = trajectory(steps, w, h)
         else:
             traj = recorded
