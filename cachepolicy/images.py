@@ -156,10 +156,11 @@ class EmbeddingCache:
             self._items.clear()
             self.nbytes = 0
 
-    def entry_bytes(self) -> int:
-        """The bytes of the entries, summed afresh (``nbytes`` is the running count)."""
+    def audit(self) -> tuple[int, int]:
+        """(the running count ``nbytes``, the entries' bytes summed afresh), read together:
+        an encode finishing in another thread cannot fall between the two."""
         with self._lock:
-            return sum(item.nbytes for item in self._items.values())
+            return self.nbytes, sum(item.nbytes for item in self._items.values())
 
 
 def grid_for_tokens(target_tokens: int, aspect: float = 16 / 9) -> tuple[int, int]:
