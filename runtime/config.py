@@ -75,8 +75,9 @@ class AgentConfig:
         validator=[attrs.validators.ge(1), attrs.validators.le(MAX_WINDOW)])
     overlap: bool = True  # prefetch the next step while the env executes the action
     #: with overlap: a screenshot that arrives while the prefetch still runs is encoded at
-    #: once, beside the prefetch's last pieces (the encoder has its own lock; its result is a
-    #: pure function of the pixels), instead of after it
+    #: once, beside the prefetch's last pieces, instead of after it — if the engine's encoder
+    #: runs beside the llama context (cores to spare: ``Engine.encoder_runs_beside``); its
+    #: result is a pure function of the pixels, so outputs do not change
     encode_ahead: bool = True
     temperature: float = attrs.field(default=0.0, converter=float,
                                      validator=_finite_temperature)

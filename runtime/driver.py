@@ -15,9 +15,9 @@ the image, prefill, decode and parsing are all inside it.
 
 Encoding ahead (``AgentConfig.encode_ahead``): when the screenshot arrives while the prefetch
 is still running (the VM was quicker than the prefetch), ``act`` encodes it at once, in a
-task beside the wait, instead of after the prefetch: the vision encoder has its own lock (not
-the llama context's) and puts the embedding in the engine's cache, where the step's build
-finds it.  Outputs cannot change: an embedding is a pure function of the pixels
+task beside the wait, instead of after the prefetch — when the engine's vision encoder runs
+beside the llama context (``Engine.encoder_runs_beside``: its own lock, cores to spare); it
+puts the embedding in the engine's cache, where the step's build finds it.  Outputs cannot change: an embedding is a pure function of the pixels
 (``check-exact``'s encoder checks), and the step's segments and pieces are the same.  A
 failure there is only logged: the step's own build encodes again and reports it.
 """
@@ -102,7 +102,7 @@ class EpisodeDriver:
         then untouched."""
         t0 = time.perf_counter() if arrived_at is None else arrived_at
         ahead = _Ahead()
-        if self.prefetch_running and self.session.config.encode_ahead:
+        if self.prefetch_running and self.session.can_encode_ahead:
             async with anyio.create_task_group() as tg:  # both finish before the step
                 tg.start_soon(self._encode_ahead, png, ahead)
                 job = await self._settle(cancel=False)

@@ -167,6 +167,12 @@ class AgentSession:
         self._index, self._prefetched, self._last_prefetch = i + 1, False, None
         return step
 
+    @property
+    def can_encode_ahead(self) -> bool:
+        """Encoding a screenshot while the prefetch runs can shorten the critical path: asked
+        for, and the encoder runs beside the llama context (else it would only queue)."""
+        return self.config.encode_ahead and self.factory.engine.encoder_runs_beside
+
     def encode_ahead(self, screenshot_png: bytes) -> None:
         """Run the vision encoder on the next step's screenshot now (blocking; a worker
         thread's job): the embedding lands in the engine's cache, where ``act``'s build

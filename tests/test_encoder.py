@@ -1,5 +1,5 @@
 """The vision encoder: flash attention reaches mtmd, the encoder checks can fail, and an image
-encodes while the llama context is busy (its own lock)."""
+encodes while the llama context is busy when the encoder runs beside it (its own lock)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.engine.records import encoder_runs_beside
 from cachepolicy.images import EncodedImage
 from cachepolicy.oracle import oracle_screenshot, run_checks
 from cachepolicy.oracle_encoder import encoder_after_eviction, encoder_run_to_run
@@ -83,20 +84,35 @@ def test_encoder_flash_attention_reaches_mtmd_and_both_kernels_pass_the_checks(f
     assert not np.array_equal(rows[False], rows[True])
 
 
-def test_an_image_encodes_while_the_llama_context_is_held(engines) -> None:
-    """The encoder takes its own lock: holding the engine's lock (as a prefill does) does not
-    block it, and the embedding is the one encoded with the engine idle."""
-    e = engines("qwen35")
-    idle = e.encode_image(SHOT, use_cache=False)
-    out: list[EncodedImage] = []
-    worker = threading.Thread(target=lambda: out.append(e.encode_image(SHOT, use_cache=False)))
-    with e._native.lock:
-        worker.start()
+@pytest.mark.parametrize("beside", [True, False])
+def test_the_encoder_runs_beside_the_llama_context_only_when_configured(forged,
+                                                                        beside: bool) -> None:
+    """With its own lock, holding the engine's lock (as a prefill does) does not block the
+    encoder, and the embedding is the one encoded with the engine idle; sharing the engine's
+    lock, the encode waits for it."""
+    m = forged("qwen35")
+    config = EngineConfig(n_ctx_per_seq=1024, n_seq_max=1, n_batch=32, n_threads=1,
+                          encoder_beside=beside)
+    with Engine(m.model_path, m.mmproj_path, config) as e:
+        assert e.encoder_runs_beside is beside
+        idle = e.encode_image(SHOT, use_cache=False)
+        out: list[EncodedImage] = []
+        worker = threading.Thread(
+            target=lambda: out.append(e.encode_image(SHOT, use_cache=False)))
+        with e._native.lock:
+            worker.start()
+            worker.join(timeout=60 if beside else 0.5)
+            finished_while_held = not worker.is_alive()
         worker.join(timeout=60)
-        finished = not worker.is_alive()
-    worker.join(timeout=60)
-    assert finished, "encode_image waited for the engine's lock"
-    assert np.array_equal(out[0].embeddings, idle.embeddings)
+        assert finished_while_held is beside
+        assert np.array_equal(out[0].embeddings, idle.embeddings)
+
+
+def test_the_encoder_runs_beside_when_the_cores_hold_both_teams() -> None:
+    auto = EngineConfig(n_threads=2)
+    assert encoder_runs_beside(auto, cores=4) and not encoder_runs_beside(auto, cores=3)
+    assert encoder_runs_beside(attrs.evolve(auto, encoder_beside=True), cores=1)
+    assert not encoder_runs_beside(attrs.evolve(auto, encoder_beside=False), cores=64)
 
 
 @pytest.mark.parametrize("use_cache", [True, False])

@@ -28,7 +28,9 @@ from cachepolicy.engine.backend import init_backend
 from cachepolicy.engine.batcher import DecodeBatcher
 from cachepolicy.engine.decoder import Decoder
 from cachepolicy.engine.native import Native, locked
-from cachepolicy.engine.records import EngineConfig, MemoryReport, SeqInfo, decode_lanes_for
+from cachepolicy.engine.records import (
+    EngineConfig, MemoryReport, SeqInfo, decode_lanes_for, encoder_runs_beside,
+)
 from cachepolicy.engine.sampler import Sampler
 from cachepolicy.engine.sequences import Sequences
 from cachepolicy.engine.state import SequenceState
@@ -135,7 +137,8 @@ class Engine:
             run_lanes=self.decoder.run_lanes, copy_in=self.decoder.copy_to_lane,
             clear=self.decoder.clear_lane)
         self.image_cache = EmbeddingCache(config.image_cache_bytes)
-        self.vision = Vision(native, self.image_cache, n_embd=self.n_embd)
+        self.vision = Vision(native, self.image_cache, n_embd=self.n_embd,
+                             beside=encoder_runs_beside(config))
         self.mmproj_path = Path(mmproj_path) if mmproj_path is not None else None
         try:
             if self.mmproj_path is not None:
@@ -168,6 +171,11 @@ class Engine:
     @property
     def has_vision(self) -> bool:
         return self.vision.loaded
+
+    @property
+    def encoder_runs_beside(self) -> bool:
+        """The vision encoder has its own lock: it runs while the llama context computes."""
+        return self.vision.runs_beside
 
     @property
     def uses_mrope(self) -> bool:

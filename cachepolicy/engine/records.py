@@ -53,6 +53,11 @@ class EngineConfig:
     # be deterministic (check-exact's encoder checks). Off = the slower non-flash kernel,
     # kept for comparison (``kvagent bench-encode``).
     encoder_flash_attn: bool = True
+    # May the vision encoder run beside llama.cpp's own compute (its own lock instead of the
+    # engine's)? Both are OpenMP teams of n_threads: side by side on fewer cores they
+    # oversubscribe the CPU and spin at each other's barriers. None: only when the cores
+    # hold both teams (``encoder_runs_beside``).
+    encoder_beside: bool | None = None
     # Speed over exactness: let the CPU backend repack quantized weights (llama.cpp's
     # use_extra_bufts). Its kernels depend on a batch's row count, so on quantized models a
     # split prefill is no longer bitwise a one-call prefill; check-exact reports it.
@@ -95,6 +100,15 @@ def decode_lanes_for(expert_count: int, requested: int | None) -> tuple[int, str
                                     f"lanes would let an expert's kernel depend on the other "
                                     f"rows; capped at {MIN_CHUNK_ROWS - 1}")
     return rows, "every call feeds all lanes: rows do not interact"
+
+
+def encoder_runs_beside(config: EngineConfig, cores: int | None = None) -> bool:
+    """Whether the vision encoder gets its own lock: as configured, else iff the machine's
+    cores hold the encoder's threads and the LLM's (measured on 2 cores with 2 threads each:
+    side by side they only slowed each other)."""
+    if config.encoder_beside is not None:
+        return config.encoder_beside
+    return 2 * config.n_threads <= (cores if cores is not None else os.cpu_count() or 1)
 
 
 @attrs.frozen

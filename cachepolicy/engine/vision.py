@@ -3,9 +3,11 @@
 ``Vision`` is the part of the ``Engine`` that owns the mtmd context (when an mmproj is loaded)
 and fills the engine's embedding cache.  The mtmd context is its own ggml graph with its own
 weights and buffers; of the LLM it reads only the vocabulary (to tokenize the image markers),
-which never changes once loaded.  So it has its own lock, not the engine's: an image can be
-encoded while the llama context prefills or decodes (a new screenshot while a prefetch
-finishes, ``EpisodeDriver.act``).
+which never changes once loaded.  So it may have its own lock, not the engine's: an image is
+then encoded while the llama context prefills or decodes (a new screenshot while a prefetch
+finishes, ``EpisodeDriver.act``; another episode's screenshot).  It does when the cores hold
+both OpenMP teams (``EngineConfig.encoder_beside``, ``encoder_runs_beside``); otherwise it
+shares the engine's lock, as both would only slow each other down.
 
 Flash attention in the encoder (``EngineConfig.encoder_flash_attn``, on by default): the
 LLM keeps it off because a prefill split into calls must equal one call bitwise; an image is
@@ -31,11 +33,13 @@ from cachepolicy.images import DecodedImage, EmbeddingCache, EncodedImage, decod
 
 
 class Vision:
-    def __init__(self, native: Native, cache: EmbeddingCache, *, n_embd: int) -> None:
+    def __init__(self, native: Native, cache: EmbeddingCache, *, n_embd: int,
+                 beside: bool) -> None:
         self._native, self.cache, self.n_embd = native, cache, n_embd
-        # guards the mtmd context (one encode at a time); never held while taking the
-        # engine's lock, so the order engine lock → vision lock cannot deadlock
-        self._lock = threading.Lock()
+        self.runs_beside = beside
+        # guards the mtmd context (one encode at a time).  Its own lock is never held while
+        # taking the engine's, so the order engine lock → vision lock cannot deadlock
+        self._lock = threading.Lock() if beside else native.lock
         self._closed = False
         self._mtmd: Any = None
         self._marker = b""
@@ -84,7 +88,7 @@ class Vision:
         ``image_id`` (the pixel hash, when the caller already knows it) lets a cache hit skip
         decoding the PNG.  ``use_cache=False`` runs the encoder whatever the cache holds and
         leaves the cache as it was (the encoder checks and ``kvagent bench-encode``).  Takes
-        only the vision lock (see the module docstring).
+        the vision lock (see the module docstring).
         """
         self._check()
         if use_cache and image_id is not None:
