@@ -10,7 +10,9 @@
 A step returns the decided action as data: its text in kvagent's action language
 (``action``, absolute pixels of the screenshot; ``null`` for an unparsable output) — the
 client turns it into a record (``parse_action``) and generates the pyautogui code itself, as
-the in-process agent does.  Overlap happens here: after answering, the host prefetches the
+the in-process agent does.  ``history`` is the text the step leaves in the episode's
+history (what a replay forces to rebuild the episode elsewhere: ``runtime/cluster``).
+Overlap happens here: after answering, the host prefetches the
 next step while the client's VM executes the action.
 """
 
@@ -53,7 +55,10 @@ def episode_config(base: AgentConfig, options: Any) -> AgentConfig:
         raise bad_request(f"options: {exc}", param="options") from None
 
 
-async def create(host: ModelHost, body: Mapping[str, Any]) -> dict[str, Any]:
+async def create(host: ModelHost, body: Mapping[str, Any], *,
+                 number: int | None = None) -> dict[str, Any]:
+    """Open an episode; ``number`` (a cluster's front door numbering episodes across its
+    hosts) replaces the host's own count as the id and the sampling seed."""
     instruction = body.get("instruction")
     if not isinstance(instruction, str) or not instruction.strip():
         raise bad_request("'instruction' must be a non-empty string", param="instruction")
@@ -67,7 +72,7 @@ async def create(host: ModelHost, body: Mapping[str, Any]) -> dict[str, Any]:
             raise bad_request("'screen' must be [width, height] in pixels", param="screen")
         screen = (screen[0], screen[1])
     config = episode_config(host.config.agent, body.get("options"))
-    episode_id, n = host.new_id("ep")
+    episode_id, n = host.new_id("ep") if number is None else (f"ep-{number}", number)
     # the screen size until the first screenshot says otherwise (coordinates follow the
     # screenshot the model sees)
     await host.episodes.open(episode_id, config, instruction, screen or (1920, 1080), seed=n)
@@ -102,6 +107,7 @@ async def step(host: ModelHost, episode_id: str, body: Mapping[str, Any]) -> dic
     info.pop("output_tokens")
     return {"episode_id": episode_id, "step": result.act.index, "action": metrics.action,
             "parsed": metrics.parsed, "response": result.act.response,
+            "history": session.history_text,
             "terminal": isinstance(result.act.action, TERMINAL_ACTIONS), "info": info}
 
 

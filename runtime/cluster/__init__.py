@@ -1,0 +1,17 @@
+"""Scale out on Ray: one model host per node behind one front door (``kvagent serve --ray``).
+
+- ``host_actor.py``: a Ray actor running the same app and ``ModelHost`` as ``kvagent serve``;
+- ``resume.py``: open an episode on a host, or rebuild one whose host was lost;
+- ``placement.py``: where a new episode goes (most free ledger bytes, a free sequence);
+- ``router.py``: the episode → host map, forwarding, failure handling;
+- ``frontdoor.py``: the HTTP routes of ``kvagent serve``, forwarded;
+- ``metrics.py``: ``GET /metrics`` summed over hosts;
+- ``spawn.py``: Ray itself (connecting, starting host actors).
+
+Only ``spawn.py`` and the command import Ray (the ``[ray]`` extra); the rest imports
+without it.
+"""
+
+from runtime.cluster.placement import HostLoad, placement_order
+
+__all__ = ["HostLoad", "placement_order"]

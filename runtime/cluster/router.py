@@ -1,0 +1,331 @@
+"""The front door's bookkeeping: which host has which episode, and what to do when one dies.
+
+- **Placement**: a new episode goes to the host that reports the most free ledger bytes and
+  has a free sequence (``placement.py``), asked afresh for every placement; placements are
+  serialized (one lock), so each one sees the previous one's episode.  A host that refuses
+  (429 / 503: it filled up meanwhile) passes the episode to the next.
+- **Affinity**: the front door numbers episodes (``ep-N``, N also the sampling seed, as a
+  single host numbers its own) and keeps ``ep-N → host``: every later step goes there, where
+  its checkpoints and KV are.  Chat conversations stick to a host by an affinity key.
+- **Failure**: a host is lost when its actor's ``serve`` call ends (Ray saw the process or
+  node die) or a request to it fails in transport; its in-flight requests are cancelled,
+  its actor killed and a replacement started.  Its episodes keep their record (the create
+  request and every step's screenshot and history text): the next step rebuilds the episode
+  on another host (``resume.py``: re-prefilled, teacher-forced) and then runs — the client
+  sees no error, or one retryable 503 when no host could take the episode at that moment.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import attrs
+import httpx
+import structlog
+
+from runtime.cluster.placement import HostLoad, placement_order
+from runtime.cluster.resume import RecordedStep
+from runtime.cluster.spawn import HostHandle
+from runtime.serve.errors import ApiError, busy, not_found, unavailable
+
+log = structlog.get_logger("kvagent.cluster")
+
+#: Conversations remembered for chat affinity (least recently used forgotten first).
+MAX_CONVERSATIONS = 4096
+STATUS_TIMEOUT_S = 10.0
+
+
+class HostLost(Exception):
+    """The host died (or stopped answering) while serving a request."""
+
+
+@attrs.define(eq=False)
+class RoutedEpisode:
+    number: int
+    body: dict[str, Any]  # the create request, for a rebuild
+    host: HostHandle | None
+    steps: list[RecordedStep] = attrs.Factory(list)
+    busy: bool = False
+
+    @property
+    def episode_id(self) -> str:
+        return f"ep-{self.number}"
+
+
+@attrs.define
+class Forwarded:
+    """A host's HTTP answer as the front door passes it on."""
+
+    status: int
+    content: bytes
+    headers: dict[str, str]
+    host: str
+
+
+class Router:
+    """See the module docstring.  ``start_host(name)`` starts a replacement host;
+    ``kill_host`` ends a lost one's actor."""
+
+    def __init__(self, hosts: list[HostHandle], *,
+                 start_host: Callable[[str], Awaitable[HostHandle]],
+                 kill_host: Callable[[HostHandle], None], read_timeout_s: float = 600.0,
+                 replace_lost: bool = True) -> None:
+        self.hosts: dict[str, HostHandle] = {h.name: h for h in hosts}
+        self.episodes: dict[str, RoutedEpisode] = {}
+        self.conversations: OrderedDict[str, HostHandle] = OrderedDict()
+        self.failovers = 0
+        self.lost = 0
+        self._start_host, self._kill_host = start_host, kill_host
+        self._replace_lost = replace_lost
+        self._numbers = itertools.count(1)
+        self._host_numbers = itertools.count(len(hosts))
+        self._place_lock = anyio.Lock()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(read_timeout_s, connect=10.0),
+                                       limits=httpx.Limits(max_connections=256))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+                  ) -> None:
+        """Watch every host until cancelled."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                for host in self.hosts.values():
+                    tg.start_soon(self._watch, host)
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            self._tg = None
+            with anyio.CancelScope(shield=True):
+                await self._http.aclose()
+
+    def closing(self) -> None:
+        """The front door is shutting down: hosts that end now are not replaced."""
+        self._replace_lost = False
+
+    def alive(self) -> list[HostHandle]:
+        return [h for h in self.hosts.values() if h.alive]
+
+    async def _watch(self, host: HostHandle) -> None:
+        try:
+            await host.done
+            reason = "the host stopped"
+        except Exception as exc:  # noqa: BLE001  RayActorError & co: the host died
+            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+        self.host_lost(host, reason)
+
+    def host_lost(self, host: HostHandle, reason: str) -> None:
+        """Mark ``host`` lost (idempotent): cancel its requests, end its actor, replace it."""
+        if not host.alive:
+            return
+        host.alive = False
+        self.lost += 1
+        moved = sum(1 for ep in self.episodes.values() if ep.host is host)
+        log.warning("cluster_host_lost", host=host.name, reason=reason, episodes=moved)
+        for scope in list(host.inflight):
+            scope.cancel()
+        for key in [k for k, h in self.conversations.items() if h is host]:
+            del self.conversations[key]
+        self._kill_host(host)
+        if self._replace_lost and self._tg is not None:
+            self._tg.start_soon(self._replace, f"host-{next(self._host_numbers)}")
+
+    async def _replace(self, name: str) -> None:
+        try:
+            host = await self._start_host(name)
+        except Exception as exc:  # noqa: BLE001  no room for it now: the cluster runs on
+            log.warning("cluster_host_not_replaced", host=name, error=repr(exc)[:300])
+            return
+        self.hosts[name] = host
+        if self._tg is not None:
+            self._tg.start_soon(self._watch, host)
+
+    # ------------------------------------------------------------------ placement
+
+    async def loads(self) -> list[HostLoad]:
+        """Every live host's report, asked now (a host that cannot answer is lost)."""
+        out: list[HostLoad] = []
+
+        async def ask(host: HostHandle) -> None:
+            try:
+                with anyio.fail_after(STATUS_TIMEOUT_S):
+                    status = await host.actor.status.remote()
+            except Exception as exc:  # noqa: BLE001
+                self.host_lost(host, f"status failed: {type(exc).__name__}")
+                return
+            out.append(HostLoad.from_status(host.name, status))
+
+        async with anyio.create_task_group() as tg:
+            for host in self.alive():
+                tg.start_soon(ask, host)
+        return out
+
+    async def best_host(self) -> HostHandle:
+        """The host a new conversation goes to (429 when none has a free sequence)."""
+        order = placement_order(await self.loads())
+        if not order:
+            raise self._full()
+        return self.hosts[order[0]]
+
+    def _full(self) -> ApiError:
+        if not self.alive():
+            return unavailable("no model host is running (one is being started)")
+        return busy("every host's episode slots are in use")
+
+    async def create(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], str]:
+        """A new episode: placed, created there under the next number."""
+        episode = RoutedEpisode(next(self._numbers), body, None)
+        status, answer = await self._place(episode)
+        if status == 201:
+            self.episodes[episode.episode_id] = episode
+        assert episode.host is not None or status != 201
+        return status, answer, episode.host.name if episode.host else ""
+
+    async def _place(self, episode: RoutedEpisode) -> tuple[int, dict[str, Any]]:
+        """Open ``episode`` on the best host that takes it (rebuilt from its steps)."""
+        async with self._place_lock:
+            loads = await self.loads()
+            refused: dict[str, Any] | None = None
+            for name in placement_order(loads):
+                host = self.hosts[name]
+                try:
+                    with anyio.fail_after(self._rebuild_timeout(episode)):
+                        reply = await host.actor.open_episode.remote(
+                            episode.body, episode.number, episode.steps)
+                except Exception as exc:  # noqa: BLE001  died meanwhile: try the next
+                    self.host_lost(host, f"open failed: {type(exc).__name__}")
+                    continue
+                if reply.status == 201:
+                    episode.host = host
+                    if episode.steps:
+                        self.failovers += 1
+                        log.info("cluster_episode_moved", episode_id=episode.episode_id,
+                                 host=name, replayed=reply.body["replayed"],
+                                 diverged=reply.body["diverged"])
+                    return 201, reply.body
+                if reply.status not in (429, 503):
+                    return reply.status, reply.body  # the request itself is wrong
+                refused = reply.body
+            error = self._full()
+            return error.status, refused or error.body()
+
+    @staticmethod
+    def _rebuild_timeout(episode: RoutedEpisode) -> float:
+        return 60.0 + 120.0 * len(episode.steps)
+
+    # ------------------------------------------------------------------ forwarding
+
+    def episode(self, episode_id: str) -> RoutedEpisode:
+        ep = self.episodes.get(episode_id)
+        if ep is None:
+            raise not_found(f"no open episode {episode_id!r}", param="episode_id",
+                            code="episode_not_found")
+        return ep
+
+    async def step(self, episode_id: str, raw: bytes, screenshot: str) -> Forwarded:
+        """Forward a step to the episode's host; rebuild it elsewhere first if that host is
+        lost (also when it dies during this step: the step is sent again)."""
+        ep = self.episode(episode_id)
+        if ep.busy:
+            raise ApiError(409, f"a step of episode {episode_id} is already running",
+                           "invalid_request_error", None, "episode_busy")
+        ep.busy = True
+        try:
+            for _ in range(2):
+                if ep.host is None or not ep.host.alive:
+                    ep.host = None
+                    status, answer = await self._place(ep)
+                    if status != 201:
+                        raise ApiError(503, f"episode {episode_id}'s host was lost and no "
+                                       f"host can take it now: "
+                                       f"{answer.get('error', {}).get('message', '')}",
+                                       "server_error", None, "host_lost", retry_after=5.0)
+                assert ep.host is not None
+                try:
+                    out = await self.forward(ep.host, "POST",
+                                             f"/v1/episodes/{episode_id}/step", raw)
+                except HostLost:
+                    continue
+                if out.status == 200:
+                    data = json.loads(out.content)
+                    ep.steps.append(RecordedStep(screenshot, data["response"],
+                                                 data.get("history")))
+                return out
+            raise ApiError(503, f"episode {episode_id} lost two hosts in one step; retry",
+                           "server_error", None, "host_lost", retry_after=5.0)
+        finally:
+            ep.busy = False
+
+    async def end(self, episode_id: str) -> Forwarded | None:
+        ep = self.episode(episode_id)
+        del self.episodes[episode_id]
+        if ep.host is None or not ep.host.alive:
+            return None  # nothing held anywhere
+        try:
+            return await self.forward(ep.host, "DELETE", f"/v1/episodes/{episode_id}", b"")
+        except HostLost:
+            return None
+
+    def conversation_host(self, key: str) -> HostHandle | None:
+        host = self.conversations.get(key)
+        if host is None or not host.alive:
+            return None
+        self.conversations.move_to_end(key)
+        return host
+
+    def remember_conversation(self, key: str, host: HostHandle) -> None:
+        self.conversations[key] = host
+        self.conversations.move_to_end(key)
+        while len(self.conversations) > MAX_CONVERSATIONS:
+            self.conversations.popitem(last=False)
+
+    async def forward(self, host: HostHandle, method: str, path: str, content: bytes,
+                      headers: dict[str, str] | None = None) -> Forwarded:
+        """One request to ``host``, answered whole.  ``HostLost`` if the host dies or cannot
+        be reached (it is then marked lost)."""
+        scope = anyio.CancelScope()
+        host.inflight.add(scope)
+        try:
+            with scope:
+                r = await self._http.request(method, host.info.url + path, content=content,
+                                             headers=headers or _JSON)
+                return Forwarded(r.status_code, r.content, _passed_headers(r), host.name)
+            raise HostLost(host.name)  # only the host's loss cancels this scope
+        except httpx.TimeoutException:
+            raise ApiError(504, f"host {host.name} did not answer in time", "server_error",
+                           None, "host_timeout", retry_after=5.0) from None
+        except httpx.TransportError as exc:
+            self.host_lost(host, f"{type(exc).__name__}: {exc}")
+            raise HostLost(host.name) from exc
+        finally:
+            host.inflight.discard(scope)
+
+    async def stream(self, host: HostHandle, path: str, content: bytes,
+                     headers: dict[str, str]) -> httpx.Response:
+        """Open a streamed request to ``host`` (the caller closes the response).  Raises
+        ``HostLost`` if the host cannot be reached."""
+        request = self._http.build_request("POST", host.info.url + path, content=content,
+                                           headers=headers)
+        try:
+            return await self._http.send(request, stream=True)
+        except httpx.TimeoutException:
+            raise ApiError(504, f"host {host.name} did not answer in time", "server_error",
+                           None, "host_timeout", retry_after=5.0) from None
+        except httpx.TransportError as exc:
+            self.host_lost(host, f"{type(exc).__name__}: {exc}")
+            raise HostLost(host.name) from exc
+
+
+_JSON = {"content-type": "application/json"}
+
+
+def _passed_headers(r: httpx.Response) -> dict[str, str]:
+    return {k: v for k, v in r.headers.items() if k.lower() in ("content-type", "retry-after")}
