@@ -54,13 +54,12 @@ def cluster_gauges(hosts: Mapping[str, Mapping | None], *, routed: int,
                 {}, routed))
     out.append(("kvagent_cluster_failovers", "Episodes rebuilt on another host after theirs "
                 "was lost (since start).", {}, failovers))
-    for name, status in sorted(hosts.items()):
-        if status is None:
-            continue
-        ledger = status["ledger"]
+    live = sorted((name, status) for name, status in hosts.items() if status is not None)
+    for name, status in live:  # a family's samples stay together (the text format's rule)
         for kind in ("budget", "held", "reserved", "peak"):
             out.append(("kvagent_cluster_host_ledger_bytes", "Each host's memory ledger.",
-                        {"host": name, "kind": kind}, ledger[f"{kind}_bytes"]))
+                        {"host": name, "kind": kind}, status["ledger"][f"{kind}_bytes"]))
+    for name, status in live:
         out.append(("kvagent_cluster_host_episodes_open", "Each host's open episodes.",
                     {"host": name}, status["episodes"]["open"]))
     return out

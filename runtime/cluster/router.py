@@ -83,6 +83,7 @@ class Router:
         self.lost = 0
         self._start_host, self._kill_host = start_host, kill_host
         self._replace_lost = replace_lost
+        self._closing = False
         self._numbers = itertools.count(1)
         self._host_numbers = itertools.count(len(hosts))
         self._place_lock = anyio.Lock()
@@ -110,6 +111,7 @@ class Router:
     def closing(self) -> None:
         """The front door is shutting down: hosts that end now are not replaced."""
         self._replace_lost = False
+        self._closing = True
 
     def alive(self) -> list[HostHandle]:
         return [h for h in self.hosts.values() if h.alive]
@@ -127,6 +129,8 @@ class Router:
         if not host.alive:
             return
         host.alive = False
+        if self._closing:
+            return  # stopped on purpose
         self.lost += 1
         moved = sum(1 for ep in self.episodes.values() if ep.host is host)
         log.warning("cluster_host_lost", host=host.name, reason=reason, episodes=moved)

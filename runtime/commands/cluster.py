@@ -36,18 +36,14 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_cluster(args: argparse.Namespace, config: Any) -> int:
-    try:
-        from runtime.cluster.spawn import connect, ray_address
-    except ImportError as exc:
-        print(f"kvagent serve --ray: error: {exc} (pip install 'kvagent[ray]')",
-              file=sys.stderr)
-        return 2
+    from runtime.cluster.spawn import connect, ray_address
+
     if args.hosts is not None and not 1 <= args.hosts <= 256:
         print("kvagent serve --ray: error: --hosts must be 1..256", file=sys.stderr)
         return 2
-    try:
-        import ray  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:  # not imported here: connect sets its env
         print("kvagent serve --ray: error: Ray is not installed (pip install "
               "'kvagent[ray]')", file=sys.stderr)
         return 2
