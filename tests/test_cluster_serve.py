@@ -1,0 +1,221 @@
+"""``kvagent serve --ray`` on a two-node Ray cluster on loopback (one model host per node,
+the forged tiny model), compared with one ``kvagent serve`` host: placement by ledger
+headroom and free sequences, affinity, /metrics summed over hosts, chat forwarding, outputs
+identical to a single host, and a host killed mid-episode (the episode continues on the
+other host, bitwise as if nothing happened)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import signal
+import time
+
+import httpx
+import pytest
+
+from cluster_helpers import needs_ray, ray_nodes
+from runtime.bench.trajectory import screenshot
+from serve_helpers import kvagent_serve
+
+pytestmark = needs_ray
+
+ARGS = ("--max-episodes", "2", "--memory-budget", "1GiB")
+HOST = "x-kvagent-host"
+
+
+def _b64(png: bytes) -> str:
+    return base64.b64encode(png).decode()
+
+
+def _shot(i: int, width: int = 320) -> dict:
+    return {"screenshot": _b64(screenshot(i, width, 240))}
+
+
+@pytest.fixture(scope="module")
+def model_dir(forged):
+    return forged("qwen35").model_path.parent
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cluster")
+    with ray_nodes(2) as address:
+        with kvagent_serve(model_dir, tmp, *ARGS, "--ray", "--address", address,
+                           timeout=180, expect_clean_exit=False) as served:
+            yield served
+        text = served.stderr()
+        assert served.process.returncode == 0, text[-3000:]
+        assert "cluster_closed" in text and "Traceback" not in text, text[-3000:]
+
+
+@pytest.fixture(scope="module")
+def single(model_dir, tmp_path_factory):
+    with kvagent_serve(model_dir, tmp_path_factory.mktemp("single"), *ARGS) as served:
+        yield served
+
+
+def _number(episode_id: str) -> int:
+    return int(episode_id.removeprefix("ep-"))
+
+
+def _create_as(c: httpx.Client, number: int, body: dict) -> str:
+    """Create an episode on a single host under ``number`` (its id and sampling seed): the
+    host numbers episodes in order, so earlier numbers are created and ended first."""
+    while True:
+        r = c.post("/v1/episodes", json=body)
+        assert r.status_code == 201, r.text
+        ep = r.json()["episode_id"]
+        if _number(ep) == number:
+            return ep
+        assert _number(ep) < number, "the reference host is ahead of the cluster"
+        c.delete(f"/v1/episodes/{ep}")
+
+
+def _free(health: dict) -> dict[str, int]:
+    return {name: h["ledger"]["budget_bytes"] - h["ledger"]["held_bytes"]
+            - h["ledger"]["reserved_bytes"]
+            for name, h in health["hosts"].items()
+            if h["alive"] and h["episodes"]["open"] < h["episodes"]["max"]}
+
+
+def test_placement_by_headroom_then_affinity(cluster) -> None:
+    with httpx.Client(base_url=cluster.url, timeout=120) as c:
+        health = c.get("/health").json()
+        assert len([h for h in health["hosts"].values() if h["alive"]]) == 2
+        assert len({h["node_id"] for h in health["hosts"].values()}) == 2  # one per node
+        placed: dict[str, str] = {}
+        widths = {0: 640, 1: 320, 2: 480}  # different screenshot sizes hold different bytes
+        for k in range(3):
+            free = _free(c.get("/health").json())
+            best = max(free.values())
+            r = c.post("/v1/episodes", json={"instruction": f"task {k}"})
+            assert r.status_code == 201, r.text
+            ep, host = r.json()["episode_id"], r.headers[HOST]
+            assert free[host] == best, (free, host)  # the most free ledger bytes
+            placed[ep] = host
+            assert c.post(f"/v1/episodes/{ep}/step", json=_shot(k, widths[k])).headers[HOST] \
+                == host
+        assert len(set(placed.values())) == 2  # headroom spread them
+        # every later step goes where the episode lives
+        for i in range(2):
+            for ep, host in placed.items():
+                r = c.post(f"/v1/episodes/{ep}/step", json=_shot(10 + i))
+                assert r.status_code == 200 and r.headers[HOST] == host, r.text
+        # a full host is skipped whatever its headroom; all slots taken: 429
+        r = c.post("/v1/episodes", json={"instruction": "fourth"})
+        assert r.status_code == 201
+        placed[r.json()["episode_id"]] = r.headers[HOST]
+        assert sorted(placed.values()).count(r.headers[HOST]) == 2
+        r = c.post("/v1/episodes", json={"instruction": "fifth"})
+        assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_episodes"
+        for ep in placed:
+            assert c.delete(f"/v1/episodes/{ep}").status_code == 204
+        health = c.get("/health").json()
+        assert health["episodes"]["open"] == 0 and health["episodes"]["routed"] == 0
+
+
+def _steps_total(text: str) -> int:
+    m = re.search(r'^kvagent_steps_total\{api="episode",status="ok"\} (\d+)', text, re.M)
+    return int(m.group(1)) if m else 0
+
+
+def test_metrics_sum_over_hosts_and_errors_pass_through(cluster) -> None:
+    with httpx.Client(base_url=cluster.url, timeout=120) as c:
+        before = _steps_total(c.get("/metrics").text)
+        eps = [c.post("/v1/episodes", json={"instruction": "x"}).json()["episode_id"]
+               for _ in range(2)]
+        hosts = set()
+        for ep in eps:
+            for i in range(2):
+                hosts.add(c.post(f"/v1/episodes/{ep}/step", json=_shot(i)).headers[HOST])
+        assert len(hosts) == 2
+        text = c.get("/metrics").text
+        assert _steps_total(text) - before == 4
+        assert 'kvagent_cluster_hosts{state="alive"} 2' in text
+        assert text.count("# TYPE kvagent_cluster_host_ledger_bytes gauge") == 1
+        # a host's own error passes through in OpenAI's shape; the front door's too
+        r = c.post(f"/v1/episodes/{eps[0]}/step", json={"screenshot": _b64(b"not an image")})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image"
+        r = c.post("/v1/episodes/ep-999999/step", json=_shot(0))
+        assert r.status_code == 404 and r.json()["error"]["code"] == "episode_not_found"
+        # chat completions go to a host and stick to it by conversation
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        a = c.post("/v1/chat/completions", json=chat)
+        b = c.post("/v1/chat/completions", json=chat)
+        assert a.headers[HOST] == b.headers[HOST] and a.status_code == b.status_code
+        assert "error" in a.json() or "choices" in a.json()
+        for ep in eps:
+            c.delete(f"/v1/episodes/{ep}")
+
+
+def test_outputs_equal_one_host(cluster, single) -> None:
+    body = {"instruction": "Open the terminal.", "options": {"temperature": 1.0}}
+    with httpx.Client(base_url=cluster.url, timeout=120) as cc, \
+            httpx.Client(base_url=single.url, timeout=120) as sc:
+        eps = [cc.post("/v1/episodes", json=body).json()["episode_id"] for _ in range(4)]
+        shots = [[_shot(3 * k + i, 320 + 80 * k) for i in range(3)] for k in range(4)]
+        got: list[list[str]] = [[] for _ in eps]
+        hosts = set()
+        for i in range(3):  # the cluster's episodes interleaved, two per host
+            for k, ep in enumerate(eps):
+                r = cc.post(f"/v1/episodes/{ep}/step", json=shots[k][i])
+                assert r.status_code == 200, r.text
+                hosts.add(r.headers[HOST])
+                got[k].append(r.json()["response"])
+        assert len(hosts) == 2
+        want: list[list[str]] = []
+        for k, ep in enumerate(eps):  # the single host's one after the other
+            ref = _create_as(sc, _number(ep), body)
+            want.append([sc.post(f"/v1/episodes/{ref}/step", json=shots[k][i]).json()
+                         ["response"] for i in range(3)])
+            sc.delete(f"/v1/episodes/{ref}")
+        assert got == want
+        assert len({tuple(g) for g in got}) > 1  # sampled, different episodes: not constant
+        for ep in eps:
+            cc.delete(f"/v1/episodes/{ep}")
+
+
+def test_a_killed_host_episode_continues_elsewhere_exactly(cluster, single) -> None:
+    body = {"instruction": "Click OK.", "options": {"temperature": 1.0}}
+    with httpx.Client(base_url=cluster.url, timeout=120) as cc, \
+            httpx.Client(base_url=single.url, timeout=120) as sc:
+        eps = [cc.post("/v1/episodes", json=body).json()["episode_id"] for _ in range(2)]
+        where = {}
+        for ep in eps:
+            for i in range(2):
+                where[ep] = cc.post(f"/v1/episodes/{ep}/step", json=_shot(i)).headers[HOST]
+        assert len(set(where.values())) == 2
+        victim = eps[0]
+        health = cc.get("/health").json()
+        os.kill(health["hosts"][where[victim]]["pid"], signal.SIGKILL)
+        # the next steps: no error, served by the surviving host
+        got = []
+        for i in range(2, 4):
+            r = cc.post(f"/v1/episodes/{victim}/step", json=_shot(i))
+            assert r.status_code == 200, r.text
+            assert r.headers[HOST] == where[eps[1]]
+            got.append(r.json()["response"])
+        # ... exactly what an uninterrupted episode of the same number decides
+        ref = _create_as(sc, _number(victim), body)
+        want = [sc.post(f"/v1/episodes/{ref}/step", json=_shot(i)).json()["response"]
+                for i in range(4)]
+        assert got == want[2:]
+        # the other episode was not disturbed
+        r = cc.post(f"/v1/episodes/{eps[1]}/step", json=_shot(5))
+        assert r.status_code == 200 and r.headers[HOST] == where[eps[1]]
+        health = cc.get("/health").json()
+        assert health["failovers"] == 1
+        assert health["hosts"][where[victim]]["alive"] is False
+        # a replacement host is started on the freed node
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            alive = [h for h in cc.get("/health").json()["hosts"].values() if h["alive"]]
+            if len(alive) == 2:
+                break
+            time.sleep(0.5)
+        assert len(alive) == 2
+        for ep in eps:
+            assert cc.delete(f"/v1/episodes/{ep}").status_code == 204
+        sc.delete(f"/v1/episodes/{ref}")
