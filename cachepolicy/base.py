@@ -29,6 +29,8 @@ class CachePolicy(abc.ABC):
 
     name: ClassVar[str]
     manifest: ClassVar[PolicyManifest]
+    #: False for a layout whose segments hold the generation prompt themselves (faithful)
+    adds_generation_prompt: ClassVar[bool] = True
 
     def __init__(self, model: ModelInfo, kit: PromptKit, *, window: int = 3,
                  decode_tokens: int = 16) -> None:

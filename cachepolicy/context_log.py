@@ -19,6 +19,7 @@ class SegmentKind(enum.Enum):
     ACTION = "action"  # the model's action text of a previous step (teacher-forced or parsed)
     SEPARATOR = "separator"  # fixed text between regions, e.g. "Screenshots:"
     GENERATION_PROMPT = "generation_prompt"
+    TEXT = "text"  # verbatim text of a chat message (faithful layouts); step = its place
 
 
 @attrs.frozen
@@ -70,6 +71,16 @@ class ContextLog:
             keys.add(seg.key)
         return ContextLog(self.segments + tuple(segments), self.generation + 1)
 
+    def replace(self, *segments: Segment) -> ContextLog:
+        """A new generation holding only ``segments`` (a client that sends its whole prompt
+        every request: the request is the log)."""
+        if not segments:
+            raise ValueError("replace needs at least one segment")
+        keys = [s.key for s in segments]
+        if len(set(keys)) != len(keys):
+            raise ValueError("segment keys repeat")
+        return ContextLog(tuple(segments), self.generation + 1)
+
     def of_kind(self, kind: SegmentKind) -> tuple[Segment, ...]:
         return tuple(s for s in self.segments if s.kind is kind)
 
@@ -87,12 +98,14 @@ class ContextLog:
         return tuple(s for s in self.segments
                      if s.kind in (SegmentKind.PREAMBLE, SegmentKind.INSTRUCTION))
 
-    def added_since(self, parent: ContextLog) -> tuple[Segment, ...]:
-        """The segments this log has beyond ``parent`` (which must be one of its ancestors)."""
+    def new_since(self, parent: ContextLog) -> tuple[Segment, ...]:
+        """The segments this log holds that ``parent`` did not (for an appended log: the
+        appended ones; for a replaced one: the content the parent lacked)."""
         n = len(parent.segments)
-        if self.segments[:n] != parent.segments:
-            raise ValueError("parent is not an ancestor of this log")
-        return self.segments[n:]
+        if self.segments[:n] == parent.segments:
+            return self.segments[n:]
+        old = set(parent.segments)
+        return tuple(s for s in self.segments if s not in old)
 
     def step_count(self) -> int:
         return len(self.screenshots)

@@ -147,7 +147,8 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
 def decode(engine: Engine, plan: Plan, seq: int, prefilled: Execution, *,
            decode_tokens: int = 16, sampling: SamplingParams | None = None,
            stop_at_eog: bool = False, should_stop: Callable[[], bool] | None = None,
-           stop: tuple[str, ...] = ()) -> Execution:
+           stop: tuple[str, ...] = (),
+           on_token: Callable[[int], None] | None = None) -> Execution:
     """Phase 2: generate from the prompt's logits.  It needs no engine slot of its own: its
     rows join the engine's fixed-size decode calls with other sequences' rows.  Decoding
     ends early once the text holds one of the ``stop`` strings."""
@@ -156,6 +157,6 @@ def decode(engine: Engine, plan: Plan, seq: int, prefilled: Execution, *,
     t0 = time.perf_counter()
     output = engine.generate(seq, prefilled.logits, decode_tokens, sampling,
                              stop_at_eog=stop_at_eog, should_stop=should_stop,
-                             stop_when=_stop_strings(engine, stop))
+                             stop_when=_stop_strings(engine, stop), on_token=on_token)
     return attrs.evolve(prefilled, output_tokens=tuple(output),
                         decode_s=time.perf_counter() - t0)

@@ -1,7 +1,9 @@
 """Turn agent content (system prompt, instruction, screenshots, action texts) into segments.
 
-The only place that decides the fixed text around content; each piece of text is tokenized
-on its own, once, so every layout reuses the same token runs.
+The only place that decides the chat template's text around content (turn markers, the
+screenshot's caption); the words around the instruction and each past step belong to the
+agent's profile, which renders them before they get here (``runtime.session.PromptText``).
+Each piece of text is tokenized on its own, once, so every layout reuses the same token runs.
 """
 
 from __future__ import annotations
@@ -29,20 +31,32 @@ class SegmentFactory:
         return Segment(SegmentKind.PREAMBLE, -1,
                        tokens=self.engine.tokenize(self.chat.system_prefix + system))
 
-    def instruction(self, instruction: str) -> Segment:
-        text = (self.chat.system_suffix + self.chat.user_prefix
-                + f"Task: {instruction}\nPrevious actions:\n")
+    def instruction(self, text: str) -> Segment:
+        """The first user turn opening with ``text`` (the instruction as rendered)."""
+        text = self.chat.system_suffix + self.chat.user_prefix + text
         return Segment(SegmentKind.INSTRUCTION, -1, tokens=self.engine.tokenize(text))
 
-    def action(self, step: int, text: str) -> Segment:
-        return Segment(SegmentKind.ACTION, step,
-                       tokens=self.engine.tokenize(f"Step {step}: {text.strip()}\n"))
+    def action(self, step: int, line: str) -> Segment:
+        """Past step ``step`` as its history ``line`` (rendered, line break included)."""
+        return Segment(SegmentKind.ACTION, step, tokens=self.engine.tokenize(line))
 
     def screenshot(self, step: int, png: bytes) -> Segment:
         image = self.engine.encode_image(png)
         return Segment(SegmentKind.SCREENSHOT, step, image_id=image.image_id, png=png,
                        intro=self.engine.tokenize(f"Screenshot {step}:") + image.prefix_tokens,
                        outro=image.suffix_tokens + self.engine.tokenize("\n"),
+                       n_image_tokens=image.n_tokens, n_image_pos=image.n_pos)
+
+
+    def text(self, place: int, text: str) -> Segment:
+        """Verbatim text (a chat message's, as the chat format renders it) at ``place``."""
+        return Segment(SegmentKind.TEXT, place, tokens=self.engine.tokenize(text))
+
+    def image(self, place: int, png: bytes) -> Segment:
+        """An image as a chat message holds it: only the projector's own markers around it."""
+        image = self.engine.encode_image(png)
+        return Segment(SegmentKind.SCREENSHOT, place, image_id=image.image_id, png=png,
+                       intro=image.prefix_tokens, outro=image.suffix_tokens,
                        n_image_tokens=image.n_tokens, n_image_pos=image.n_pos)
 
 

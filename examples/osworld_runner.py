@@ -12,8 +12,9 @@ OSWorld's layout, ``{result_dir}/pyautogui/screenshot/{model}/{domain}/{task_id}
     python examples/osworld_runner.py --osworld-root ~/OSWorld --provider docker \\
         --model Qwen3.5-9B-Q4_K_M.gguf --mmproj mmproj-Qwen3.5-9B-f16.gguf --domain chrome
 
-In run_multienv.py the only change is the agent line of each worker:
-``agent = KvAgent(model, mmproj, policy="terminal-slot", overlap=True, n_threads=...)``.
+In run.py / run_multienv.py the only change is the agent line (of each worker):
+``agent = KvAgent(model, mmproj, profile="qwen3vl", screen_size=(1920, 1080))``; for N
+workers on one machine set ``KVAGENT_THREADS`` to cores // N.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from runtime.logs import configure_logging
 from runtime.osworld_agent import KvAgent
+from runtime.profiles import names as profile_names
 
 
 def parse_args() -> argparse.Namespace:
@@ -36,9 +37,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--osworld-root", type=Path, help="OSWorld checkout (lib_run_single.py)")
     p.add_argument("--model", type=Path, help="GGUF vision model (default: forged tiny)")
     p.add_argument("--mmproj", type=Path, help="its vision projector GGUF")
+    p.add_argument("--profile", default="kvagent", choices=profile_names(),
+                   help="the model family's prompt and output format")
     p.add_argument("--policy", default="terminal-slot")
     p.add_argument("--no-overlap", dest="overlap", action="store_false")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--threads", type=int, default=None,
+                   help="engine threads (default: $KVAGENT_THREADS or min(4, cores))")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--memory-budget", default=None, help="e.g. 12GiB (default: unlimited)")
@@ -142,11 +146,12 @@ def main() -> None:
     configure_logging("warning")
     if args.model is None:
         print("no --model: using the forged tiny qwen35 (random weights: aimless actions)")
-    agent = KvAgent(args.model, args.mmproj, policy=args.policy, overlap=args.overlap,
-                    n_threads=args.threads, memory_budget=args.memory_budget,
-                    temperature=args.temperature, seed=args.seed,
-                    screen_size=(640, 480) if args.fake else (1920, 1080),
-                    n_ctx=4096 if args.model is None else 16384)
+    # n_ctx: derived from the window, --max-steps and the screen (checked before loading)
+    agent = KvAgent(args.model, args.mmproj, profile=args.profile, policy=args.policy,
+                    overlap=args.overlap, n_threads=args.threads,
+                    memory_budget=args.memory_budget, temperature=args.temperature,
+                    seed=args.seed, max_steps=args.max_steps,
+                    screen_size=(640, 480) if args.fake else (1920, 1080))
     with agent:
         scores = run_fake(agent, args) if args.fake else run_osworld(agent, args)
     print(f"{len(scores)} task(s), success rate {sum(scores) / max(len(scores), 1):.2f}; "

@@ -31,7 +31,7 @@ def main() -> None:
                        tasks=("open-terminal", "click-ok"), max_steps=4, screen=(320, 240),
                        vm_seconds=0.05, memory_budget=1 << 30)
     # A 320x240 screenshot costs 80 tokens on this projector; size each sequence for that.
-    engine_config = EngineConfig(n_ctx_per_seq=config.context_tokens(80),
+    engine_config = EngineConfig(n_ctx_per_seq=config.context_need(80).tokens,
                                  n_seq_max=config.episodes + 1, n_threads=2)
     layout = ResultLayout(Path("results-example"), model="forged-qwen35-tiny")
     progress = ProgressDisplay()

@@ -1,10 +1,16 @@
 """One agent configuration for every path: ``kvagent run``, ``KvAgent`` (OSWorld) and the bench.
 
-``AgentConfig`` says how an agent decides: the cache policy and window, overlap, sampling,
-the action grammar and coordinate convention, how many tokens an action may take, the
-system prompt.  It has ONE set of defaults; a path that needs another value (the bench
-decodes a fixed number of tokens without the grammar, so arms compare) sets it explicitly.
-What to run (episodes, tasks, steps) and where (model files, budget) belong to the caller.
+``AgentConfig`` says how an agent decides: the agent profile (the model family's prompt,
+output format and history layout: ``runtime.profiles``), the cache policy and window,
+overlap, sampling, whether decoding is constrained to the profile's grammar, how many tokens
+an action may take, the system prompt.  It has ONE set of defaults; a path that needs another
+value (the bench decodes a fixed number of tokens without the grammar, so arms compare) sets
+it explicitly.  What to run (episodes, tasks, steps) and where (model files, budget) belong
+to the caller.
+
+What depends on the screenshot's size (a profile's grammar may bound coordinates by it, and
+with it the tokens an action may take) takes ``screen``: the (width, height) of the image the
+model sees.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import attrs
 from cachepolicy.base import CachePolicy, make_policy
 from cachepolicy.sampling import MAX_TEMPERATURE, SamplingParams
 from cachepolicy.segments import SegmentFactory, model_info
-from runtime.actions import CoordConvention, action_grammar, max_action_chars
+from runtime.actions import CoordConvention, Screen
+from runtime.profiles import Profile, get, names
+from runtime.profiles.registry import SERVING_PROFILES
 from scheduler.transaction import StepOptions
 
 #: Tokens an action may take when the grammar is off (the grammar bounds it otherwise).
@@ -25,6 +33,9 @@ FREE_DECODE_TOKENS = 64
 MAX_DECODE_TOKENS = 4096
 #: More screenshots than this in one prompt is a typo (each costs hundreds of tokens).
 MAX_WINDOW = 64
+#: The profile whose language kvagent's own prompt explains (the only one with a choice of
+#: coordinate convention).
+DEFAULT_PROFILE = "kvagent"
 
 
 def _convention(value: CoordConvention | str) -> CoordConvention:
@@ -32,10 +43,15 @@ def _convention(value: CoordConvention | str) -> CoordConvention:
 
 
 def _known_policy(_: object, attribute: attrs.Attribute, name: str) -> None:
-    from cachepolicy.policies import names
+    from cachepolicy.policies import names as policy_names
 
-    if name not in names():
-        raise ValueError(f"unknown cache policy {name!r}; known: {', '.join(names())}")
+    if name not in policy_names():
+        raise ValueError(f"unknown cache policy {name!r}; known: {', '.join(policy_names())}")
+
+
+def _known_profile(_: object, attribute: attrs.Attribute, name: str) -> None:
+    if name not in names() and name not in SERVING_PROFILES:
+        raise ValueError(f"unknown agent profile {name!r}; known: {', '.join(names())}")
 
 
 def _finite_temperature(_: object, attribute: attrs.Attribute, value: float) -> None:
@@ -48,14 +64,21 @@ def _finite_temperature(_: object, attribute: attrs.Attribute, value: float) -> 
 class AgentConfig:
     """How an agent decides.  Every field has the one default all paths share."""
 
+    #: the model family's prompt, output format and history layout (``runtime.profiles``)
+    profile: str = attrs.field(default=DEFAULT_PROFILE, validator=_known_profile)
     policy: str = attrs.field(default="terminal-slot", validator=_known_policy)
-    window: int = attrs.field(default=3, validator=[attrs.validators.ge(1),
-                                                    attrs.validators.le(MAX_WINDOW)])
+    #: screenshots the model sees (K); default: the window the profile's model was trained
+    #: with (``layout.window``: 3 for kvagent, 5 for qwen3vl and uitars), resolved when the
+    #: config is made (``attrs.evolve(c, profile=...)`` keeps ``c``'s window)
+    window: int = attrs.field(
+        default=attrs.Factory(lambda self: get(self.profile).layout.window, takes_self=True),
+        validator=[attrs.validators.ge(1), attrs.validators.le(MAX_WINDOW)])
     overlap: bool = True  # prefetch the next step while the env executes the action
     temperature: float = attrs.field(default=0.0, converter=float,
                                      validator=_finite_temperature)
     seed: int = 0
-    grammar: bool = True  # constrain decoding to the action language (every output parses)
+    grammar: bool = True  # constrain decoding to the profile's format (every output parses)
+    #: how the kvagent profile's model writes coordinates (other profiles fix their own)
     convention: CoordConvention = attrs.field(default=CoordConvention.ABSOLUTE,
                                               converter=_convention)
     #: tokens an action may take; None: what the grammar can need (or FREE_DECODE_TOKENS)
@@ -63,30 +86,43 @@ class AgentConfig:
         default=None, validator=attrs.validators.optional([
             attrs.validators.ge(1), attrs.validators.le(MAX_DECODE_TOKENS)]))
     stop_at_eog: bool = True  # False: always decode ``decode_tokens`` (benchmarks)
-    system_prompt: str | None = None  # None: the runtime's prompt for the screen size
+    system_prompt: str | None = None  # None: the profile's prompt for the screen size
 
-    @property
-    def max_tokens(self) -> int:
-        """Tokens decoded at most per step."""
+    def __attrs_post_init__(self) -> None:
+        if self.profile != DEFAULT_PROFILE and self.convention is not CoordConvention.ABSOLUTE:
+            raise ValueError(f"the coordinate convention is the {DEFAULT_PROFILE} profile's "
+                             f"choice; profile {self.profile!r} fixes its own")
+
+    def make_profile(self) -> Profile:
+        """The profile object (an immutable value; one per session is enough)."""
+        if self.profile == DEFAULT_PROFILE:
+            return get(self.profile, coords=self.convention)
+        return get(self.profile)
+
+    def max_tokens(self, screen: Screen) -> int:
+        """Tokens decoded at most per step on a ``screen``-sized screenshot."""
         if self.decode_tokens is not None:
             return self.decode_tokens
-        # the grammar bounds an action's characters; a token is at least one character,
+        if not self.grammar:
+            return FREE_DECODE_TOKENS
+        # the grammar bounds a response's characters; a token is at least one character,
         # plus the end-of-generation token
-        return max_action_chars(self.convention) + 1 if self.grammar else FREE_DECODE_TOKENS
+        return self.make_profile().max_output_chars(screen) + 1
 
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, seed=self.seed,
-                              grammar=action_grammar(self.convention) if self.grammar else None)
+    def sampling(self, screen: Screen) -> SamplingParams:
+        grammar = self.make_profile().grammar(screen) if self.grammar else None
+        return SamplingParams(temperature=self.temperature, seed=self.seed, grammar=grammar)
 
-    def step_options(self, scratch_seq: int | None = None) -> StepOptions:
-        """The scheduler's per-step options; ``scratch_seq`` is the spare sequence relocate
-        measures its drift on."""
-        return StepOptions(decode_tokens=self.max_tokens, stop_at_eog=self.stop_at_eog,
-                           sampling=self.sampling(),
+    def step_options(self, screen: Screen, scratch_seq: int | None = None) -> StepOptions:
+        """The scheduler's options for a step on a ``screen``-sized screenshot;
+        ``scratch_seq`` is the spare sequence relocate measures its drift on."""
+        return StepOptions(decode_tokens=self.max_tokens(screen), stop_at_eog=self.stop_at_eog,
+                           sampling=self.sampling(screen),
                            scratch_seq=scratch_seq if self.policy == "relocate" else None)
 
-    def make_policy(self, factory: SegmentFactory, *, policy: str | None = None) -> CachePolicy:
+    def make_policy(self, factory: SegmentFactory, screen: Screen, *,
+                    policy: str | None = None) -> CachePolicy:
         """The episode's cache policy for ``factory``'s model (raises PolicyRefusedError for
         e.g. relocate on a hybrid model)."""
         return make_policy(policy or self.policy, model_info(factory.engine), factory.kit,
-                           window=self.window, decode_tokens=self.max_tokens)
+                           window=self.window, decode_tokens=self.max_tokens(screen))

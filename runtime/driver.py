@@ -17,12 +17,14 @@ the image, prefill, decode and parsing are all inside it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
 import attrs
 import structlog
 
+from cachepolicy.context_log import Segment
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.metrics import StepMetrics
@@ -66,9 +68,8 @@ class EpisodeDriver:
              teacher: Teacher | None = None) -> EpisodeDriver:
         """Open the episode's cache in ``scheduler`` (a sequence of its own) and a session on
         it.  Raises PolicyRefusedError / NoFreeSequenceError before anything is held."""
-        policy = config.make_policy(factory)
-        episode = scheduler.open_episode(episode_id, policy, seed=seed,
-                                         options=config.step_options())
+        policy = config.make_policy(factory, screen)
+        episode = scheduler.open_episode(episode_id, policy, seed=seed)
         return cls(scheduler, AgentSession(scheduler, factory, episode, config, instruction,
                                            screen, teacher=teacher))
 
@@ -90,16 +91,37 @@ class EpisodeDriver:
         job = await self._settle(cancel=False)
         waited = time.perf_counter() - t0
         act = await self.session.act(png, options=options)
+        return self._measured(act, t0, waited, job)
+
+    def _measured(self, act: ActStep, t0: float, waited: float,
+                  job: _Prefetch | None) -> DriverStep:
         critical = time.perf_counter() - t0
         metrics = StepMetrics.decided(
             act.record, act.prefetch, action=format_action(act.action) if act.parsed else None,
             parsed=act.parsed, build_encode_s=act.encode_s, critical_path_s=critical,
             prefetch_s=job.seconds if job is not None else 0.0, prefetch_wait_s=waited,
-            prefetch_error=job.error if job is not None else "")
+            prefetch_error=job.error if job is not None else "", notes=act.notes)
         self._log.info("step_decided", step=act.index, action=metrics.action,
                        parsed=act.parsed, prefill_tokens=metrics.critical_path_prefill_tokens,
                        critical_path_s=round(critical, 4))
         return DriverStep(act, metrics)
+
+    async def respond(self, build: Callable[[], tuple[Segment, ...]], *, options: StepOptions,
+                      continuation: Callable[[str], tuple[Segment, ...]],
+                      arrived_at: float | None = None) -> DriverStep:
+        """``act`` for a caller that renders the whole prompt (``AgentSession.respond``):
+        the same settling, timing and measurements."""
+        t0 = time.perf_counter() if arrived_at is None else arrived_at
+        job = await self._settle(cancel=False)
+        waited = time.perf_counter() - t0
+        act = await self.session.respond(build, options=options, continuation=continuation)
+        return self._measured(act, t0, waited, job)
+
+    async def observe(self, png: bytes, history_text: str) -> None:
+        """A past step told, not decided (its screenshot and its history line): see
+        ``AgentSession.observe``.  Settles a running prefetch first."""
+        await self._settle(cancel=False)
+        await self.session.observe(png, history_text)
 
     def start_prefetch(self, tg: anyio.abc.TaskGroup, step: DriverStep) -> bool:
         """With overlap, start prefetching the step after ``step`` in ``tg`` (returns at

@@ -11,7 +11,8 @@ host stops, prefetches are cancelled and every episode is closed: the ledger ret
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
@@ -21,6 +22,7 @@ import structlog
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.driver import DriverStep, EpisodeDriver
+from runtime.metrics import StepMetrics
 from runtime.session import Teacher
 from scheduler.errors import NoFreeSequenceError
 from scheduler.ledger import MemoryLedger
@@ -53,12 +55,17 @@ class HostFullError(HostError):
     """Every episode slot is taken (and none is idle enough to give back)."""
 
 
+#: Step records kept per hosted episode for inspection (``GET /v1/episodes/{id}``).
+RECENT_STEPS = 64
+
+
 @attrs.define(eq=False)
 class HostedEpisode:
     driver: EpisodeDriver
     config: AgentConfig
     busy: bool = False  # a step is running
     last_used: float = attrs.Factory(time.monotonic)
+    recent: deque[StepMetrics] = attrs.Factory(lambda: deque(maxlen=RECENT_STEPS))
 
     @property
     def episode_id(self) -> str:
@@ -144,17 +151,24 @@ class EpisodeHost:
         return hosted
 
     async def step(self, episode_id: str, png: bytes, *, arrived_at: float,
-                   options: StepOptions | None = None,
-                   prefetch: bool = True) -> DriverStep:
+                   options: StepOptions | None = None) -> DriverStep:
         """One step: the driver acts on ``png`` (settling the previous prefetch), then — with
         overlap — the next step's prefetch starts in the host's task group."""
+        return await self.decide(episode_id, lambda d: d.act(png, arrived_at=arrived_at,
+                                                             options=options))
+
+    async def decide(self, episode_id: str,
+                  decide: Callable[[EpisodeDriver], Awaitable[DriverStep]]) -> DriverStep:
+        """One step of an episode through ``decide(driver)`` (``act``, ``respond``), one at
+        a time per episode, then its overlapped prefetch in the host's task group."""
         hosted = self.get(episode_id)
         if hosted.busy:
             raise EpisodeBusyError(f"a step of episode {episode_id} is already running")
         hosted.busy = True
         try:
-            step = await hosted.driver.act(png, arrived_at=arrived_at, options=options)
-            if prefetch and self._tg is not None:
+            step = await decide(hosted.driver)
+            hosted.recent.append(step.metrics)
+            if self._tg is not None:
                 hosted.driver.start_prefetch(self._tg, step)
             return step
         finally:

@@ -7,7 +7,9 @@ everywhere (docs/bench-json.md is the reference):
 
 * ``prefill_tokens`` — every token prefilled FOR this step: the critical path plus the
   overlapped prefetch that prepared it (``critical_path_prefill_tokens`` +
-  ``prefetch_prefill_tokens``).  ``reused_tokens`` is the rest of the prompt.
+  ``prefetch_prefill_tokens``).  ``reused_tokens`` — prompt tokens taken from the cache that
+  no transaction of this step prefilled (a prefetch whose prediction the step did not use
+  is wasted work, not reuse).
 * ``prefill_s`` — LLM prefill seconds (restores, prefill, checkpoints) of the critical path
   and the prefetch; the vision encoder is not in it: ``encode_s`` (the new screenshot's
   decode + encode on the critical path, plus encoder time of cache misses).
@@ -52,6 +54,9 @@ class StepMetrics:
     reason: str = ""  # why degraded / failed
     action: str | None = None  # the decided action in the action language (None: failed)
     parsed: bool = False  # the model's text parsed into an action (else a recorded NoOp)
+    #: what the parser changed or refused: clamped / rejected points, ignored calls, why the
+    #: text was not an action (the profile's ``Parsed.notes``)
+    notes: tuple[str, ...] = ()
     policy: str = ""
     start: str = ""  # how the critical step began: clear / keep / trim / truncate / restore
     generation: int = 0
@@ -83,17 +88,23 @@ class StepMetrics:
     @classmethod
     def decided(cls, record: StepRecord, prefetch: PrefetchRecord | None, *, action: str,
                 parsed: bool, build_encode_s: float, critical_path_s: float,
-                prefetch_s: float, prefetch_wait_s: float, prefetch_error: str) -> StepMetrics:
+                prefetch_s: float, prefetch_wait_s: float, prefetch_error: str,
+                notes: tuple[str, ...] = ()) -> StepMetrics:
         pre_tokens = prefetch.prefill_tokens if prefetch is not None else 0
+        # A prefetch appends after the sequence's end; the step uses its work only when it
+        # keeps the sequence as the prefetch left it (a step that cuts back to an earlier
+        # checkpoint — a wrong prediction — reused none of it)
+        used = pre_tokens if record.start == "keep" else 0
         return cls(
             episode_id=record.episode_id, step=record.step, status=record.status,
-            reason=record.reason, action=action, parsed=parsed, policy=record.policy,
+            reason=record.reason, action=action, parsed=parsed, notes=notes,
+            policy=record.policy,
             start=record.start, generation=record.generation,
             new_content_tokens=record.new_content_tokens,
             prefill_tokens=record.prefill_tokens + pre_tokens,
             critical_path_prefill_tokens=record.critical_path_prefill_tokens,
             prefetch_prefill_tokens=pre_tokens,
-            reused_tokens=record.reused_tokens - pre_tokens,
+            reused_tokens=record.reused_tokens - used,
             context_tokens=record.context_tokens, decode_tokens=record.decode_tokens,
             encode_s=build_encode_s + record.encode_s,
             prefill_s=record.prefill_s + (prefetch.prefill_s if prefetch is not None else 0.0),
@@ -124,6 +135,7 @@ class StepMetrics:
     def as_dict(self) -> dict[str, Any]:
         d = attrs.asdict(self)
         d["output_tokens"] = list(self.output_tokens)
+        d["notes"] = list(self.notes)
         return d
 
 

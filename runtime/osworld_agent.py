@@ -1,12 +1,13 @@
 """``KvAgent``: kvagent as an OSWorld agent, for OSWorld's own synchronous runners.
 
-Drop-in for ``lib_run_single.run_single_example`` / ``run_multienv`` (one agent per worker
-process, one DesktopEnv each), without changes to OSWorld::
+Drop-in for ``lib_run_single.run_single_example`` / ``run.py`` / ``run_multienv.py`` (one
+agent per worker process, one DesktopEnv each), without changes to OSWorld::
 
-    agent = KvAgent(model_path, mmproj_path, policy="terminal-slot", overlap=True)
-    agent.reset(runtime_logger, vm_ip=env.vm_ip)      # per task
+    agent = KvAgent(model_path, mmproj_path, profile="qwen3vl", screen_size=(1920, 1080))
+    env = DesktopEnv(action_space=agent.action_space, ...)  # run.py reads it
+    agent.reset(runtime_logger, vm_ip=env.vm_ip)         # per task
     response, actions = agent.predict(instruction, obs)  # actions: ['pyautogui.click(...)']
-    agent.close()                                        # or at interpreter exit
+    agent.close()                                        # optional (see below)
 
 Inside, an event loop runs in a background thread (an anyio blocking portal) holding the
 Engine's Scheduler and the episode's ``AgentSession``.  ``predict`` hands the screenshot over
@@ -17,7 +18,15 @@ is, while OSWorld executes the action and sleeps ``sleep_after_execution``.  The
 
 Actions are generated from parsed records (``to_pyautogui``), never copied from model text:
 one pyautogui code string per step, or 'DONE' / 'FAIL' / 'WAIT' (an unparsable output and a
-missing screenshot both give 'WAIT').
+missing screenshot both give 'WAIT').  The model points at pixels of the screenshot it saw;
+when that is not the VM's screen size (``screen_size``, or ``obs["screen_size"]`` when a
+runner supplies it) the points are scaled onto the screen (``vmenv.actions.rescale``).
+
+Construction checks that the context holds the window's screenshots, the history of
+``max_steps`` steps and a response (``ContextBudgetError`` names the knob to turn), or
+derives ``n_ctx`` from them.  ``close`` frees everything early; OSWorld's runners never call
+it and end workers with ``os._exit``, which is fine: nothing an agent holds outlives its
+process (see ``runtime.osworld_host``).
 """
 
 from __future__ import annotations
@@ -33,16 +42,19 @@ import structlog
 
 from runtime.config import AgentConfig
 from runtime.driver import DriverStep
-from runtime.osworld_host import PORTAL_THREAD_PREFIX, AgentHost, KvAgentConfig
+from runtime.context_budget import ContextBudgetError
+from runtime.osworld_host import (
+    PORTAL_THREAD_PREFIX, AgentHost, ContextPlan, KvAgentConfig, plan_context,
+)
 from runtime.portal_runtime import (
     AgentClosedError, AgentStepError, KvAgentError, RuntimeStatus,
 )
-from vmenv.actions import WAIT, CoordConvention, to_pyautogui
+from vmenv.actions import WAIT, CoordConvention, rescale, to_pyautogui
 from vmenv.errors import ScreenshotError
 from vmenv.png import screenshot_png
 
-__all__ = ["PORTAL_THREAD_PREFIX", "AgentClosedError", "AgentStepError", "KvAgent",
-           "KvAgentConfig", "KvAgentError"]
+__all__ = ["PORTAL_THREAD_PREFIX", "AgentClosedError", "AgentStepError", "ContextBudgetError",
+           "KvAgent", "KvAgentConfig", "KvAgentError"]
 
 log = structlog.get_logger("kvagent.osworld")
 
@@ -52,36 +64,51 @@ class KvAgent:
     one thread (OSWorld's worker); the work happens in the agent's own event-loop thread.
 
     ``model_path`` / ``mmproj_path``: a GGUF vision model and its projector (None for both:
-    the forged tiny qwen35, random weights — valid but aimless actions).  ``policy``: the cache
-    policy (terminal-slot: exact and bounded); ``window``: screenshots kept; ``overlap``:
-    prefetch the next step while OSWorld executes the action; ``coord_convention``: how the
-    model writes coordinates (actions always come out in absolute screenshot pixels);
-    ``max_tokens`` per action (None: what the grammar needs); ``temperature`` / ``seed`` (0.0:
-    greedy); ``grammar``: constrain outputs to the action language; ``system_prompt``: replace
-    the runtime's prompt (the ``AgentConfig`` fields, shared with ``kvagent run`` and the
-    bench, with the same defaults); ``memory_budget``: bytes or "8GiB" for the ledger;
-    ``screen_size``: the VM screen expected (the screenshot's own size is what coordinates
-    refer to; a mismatch is logged).  Other keyword arguments: see ``KvAgentConfig``.
+    the forged tiny qwen35, random weights — valid but aimless actions).  ``profile``: the
+    model family's prompt, output format and history layout — ``kvagent`` (kvagent's own
+    action language, for any instruction model), ``qwen3vl`` (Qwen3-VL computer_use tool
+    calls), ``uitars`` / ``uitars-v1`` (UI-TARS 1.5 / 1.0 Thought/Action); see
+    ``runtime.profiles``.  ``policy``: the cache policy (terminal-slot: exact and bounded);
+    ``window``: screenshots kept (default: the profile's); ``overlap``: prefetch the next step
+    while OSWorld executes the action; ``coord_convention``: how the kvagent profile's model
+    writes coordinates; ``max_tokens`` per action (None: what the grammar needs);
+    ``temperature`` / ``seed`` (0.0: greedy); ``grammar``: constrain outputs to the profile's
+    format; ``system_prompt``: replace the profile's prompt (the ``AgentConfig`` fields,
+    shared with ``kvagent run`` and the bench, with the same defaults).
+
+    ``screen_size``: the VM's screen, i.e. DesktopEnv's ``screen_size`` (OSWorld does not
+    pass it to ``predict``); ``n_ctx``: context positions (None: derived from the window,
+    ``max_steps`` and ``screen_size``); ``max_steps``: steps per episode the context is sized
+    for (default 15, run.py's); ``n_threads``: default ``$KVAGENT_THREADS`` or min(4, cores);
+    ``memory_budget``: bytes or "8GiB" for the ledger.  Other keyword arguments: see
+    ``KvAgentConfig``.  Raises ``ContextBudgetError`` (a ValueError) when the context
+    cannot hold the configuration.
     """
 
     def __init__(self, model_path: str | Path | None = None,
-                 mmproj_path: str | Path | None = None, *, policy: str = "terminal-slot",
-                 window: int = 3, overlap: bool = True,
+                 mmproj_path: str | Path | None = None, *, profile: str = "kvagent",
+                 policy: str = "terminal-slot", window: int | None = None,
+                 overlap: bool = True,
                  coord_convention: CoordConvention | str = CoordConvention.ABSOLUTE,
                  max_tokens: int | None = None, temperature: float = 0.0, seed: int = 0,
                  grammar: bool = True, system_prompt: str | None = None,
-                 n_threads: int | None = None, memory_budget: int | str | None = None,
+                 n_threads: int | None = None, n_ctx: int | None = None, max_steps: int = 15,
+                 memory_budget: int | str | None = None,
                  screen_size: tuple[int, int] = (1920, 1080), action_space: str = "pyautogui",
                  **options: Any) -> None:
         if n_threads is not None:
             options["n_threads"] = n_threads
-        agent = AgentConfig(policy=policy, window=window, overlap=overlap,
+        chosen = {"window": window} if window is not None else {}  # else the profile's
+        agent = AgentConfig(profile=profile, policy=policy, overlap=overlap,
                             convention=coord_convention, decode_tokens=max_tokens,
                             temperature=temperature, seed=seed, grammar=grammar,
-                            system_prompt=system_prompt)
+                            system_prompt=system_prompt, **chosen)
         self.config = KvAgentConfig(
-            model_path, mmproj_path, agent=agent, memory_budget=memory_budget,
-            screen_size=tuple(screen_size), action_space=action_space, **options)
+            model_path, mmproj_path, agent=agent, memory_budget=memory_budget, n_ctx=n_ctx,
+            max_steps=max_steps, screen_size=tuple(screen_size), action_space=action_space,
+            **options)
+        # the model files resolved and the context checked (or sized) before anything loads
+        self._plan: ContextPlan = plan_context(self.config)
         self._host: AgentHost | None = None
         self._finalizer: weakref.finalize | None = None
         self._closed = False
@@ -90,6 +117,13 @@ class KvAgent:
         self._warned_screen = False
         self._log = log.bind(agent=self.config.name)
         self.last_info: dict[str, Any] = {}
+
+    @property
+    def n_ctx(self) -> int:
+        """The context positions the agent loads (or loaded) with."""
+        if self._host is not None:
+            return self._host.engine.config.n_ctx_per_seq
+        return self._plan.n_ctx
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -135,23 +169,28 @@ class KvAgent:
     def predict_with_info(self, instruction: str, obs: Mapping[str, Any],
                           **kwargs: Any) -> tuple[str, list[str], dict[str, Any]]:
         """``predict`` plus a per-step metrics dict (the 3-tuple runners such as OpenCUA's
-        expect): prefill / reused / decode tokens, critical_path_s, prefetch timings."""
+        expect): prefill / reused / decode tokens, ``encode_s`` (vision encoder) beside
+        ``prefill_s`` (LLM), critical_path_s, prefetch timings, the parser's ``notes``
+        (clamped or rejected points, ignored calls), ``action`` in the screenshot's pixels and
+        ``code`` in the screen's (``screenshot_size`` / ``screen_size``)."""
         host = self._ensure_host()
         arrived = time.perf_counter()  # the screenshot's bytes are in hand
         shot = obs.get("screenshot") if isinstance(obs, Mapping) else None
         if shot is None:
             return self._wait("the observation has no screenshot (the VM did not answer)")
         try:  # PNG as is; JPEG (which OSWorld's controller accepts) & co. converted to PNG
-            png, screen = screenshot_png(bytes(shot))
+            png, size = screenshot_png(bytes(shot))
         except (ScreenshotError, TypeError) as exc:
             return self._wait(f"the screenshot is not a valid image ({exc})")
-        if screen != self.config.screen_size and not self._warned_screen:
+        screen = _screen_of(obs) or self.config.screen_size
+        if size != screen and not self._warned_screen:
             self._warned_screen = True  # once: OSWorld's screen does not change mid-run
-            self._log.warning("screen_size_mismatch", expected=self.config.screen_size,
-                              screenshot=screen, note="coordinates follow the screenshot")
-        step: DriverStep = host.call(host.runtime.decide, instruction, png, screen, arrived)
-        code = to_pyautogui(step.act.action)
-        info = {**step.metrics.as_dict(), "code": code}
+            self._log.warning("screen_size_mismatch", screen=screen, screenshot=size,
+                              note="points are scaled from the screenshot to the screen")
+        step: DriverStep = host.call(host.runtime.decide, instruction, png, size, arrived)
+        code = to_pyautogui(rescale(step.act.action, size, screen))
+        info = {**step.metrics.as_dict(), "code": code, "screenshot_size": list(size),
+                "screen_size": list(screen)}
         info.pop("output_tokens")
         self._episode_id, self.last_info = step.metrics.episode_id, info
         self._log.info("osworld_step", episode_id=self._episode_id, step=step.act.index,
@@ -185,11 +224,14 @@ class KvAgent:
         if self._closed:
             raise AgentClosedError("the agent is closed")
         if self._host is None:
-            self._host = AgentHost(self.config)
+            self._host = AgentHost(self.config, self._plan)
             self._finalizer = weakref.finalize(self, self._host.close)
             a = self.config.agent
-            self._log.info("agent_started", policy=a.policy, overlap=a.overlap,
-                           window=a.window)
+            self._log.info("agent_started", profile=a.profile, policy=a.policy,
+                           overlap=a.overlap, window=a.window, n_ctx=self.n_ctx,
+                           n_threads=self.config.n_threads)
+            for differs in a.make_profile().layout.unhonoured:  # once per agent
+                self._log.info("profile_layout_differs", profile=a.profile, differs=differs)
         return self._host
 
     def _wait(self, why: str) -> tuple[str, list[str], dict[str, Any]]:
@@ -198,3 +240,21 @@ class KvAgent:
                 "action": WAIT}
         self.last_info = info
         return f"No usable screenshot: {why}. Waiting for the next one.", [WAIT], info
+
+
+def _screen_of(obs: Mapping[str, Any]) -> tuple[int, int] | None:
+    """The screen size a runner put in the observation, if any: ``obs["screen_size"]`` as
+    (width, height) or as ``DesktopEnv.vm_screen_size``'s {"width": .., "height": ..}.
+    OSWorld's own observations carry none (``screen_size=`` is then what counts)."""
+    value = obs.get("screen_size")
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        value = (value.get("width"), value.get("height"))
+    try:
+        w, h = (int(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"obs['screen_size'] must be (width, height), got {value!r}") from None
+    if w < 1 or h < 1:
+        raise ValueError(f"obs['screen_size'] must be positive, got {value!r}")
+    return w, h

@@ -5,6 +5,15 @@ thread (an anyio blocking portal) that hosts the ``AgentRuntime``.
 agent is garbage-collected or at interpreter exit.  Close order (the invariant that makes it
 safe): stop the runtime (prefetch cancelled, episode and scheduler closed, no engine call in
 flight) → stop the loop and join its thread → free the engine.
+
+Nothing a KvAgent holds outlives its process: memory (the model, caches) and its one thread
+go with it, it starts no child process and writes no file (the forged test model is made in
+the model cache before anything runs, and kept).  So OSWorld's workers, which end with
+``os._exit`` and never call ``close``, leak nothing.
+
+Sizes: ``plan_context`` checks (or derives) the context before the model loads, from the
+projector's metadata; ``AgentHost`` measures the real screenshot cost once loaded.  Threads:
+``default_threads`` — an agent does not assume it owns the machine.
 """
 
 from __future__ import annotations
@@ -23,12 +32,36 @@ import structlog
 from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
+from runtime.context_budget import (
+    ContextNeed, blank_png, context_need, estimate_image_tokens, load_sized,
+)
 from runtime.portal_runtime import AgentClosedError, AgentRuntime, KvAgentError
 from scheduler.sizes import UNLIMITED_BYTES, parse_budget
 
 log = structlog.get_logger("kvagent.osworld")
 
 PORTAL_THREAD_PREFIX = "kvagent-portal"
+#: Threads of each agent's engine, when ``n_threads`` is not given.
+THREADS_ENV = "KVAGENT_THREADS"
+#: Without ``n_threads`` or $KVAGENT_THREADS an agent takes at most this many cores.
+DEFAULT_MAX_THREADS = 4
+
+
+def default_threads() -> int:
+    """$KVAGENT_THREADS if set, else min(4, the cores this process may run on).
+
+    OSWorld's run_multienv.py starts one agent per worker process and tells none of them
+    how many there are, so an agent must not take every core (N workers would each start
+    that many threads); for N workers set KVAGENT_THREADS to cores // N, or pass
+    ``n_threads``."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"${THREADS_ENV} must be a positive integer, got {value!r}")
+        return int(value)
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else os.cpu_count() or 1)
+    return max(1, min(DEFAULT_MAX_THREADS, cores))
 
 
 def _budget(value: int | str | None) -> int | None:
@@ -45,12 +78,18 @@ class KvAgentConfig:
     model_path: Path | None = attrs.field(converter=attrs.converters.optional(Path))
     mmproj_path: Path | None = attrs.field(converter=attrs.converters.optional(Path))
     agent: AgentConfig = attrs.Factory(AgentConfig)
-    n_threads: int = attrs.field(factory=lambda: os.cpu_count() or 1,
-                                 validator=attrs.validators.ge(1))
-    n_ctx: int = attrs.field(default=16384, validator=attrs.validators.ge(256))
+    n_threads: int = attrs.field(factory=default_threads, validator=attrs.validators.ge(1))
+    #: positions of the episode's sequence; None: what ``max_steps`` steps need on
+    #: ``screen_size`` screenshots (``plan_context``)
+    n_ctx: int | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.ge(256)))
+    #: the steps of one episode the context is sized for (OSWorld's run.py: --max_steps 15)
+    max_steps: int = attrs.field(default=15, validator=[attrs.validators.ge(1),
+                                                        attrs.validators.le(1000)])
     n_batch: int = attrs.field(default=512, validator=attrs.validators.ge(2))
     memory_budget: int | None = attrs.field(default=None, converter=_budget)
-    screen_size: tuple[int, int] = (1920, 1080)
+    #: the VM's screen (pyautogui's pixels); screenshots of another size are scaled onto it
+    screen_size: tuple[int, int] = attrs.field(default=(1920, 1080), converter=tuple)
     action_space: str = "pyautogui"
     observation_type: str = "screenshot"
     name: str = attrs.field(factory=lambda: f"kvagent-{os.getpid()}")
@@ -67,31 +106,66 @@ class KvAgentConfig:
         if len(self.screen_size) != 2 or min(self.screen_size) < 1:
             raise ValueError(f"screen_size must be (width, height), got {self.screen_size}")
 
+    def need(self, image_tokens: int) -> ContextNeed:
+        """What an episode needs with ``screen_size`` screenshots of ``image_tokens`` tokens."""
+        return context_need(self.agent, self.screen_size, image_tokens, steps=self.max_steps)
+
+
+@attrs.frozen
+class ContextPlan:
+    """The model files and the context size an agent loads with."""
+
+    model_path: Path
+    mmproj_path: Path
+    n_ctx: int
+    derived: bool  # n_ctx was estimated here (reload once if the projector costs more)
+
+
+def plan_context(config: KvAgentConfig) -> ContextPlan:
+    """Resolve the model (the forged tiny qwen35 when none is given) and size the context
+    from the projector's metadata, before anything loads: derive ``n_ctx`` when it is None,
+    else check it — ``ContextBudgetError`` (a ValueError) names the knobs to turn."""
+    model, mmproj = config.model_path, config.mmproj_path
+    if model is None or mmproj is None:
+        from cachepolicy.forge import forge_cached
+        forged = forge_cached("qwen35", "tiny", vision=True)
+        model, mmproj = forged.model_path, forged.mmproj_path
+        log.warning("forged_test_model", path=str(model.parent),
+                    note="random weights: actions are valid but aimless")
+    need = config.need(estimate_image_tokens(mmproj, config.screen_size))
+    if config.n_ctx is None:
+        return ContextPlan(model, mmproj, max(need.tokens, config.n_batch), derived=True)
+    need.check(config.n_ctx)
+    return ContextPlan(model, mmproj, config.n_ctx, derived=False)
+
 
 class AgentHost:
     """The running parts (engine, portal thread, runtime).  Holds no reference to the agent,
     so ``weakref.finalize`` can close it when the agent is collected or at exit."""
 
-    def __init__(self, config: KvAgentConfig) -> None:
-        model, mmproj = config.model_path, config.mmproj_path
-        if model is None:
-            from cachepolicy.forge import forge_cached
-            forged = forge_cached("qwen35", "tiny", vision=True)
-            model, mmproj = forged.model_path, forged.mmproj_path
-            log.warning("forged_test_model", path=str(model.parent),
-                        note="random weights: actions are valid but aimless")
-        self.engine = Engine(model, mmproj, EngineConfig(
-            n_ctx_per_seq=config.n_ctx, n_seq_max=1, n_batch=config.n_batch,
-            n_threads=config.n_threads))  # one episode at a time: one sequence
+    def __init__(self, config: KvAgentConfig, plan: ContextPlan) -> None:
+        def make(n_ctx: int) -> Engine:  # one episode at a time: one sequence
+            engine = Engine(plan.model_path, plan.mmproj_path, EngineConfig(
+                n_ctx_per_seq=max(n_ctx, config.n_batch), n_seq_max=1,
+                n_batch=config.n_batch, n_threads=config.n_threads))
+            if not engine.has_vision:
+                engine.close()
+                raise KvAgentError(f"{plan.mmproj_path} gave no vision projector: KvAgent "
+                                   "needs one")
+            return engine
+
+        probe = blank_png(config.screen_size)
+        self.engine = load_sized(make, lambda e: config.need(e.image_tokens(probe)[0]),
+                                 plan.n_ctx, derived=plan.derived)
         self._closed = False
         self._lock = threading.Lock()
         try:
-            if not self.engine.has_vision:
-                raise KvAgentError(f"{mmproj} gave no vision projector: KvAgent needs one")
             factory = SegmentFactory(self.engine)
-            config.agent.make_policy(factory)  # refuse a policy the model cannot run, now
+            # refuse a policy the model cannot run, now
+            config.agent.make_policy(factory, config.screen_size)
             self.runtime = AgentRuntime(factory, config.agent, name=config.name,
-                                        budget_bytes=config.memory_budget or UNLIMITED_BYTES)
+                                        budget_bytes=config.memory_budget or UNLIMITED_BYTES,
+                                        screen=config.screen_size, max_steps=config.max_steps)
             self._portal_cm: AbstractContextManager[anyio.from_thread.BlockingPortal] = (
                 anyio.from_thread.start_blocking_portal(
                     name=f"{PORTAL_THREAD_PREFIX}-{config.name}"))

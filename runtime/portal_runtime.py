@@ -16,10 +16,13 @@ import anyio.to_thread
 import attrs
 import structlog
 
+from cachepolicy.context_log import Segment
 from cachepolicy.engine import Engine
-from cachepolicy.errors import KvagentCacheError
+from cachepolicy.errors import ContextFullError, KvagentCacheError
 from cachepolicy.segments import SegmentFactory
+from runtime.actions import Screen
 from runtime.config import AgentConfig
+from runtime.context_budget import ContextBudgetError, context_need
 from runtime.driver import DriverStep, EpisodeDriver
 from scheduler.errors import SchedulerError
 from scheduler.ledger import LedgerSnapshot, MemoryLedger
@@ -52,6 +55,10 @@ class RuntimeStatus:
     held: dict[str, int]  # ledger holdings of the image cache and the open episode
     seqs_in_use: tuple[int, ...]  # engine sequences holding state
     summary: str
+    #: the open episode's log as the model reads it: the head (system prompt, instruction)
+    #: and one history line per past step (the profile's text), screenshots left out
+    head: str = ""
+    history: tuple[str, ...] = ()
 
 
 class AgentRuntime:
@@ -59,8 +66,10 @@ class AgentRuntime:
     coroutines with ``portal.call``.  Not thread-safe (the loop serialises it)."""
 
     def __init__(self, factory: SegmentFactory, config: AgentConfig, *, budget_bytes: int,
-                 name: str) -> None:
+                 name: str, screen: Screen, max_steps: int) -> None:
         self.factory, self.config, self.name = factory, config, name
+        self.screen, self.max_steps = screen, max_steps  # what the context was sized for
+        self._sized: set[Screen] = {screen}  # screenshot sizes the context is known to hold
         self.engine: Engine = factory.engine
         self.ledger = MemoryLedger(budget_bytes)
         self._scheduler: Scheduler | None = None
@@ -77,7 +86,7 @@ class AgentRuntime:
         is cancelled and the episode and scheduler close (the ledger returns to 0)."""
         self._stopping = anyio.Event()
         async with Scheduler(self.engine, self.ledger, self.factory,
-                             options=self.config.step_options()) as scheduler:
+                             options=self.config.step_options(self.screen)) as scheduler:
             self._scheduler = scheduler
             try:
                 async with anyio.create_task_group() as tg:
@@ -126,6 +135,8 @@ class AgentRuntime:
             await self.end_episode()
             self._n_episodes += 1
             driver = None
+        if screen not in self._sized:
+            await self._check_context(png, screen)
         if driver is None:
             if self._n_episodes == 0:
                 self._n_episodes = 1
@@ -135,12 +146,15 @@ class AgentRuntime:
         elif driver.session.screen != screen:
             log.warning("screen_size_changed", episode_id=driver.episode_id,
                         old=driver.session.screen, new=screen)
-            driver.session.screen = screen  # coordinates refer to the screenshot the model sees
+            driver.session.resize(screen)  # the model decides in the pixels it sees
         try:
             step = await driver.act(png, arrived_at=arrived_at)
         except (SchedulerError, KvagentCacheError) as exc:
+            hint = "" if not isinstance(exc, ContextFullError) else (
+                f" (the context is sized for {self.max_steps} steps: raise n_ctx or "
+                "max_steps, or lower the window or the screenshot size)")
             raise AgentStepError(f"step {driver.session.steps_decided} of "
-                                 f"{driver.episode_id} failed: {exc}") from exc
+                                 f"{driver.episode_id} failed: {exc}{hint}") from exc
         assert self._tg is not None
         driver.start_prefetch(self._tg, step)
         return step
@@ -150,12 +164,23 @@ class AgentRuntime:
         scheduler = self._running()
         driver = self._driver
         owners = [IMAGE_CACHE] + ([driver.episode_id] if driver is not None else [])
+        log_ = driver.session.episode.log if driver is not None else None  # immutable
+
+        def texts(segments: tuple[Segment, ...]) -> tuple[str, ...]:
+            return tuple(self.engine.detokenize(s.tokens) for s in segments)
+
+        head: tuple[str, ...] = ()
+        history: tuple[str, ...] = ()
+        if log_ is not None:  # the engine's lock may be busy: not on the loop's thread
+            head = await anyio.to_thread.run_sync(texts, log_.head)
+            history = await anyio.to_thread.run_sync(texts, log_.actions)
         return RuntimeStatus(
             episode_id=driver.episode_id if driver is not None else None,
             steps=driver.session.steps_decided if driver is not None else 0,
             prefetch_running=driver is not None and driver.prefetch_running,
             ledger=self.ledger.snapshot(), held={o: self.ledger.held_by(o) for o in owners},
-            seqs_in_use=tuple(sorted(mem.seq_state_bytes)), summary=scheduler.summary())
+            seqs_in_use=tuple(sorted(mem.seq_state_bytes)), summary=scheduler.summary(),
+            head="".join(head), history=history)
 
     async def check_integrity(self) -> None:
         """The scheduler's integrity check (ledger vs engine), between steps."""
@@ -166,6 +191,19 @@ class AgentRuntime:
         await anyio.to_thread.run_sync(scheduler.check_integrity)
 
     # ------------------------------------------------------------------ internals
+
+    async def _check_context(self, png: bytes, screen: Screen) -> None:
+        """Screenshots of a size the context was not sized for: do they fit?  (Asks the
+        projector for the count; encodes nothing.)"""
+        tokens, _ = await anyio.to_thread.run_sync(self.engine.image_tokens, png)
+        need = context_need(self.config, screen, tokens, steps=self.max_steps)
+        try:
+            need.check(self.engine.config.n_ctx_per_seq)
+        except ContextBudgetError as exc:
+            raise AgentStepError(f"screenshots of {screen[0]}x{screen[1]}, not the "
+                                 f"{self.screen[0]}x{self.screen[1]} the agent was sized "
+                                 f"for: {exc}") from exc
+        self._sized.add(screen)
 
     def _episode_id(self) -> str:
         return f"{self.name}/ep{self._n_episodes}"

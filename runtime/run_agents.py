@@ -29,12 +29,13 @@ import structlog
 from cachepolicy.engine import Engine
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
+from runtime.context_budget import ContextNeed, context_need
 from runtime.driver import DriverStep, EpisodeDriver
 from runtime.episode import run_episode
 from runtime.metrics import EpisodeResult, StepMetrics
 from runtime.progress import EpisodeEvent
 from runtime.recording import EpisodeRecorder, ResultLayout
-from runtime.session import SYSTEM_PROMPT, Teacher
+from runtime.session import Teacher
 from scheduler.ledger import MemoryLedger
 from scheduler.scheduler import Scheduler
 from scheduler.sizes import UNLIMITED_BYTES
@@ -61,16 +62,10 @@ class RunConfig:
     memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=_pos)
     wait_s: float = 2.0  # bound of the scheduler's wait-for-memory rung
 
-    def context_tokens(self, image_tokens: int, *, bounded: bool = True) -> int:
-        """Positions one episode's sequence may need (the engine's ``n_ctx_per_seq``):
-        the head, every step's action line, the visible screenshots, the decoded action."""
-        a = self.agent
-        shots = min(a.window, self.max_steps) if bounded else self.max_steps
-        head = len(a.system_prompt or SYSTEM_PROMPT) + 512  # bytes bound tokens; + template
-        per_action = a.max_tokens + 24  # "Step i: <action>\n"
-        per_shot = image_tokens + 64  # "Screenshot i:", projector markers, turn wrappers
-        need = head + self.max_steps * per_action + shots * per_shot + a.max_tokens
-        return -(-need // 256) * 256
+    def context_need(self, image_tokens: int) -> ContextNeed:
+        """Positions one episode's sequence may need (the engine's ``n_ctx_per_seq``: see
+        ``runtime.context_budget``) with screenshots of ``image_tokens`` tokens."""
+        return context_need(self.agent, self.screen, image_tokens, steps=self.max_steps)
 
 
 @attrs.frozen
@@ -128,13 +123,14 @@ async def run_agents(engine: Engine, config: RunConfig, layout: ResultLayout | N
     specs = tuple(specs if specs is not None else simdesk_specs(config))
     make_env = make_env or simdesk_env(config)
     factory = SegmentFactory(engine)
-    config.agent.make_policy(factory)  # refuses a policy this model cannot run, up front
+    # refuses a policy this model cannot run, up front
+    config.agent.make_policy(factory, config.screen)
     if layout is not None:
         for spec in specs:
             layout.task_dir(spec.task_id)
     # relocate measures its drift on a spare sequence: the engine's last one
     scratch = engine.config.n_seq_max - 1
-    options = config.agent.step_options(scratch_seq=scratch)
+    options = config.agent.step_options(config.screen, scratch_seq=scratch)
     ledger = MemoryLedger(config.memory_budget)
     t0 = time.perf_counter()
     async with Scheduler(engine, ledger, factory, options=options,

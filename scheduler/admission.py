@@ -38,8 +38,9 @@ class Admission:
         self._log = structlog.get_logger("kvagent.scheduler")
 
     async def begin(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority,
-                     policy: CachePolicy | None = None, degraded: str = "") -> Transaction:
-        """Plan against the episode's current state (re-planned whenever it changed)."""
+                    policy: CachePolicy | None = None, degraded: str = "") -> Transaction:
+        """Plan against the episode's current state (re-planned whenever it changed); the
+        segments replace the log when the job says so (``slot.replacing``)."""
         while True:
             while slot.evicting:
                 await self._released.current.wait()
@@ -47,7 +48,8 @@ class Admission:
             try:
                 txn = await anyio.to_thread.run_sync(functools.partial(
                     begin, self.engine, slot.cache, segments,
-                    prefetch=priority is Priority.PREFETCH, policy=policy, degraded=degraded))
+                    prefetch=priority is Priority.PREFETCH, policy=policy, degraded=degraded,
+                    replace=slot.replacing))
             finally:
                 slot.planning = False
             if txn.parent is slot.cache.state:

@@ -144,12 +144,13 @@ class Scheduler:
     # ------------------------------------------------------------------ work
 
     async def step(self, episode: EpisodeCache, build: Callable[[], tuple[Segment, ...]], *,
-                   options: StepOptions | None = None) -> StepRecord:
+                   options: StepOptions | None = None, replace: bool = False) -> StepRecord:
         """Run one critical step: ``build`` (run in a worker thread; it may encode images)
         returns the new segments; ``options`` override the episode's for this step (e.g. a
-        request's sampling).  Raises ``AdmissionError`` if even the ladder fails;
+        request's sampling); ``replace``: the segments are the whole new log (a client that
+        sends its whole prompt).  Raises ``AdmissionError`` if even the ladder fails;
         cancellation propagates as cancellation (the step rolled back)."""
-        result = await self._transact(episode, build, Priority.CRITICAL, options)
+        result = await self._transact(episode, build, Priority.CRITICAL, options, replace)
         if not isinstance(result, StepRecord):  # a critical job is never discarded
             raise AssertionError(f"critical step of {episode.episode_id} returned {result!r}")
         return result
@@ -189,7 +190,7 @@ class Scheduler:
 
     async def _transact(self, episode: EpisodeCache, build: Callable[[], tuple[Segment, ...]],
                         priority: Priority, options: StepOptions | None = None,
-                        ) -> StepRecord | PrefetchRecord | None:
+                        replace: bool = False) -> StepRecord | PrefetchRecord | None:
         slot = self._slots.get(episode.episode_id)
         if slot is None or slot.closed:
             if priority is Priority.PREFETCH:
@@ -206,8 +207,10 @@ class Scheduler:
                 # Building (tokenizing, encoding the screenshot) takes the engine's own lock
                 # call by call, not the gate: it may interleave with another job's prefill,
                 # and lets this job reach admission meanwhile.
-                segments = slot.pending + await anyio.to_thread.run_sync(build)
-                slot.pending = ()
+                built = await anyio.to_thread.run_sync(build)
+                # a replacing request supersedes what a discarded prefetch left pending
+                segments = built if replace else slot.pending + built
+                slot.pending, slot.replacing = (), replace
                 if options is not None:
                     options = attrs.evolve(options, scratch_seq=self.options.scratch_seq)
                 opts = options or episode.options or self.options
@@ -219,7 +222,7 @@ class Scheduler:
                     raise
         finally:
             slot.jobs -= 1
-            slot.phase = Phase.IDLE
+            slot.phase, slot.replacing = Phase.IDLE, False
             slot.last_used = next(self._clock)
             if self.debug and not any(s.jobs for s in self._slots.values()):
                 self.check_integrity()

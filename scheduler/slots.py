@@ -46,6 +46,7 @@ class Slot:
     pinned: bool = False  # holds a reservation or runs: its state must not be evicted
     evicting: bool = False
     closed: bool = False
+    replacing: bool = False  # the job in flight replaces the log (a whole-prompt request)
     # the published state rung 1 last cut back (cutting it again frees nothing); a weak
     # reference: holding the state would keep its checkpoints alive after it is replaced
     trimmed: weakref.ref[CacheState] | None = None

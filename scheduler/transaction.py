@@ -80,6 +80,8 @@ class StepOptions:
     stop_at_eog: bool = False
     scratch_seq: int | None = None  # a spare sequence for relocate's drift measurement
     stop: tuple[str, ...] = ()  # decoding ends once the text holds one of these
+    #: called with each decoded token as it comes (in the engine's worker thread): streaming
+    on_token: Callable[[int], None] | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
@@ -116,13 +118,14 @@ class Transaction:
 
 def begin(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...], *,
           prefetch: bool = False, policy: CachePolicy | None = None,
-          degraded: str = "") -> Transaction:
+          degraded: str = "", replace: bool = False) -> Transaction:
     """append + select: a new log and the plan for it (``policy`` overrides the episode's own
-    policy, e.g. a downgraded one).  Nothing is reserved or executed yet."""
+    policy, e.g. a downgraded one; ``replace``: the segments are the whole new log).
+    Nothing is reserved or executed yet."""
     prefix = "p" if prefetch else "t"
     txn_id = f"{episode.episode_id}/{prefix}{next(_txn_ids)}"
     parent_log, parent = episode.log, episode.state
-    new_log = parent_log.append(*segments)
+    new_log = parent_log.replace(*segments) if replace else parent_log.append(*segments)
     chooser = policy or episode.policy
     view = episode.view(engine)
     if prefetch:
@@ -190,7 +193,7 @@ def commit_finish(engine: Engine, txn: Transaction, ledger: MemoryLedger,
         exe = decode(engine, plan, ep.seq, prefilled, decode_tokens=options.decode_tokens,
                      sampling=step_sampling(options.sampling, ep.seed, txn.new_log),
                      stop_at_eog=options.stop_at_eog, should_stop=should_stop,
-                     stop=options.stop)
+                     stop=options.stop, on_token=options.on_token)
         if fault is not None:
             fault("before_publish")
         successor = _successor(engine, ep, plan, exe, txn.parent)
@@ -296,9 +299,10 @@ def new_content_tokens(txn: Transaction) -> int:
     """Tokens of content that did not exist at the previous step: the segments this
     transaction appended (the new screenshot with its label, the text delta) and the
     generation prompt, which every step adds anew.  Policy-independent, so arms compare."""
-    added = txn.new_log.added_since(txn.parent_log)
+    added = txn.new_log.new_since(txn.parent_log)
+    policy = txn.episode.policy
     return (sum(s.n_tokens for s in added)
-            + len(txn.episode.policy.kit.generation_prompt))
+            + (len(policy.kit.generation_prompt) if policy.adds_generation_prompt else 0))
 
 
 def _record(txn: Transaction, exe: Execution, state: CacheState, ledger: MemoryLedger,

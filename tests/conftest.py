@@ -60,3 +60,25 @@ def _integrity_checks_everywhere() -> Iterator[None]:
         os.environ.pop("KVAGENT_DEBUG", None)
     else:
         os.environ["KVAGENT_DEBUG"] = old
+
+
+@pytest.fixture
+def kv_agents(forged: Callable[..., ForgedModel]) -> Iterator[Callable[..., object]]:
+    """``kv_agents(**options)`` → a ``KvAgent`` on the forged tiny qwen35, with one thread,
+    n_batch 64 and a 320x240 screen unless ``options`` say otherwise; closed after the test."""
+    from runtime.osworld_agent import KvAgent
+
+    m = forged("qwen35")
+    made: list[KvAgent] = []
+
+    def make(**options: object) -> KvAgent:
+        opts: dict[str, object] = {"model_path": m.model_path, "mmproj_path": m.mmproj_path,
+                                   "n_threads": 1, "n_batch": 64, "screen_size": (320, 240)}
+        opts.update(options)
+        agent = KvAgent(**opts)  # type: ignore[arg-type]
+        made.append(agent)
+        return agent
+
+    yield make
+    for agent in made:
+        agent.close()

@@ -17,7 +17,7 @@ from runtime.commands.agent_args import bench_agent_defaults
 from runtime.config import AgentConfig
 from runtime.metrics import EpisodeResult
 from runtime.run_agents import run_on
-from runtime.session import system_prompt
+from runtime.session import PromptText
 from scheduler.ledger import MemoryLedger
 from scheduler.records import StepRecord
 from scheduler.scheduler import Scheduler
@@ -29,6 +29,10 @@ from vmenv.trajectory import Trajectory
 
 #: The bench's agent (fixed decode, greedy, no grammar) with 4 tokens per step.
 AGENT = attrs.evolve(bench_agent_defaults(), decode_tokens=4)
+#: The screenshots of the tests' synthetic trajectories (``trajectory(n, 96, 64)``).
+SCREEN = (96, 64)
+#: The scheduler's options for AGENT (its fixed decode does not depend on the screen).
+OPTIONS = AGENT.step_options(SCREEN)
 
 
 def run_step(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...],
@@ -51,16 +55,21 @@ def run_prefetch(engine: Engine, episode: EpisodeCache, segments: tuple[Segment,
     return record
 
 
+def past_step(factory: SegmentFactory, traj: Trajectory, i: int) -> Segment:
+    """Recorded step ``i``'s action as the session renders it into the history."""
+    prompt = PromptText(factory, AGENT, AGENT.make_profile())
+    return prompt.past_step(i, traj.frames[i].action or "")
+
+
 def step_segments(factory: SegmentFactory, traj: Trajectory, i: int) -> tuple[Segment, ...]:
-    """Step i's new segments: the head on step 0, else the previous recorded action; then
-    screenshot i."""
+    """Step i's new segments as the session renders them: the head on step 0, else the
+    previous recorded action; then screenshot i."""
     segs: tuple[Segment, ...] = ()
     if i == 0:
         screen = (traj.frames[0].width, traj.frames[0].height)
-        segs = (factory.preamble(system_prompt(AGENT, screen)),
-                factory.instruction(INSTRUCTION))
+        segs = PromptText(factory, AGENT, AGENT.make_profile()).head(screen, INSTRUCTION)
     else:
-        segs = (factory.action(i - 1, traj.frames[i - 1].action or ""),)
+        segs = (past_step(factory, traj, i - 1),)
     return segs + (factory.screenshot(i, traj.frames[i].screenshot),)
 
 

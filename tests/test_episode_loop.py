@@ -10,7 +10,7 @@ from runtime.actions import NoOp
 from runtime.config import AgentConfig
 from runtime.driver import EpisodeDriver
 from runtime.episode import run_episode
-from runtime.session import NOOP_TEXT
+from runtime.profiles.kvagent import NOOP_TEXT
 from scheduler.ledger import MemoryLedger
 from scheduler.scheduler import Scheduler
 from vmenv.simdesk import SimDesk, SimDeskConfig
@@ -23,7 +23,7 @@ async def _run(engine, *, overlap: bool, agent: AgentConfig = GRAMMAR, steps: in
     factory = SegmentFactory(engine)
     ledger = MemoryLedger(1 << 40)
     agent = attrs.evolve(agent, overlap=overlap, policy=policy)
-    async with Scheduler(engine, ledger, factory, options=agent.step_options()) as sched:
+    async with Scheduler(engine, ledger, factory, options=agent.step_options((320, 240))) as sched:
         driver = EpisodeDriver.open(sched, factory, agent, "e", "open the terminal", (320, 240))
         env = SimDesk(SimDeskConfig(width=320, height=240, action_latency_s=0.01,
                                     done_on_success=False))
@@ -81,7 +81,7 @@ async def test_unparsable_output_is_a_recorded_noop(engines) -> None:
 async def _run_with(engine, agent: AgentConfig, on_step):
     factory = SegmentFactory(engine)
     async with Scheduler(engine, MemoryLedger(1 << 40), factory,
-                         options=agent.step_options()) as sched:
+                         options=agent.step_options((320, 240))) as sched:
         driver = EpisodeDriver.open(sched, factory, agent, "e", "open the terminal", (320, 240))
         env = SimDesk(SimDeskConfig(width=320, height=240, action_latency_s=0.01,
                                     done_on_success=False))

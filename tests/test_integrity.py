@@ -7,7 +7,7 @@ import pytest
 
 from cachepolicy.errors import ContextFullError
 from cachepolicy.segments import SegmentFactory
-from replay_helpers import AGENT, replay, step_segments
+from replay_helpers import AGENT, OPTIONS, SCREEN, replay, step_segments
 from runtime.bench.trajectory import trajectory
 from scheduler.errors import IntegrityError
 from scheduler.ledger import MemoryLedger
@@ -25,7 +25,7 @@ def engine(forged):
 
 
 async def _two_steps(sched: Scheduler, factory: SegmentFactory, traj):
-    ep = sched.open_episode("a", AGENT.make_policy(factory))
+    ep = sched.open_episode("a", AGENT.make_policy(factory, SCREEN))
     for i in range(2):
         await sched.step(ep, lambda i=i: step_segments(factory, traj, i))
     return ep
@@ -35,7 +35,7 @@ async def test_integrity_holds_after_real_episodes(engine) -> None:
     factory = SegmentFactory(engine)
     traj = trajectory(4, 96, 64)
     async with Scheduler(engine, MemoryLedger(1 << 30), factory,
-                         options=AGENT.step_options()) as sched:
+                         options=OPTIONS) as sched:
         await replay(sched, traj, 2)
         sched.check_integrity()
         ep = await _two_steps(sched, factory, traj)
@@ -49,7 +49,7 @@ async def test_a_ledger_that_under_counts_a_sequence_fails_the_check(engine) -> 
     the ledger holds for it."""
     factory = SegmentFactory(engine)
     ledger = MemoryLedger(1 << 30)
-    async with Scheduler(engine, ledger, factory, options=AGENT.step_options(),
+    async with Scheduler(engine, ledger, factory, options=OPTIONS,
                          debug=False) as sched:
         ep = await _two_steps(sched, factory, trajectory(3, 96, 64))
         right = ledger.held_by(ep.episode_id)
@@ -63,7 +63,7 @@ async def test_a_ledger_that_under_counts_a_sequence_fails_the_check(engine) -> 
 async def test_tokens_in_a_sequence_no_episode_owns_fail_the_check(engine) -> None:
     factory = SegmentFactory(engine)
     async with Scheduler(engine, MemoryLedger(1 << 30), factory,
-                         options=AGENT.step_options(), debug=False) as sched:
+                         options=OPTIONS, debug=False) as sched:
         await _two_steps(sched, factory, trajectory(3, 96, 64))
         stray = sched._free_seqs[0]
         engine.prefill_tokens(stray, [3, 4, 5, 6])
@@ -76,7 +76,7 @@ async def test_tokens_in_a_sequence_no_episode_owns_fail_the_check(engine) -> No
 async def test_a_holding_left_by_a_closed_episode_fails_the_check(engine) -> None:
     factory = SegmentFactory(engine)
     ledger = MemoryLedger(1 << 30)
-    async with Scheduler(engine, ledger, factory, options=AGENT.step_options(),
+    async with Scheduler(engine, ledger, factory, options=OPTIONS,
                          debug=False) as sched:
         ledger.publish("ghost", 1234, None)
         with pytest.raises(IntegrityError, match="owners that are not open: \\['ghost'\\]"):
@@ -91,9 +91,9 @@ async def test_a_context_full_rollback_leaves_the_accounts_right(engine) -> None
     traj = trajectory(40, 384, 256)
     per_shot = engine.image_tokens(traj.frames[0].screenshot)[0]
     assert 40 * per_shot > 1024  # the context cannot hold them all
-    grows = AGENT.make_policy(factory, policy="noevict")  # the prompt grows every step
+    grows = AGENT.make_policy(factory, SCREEN, policy="noevict")  # the prompt grows every step
     async with Scheduler(engine, MemoryLedger(1 << 30), factory,
-                         options=AGENT.step_options()) as sched:
+                         options=OPTIONS) as sched:
         ep = sched.open_episode("grows", grows)
         with pytest.raises(ContextFullError):
             for i in range(40):

@@ -37,21 +37,8 @@ from vmenv.simdesk_widgets import locate
 
 SCREEN = (320, 240)
 @pytest.fixture
-def make_agent(forged: Any) -> Any:
-    made: list[KvAgent] = []
-    model = forged("qwen35")
-
-    def make(**kw: Any) -> KvAgent:
-        opts: dict[str, Any] = {"n_threads": 1, "n_ctx": 4096, "n_batch": 64,
-                                "screen_size": SCREEN, "temperature": 1.0, "seed": 7}
-        opts.update(kw)
-        agent = KvAgent(model.model_path, model.mmproj_path, **opts)
-        made.append(agent)
-        return agent
-
-    yield make
-    for a in made:
-        a.close()
+def make_agent(kv_agents: Any) -> Any:
+    return lambda **kw: kv_agents(**{"n_ctx": 4096, "temperature": 1.0, "seed": 7, **kw})
 
 
 def _result_dir(root: Path, example: dict[str, Any]) -> Path:
@@ -181,7 +168,7 @@ def test_close_is_idempotent_and_stops_the_portal(make_agent: Any) -> None:
 
 def test_forgotten_agents_are_closed_by_gc_and_at_exit(forged: Any) -> None:
     m = forged("qwen35")
-    agent = KvAgent(m.model_path, m.mmproj_path, n_threads=1, n_ctx=2048, screen_size=SCREEN)
+    agent = KvAgent(m.model_path, m.mmproj_path, n_threads=1, screen_size=SCREEN)
     env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
     agent.predict("Open the Terminal application.", env.reset())
     del agent
@@ -191,7 +178,7 @@ def test_forgotten_agents_are_closed_by_gc_and_at_exit(forged: Any) -> None:
         "import sys\n"
         "from runtime.osworld_agent import KvAgent\n"
         "from vmenv.osworld_fake import FakeDesktopEnv\n"
-        "a = KvAgent(sys.argv[1], sys.argv[2], n_threads=1, n_ctx=2048, screen_size=(320, 240))\n"
+        "a = KvAgent(sys.argv[1], sys.argv[2], n_threads=1, screen_size=(320, 240))\n"
         "print(a.predict('open the terminal', FakeDesktopEnv().reset())[1])\n")
     done = subprocess.run([sys.executable, "-c", script, str(m.model_path), str(m.mmproj_path)],
                           capture_output=True, text=True, timeout=120, check=False)
@@ -296,7 +283,7 @@ async def test_async_episode_loop_on_osworld_env(engines: Any) -> None:
     env = OSWorldEnv(fake, pause=0.0, settle_s=0.0,
                      tasks={"open-terminal": simdesk_example("open-terminal")})
     async with Scheduler(engine, MemoryLedger(1 << 40), factory,
-                         options=agent.step_options()) as sched:
+                         options=agent.step_options(SCREEN)) as sched:
         driver = EpisodeDriver.open(sched, factory, agent, "osw",
                                     "Open the Terminal application.", SCREEN)
         try:

@@ -8,7 +8,9 @@ import pytest
 from cachepolicy.base import POLICIES, make_policy
 from cachepolicy.errors import PolicyError, PolicyRefusedError
 from cachepolicy.segments import SegmentFactory, model_info
-from replay_helpers import AGENT, check_accounts, run_prefetch, run_step, step_segments
+from replay_helpers import (
+    AGENT, check_accounts, past_step, run_prefetch, run_step, step_segments,
+)
 from runtime.bench.arms import run_arms
 from runtime.bench.trajectory import trajectory
 
@@ -46,7 +48,7 @@ def test_slot_prefill_is_window_plus_delta_while_scratch_grows(engines, arch, tr
     gen = len(factory.kit.generation_prompt)
     for t in range(WINDOW, STEPS):
         window = sum(factory.screenshot(i, traj.frames[i].screenshot).n_tokens for i in range(t - WINDOW + 1, t + 1))
-        delta = len(factory.action(t - 1, traj.frames[t - 1].action).tokens)
+        delta = len(past_step(factory, traj, t - 1).tokens)
         assert slot.steps[t]["prefill_tokens"] == window + delta + gen
         assert slot.steps[t]["context_tokens"] == scratch.steps[t]["context_tokens"]
     scratch_prefill = [s["prefill_tokens"] for s in scratch.steps]
@@ -96,7 +98,7 @@ def test_relocate_reports_drift_on_attention_models(engines, traj) -> None:
 
 def test_unknown_policy_lists_the_known_ones(engines) -> None:
     e = engines("llama")
-    with pytest.raises(PolicyError, match="known: evict, noevict, relocate"):
+    with pytest.raises(PolicyError, match="known: evict, faithful, noevict, relocate"):
         make_policy("lru", model_info(e), SegmentFactory(e).kit)
 
 
@@ -122,7 +124,7 @@ def test_terminal_slot_prefetch_leaves_only_the_new_screenshot(engines, arch, tr
         if i == 0:
             segs = step_segments(factory, traj, 0)[:-1]
         else:
-            pre = run_prefetch(e, ep, (factory.action(i - 1, traj.frames[i - 1].action),),
+            pre = run_prefetch(e, ep, (past_step(factory, traj, i - 1),),
                                ledger)
             assert pre.planned and pre.prefill_tokens > 0
             segs = ()

@@ -16,7 +16,7 @@ import pytest
 from gbnf_regex import grammar_regex
 from runtime.actions import (
     Click, CoordConvention, Done, DragTo, Fail, Hotkey, MoveTo, NoOp, Press, Scroll, TypeText,
-    Wait,
+    Wait, action_grammar,
 )
 from runtime.profiles import (
     KvAgentProfile, Qwen3VLProfile, UITarsProfile, UITarsV1Profile, UnknownProfileError, get,
@@ -224,11 +224,15 @@ def test_uitars_v1_is_relative_1000() -> None:
 def test_kvagent_profile_wraps_the_action_language() -> None:
     assert KV.parse("click(960, 540)", S).action == Click(960, 540)
     assert KV.parse("Action: type(\"hi\")", S).action == TypeText("hi")
-    far = KV.parse("click(5000, 9999)", S).action  # the profile rejects far-off points
-    assert isinstance(far, NoOp) and "outside the screen" in far.reason
+    # kvagent's language as it always was: points up to 9999 px whatever the screen, clamped
+    # onto it — and the clamp is noted for the step's info
+    far = KV.parse("click(5000, 9999)", S)
+    assert far.action == Click(1919, 1079)
+    assert far.notes == ("point (5000, 9999) lay outside the screen: clamped to (1919, 1079)",)
+    assert KV.grammar(S) == KV.grammar((640, 360)) == action_grammar()
+    assert KV.parse("click(5, 6)", S, pointer=(1, 1)).notes == ()
     rel = KvAgentProfile(CoordConvention.RELATIVE_999)
     assert rel.parse("click(500, 500)", S).action == Click(960, 540)
-    assert KV.grammar(S) != KV.grammar((640, 360))  # absolute pixels bounded by the screen
     assert rel.grammar(S) == rel.grammar((640, 360))
 
 

@@ -89,6 +89,7 @@ def test_run_writes_osworld_results_summary_and_plot(cache_dir: Path, tmp_path: 
     (("--env", "replay"), "--trajectory"),
     (("--temperature", "-1"), "--temperature"),
     (("--task", "make-coffee"), "invalid choice"),
+    (("--profile", "gpt-4o"), "invalid choice"),
     (("--episodes", "two"), "invalid int"),
     (("--policy", "relocate", "--threads", "1"), "does not support hybrid"),
 ])
@@ -107,6 +108,7 @@ def test_choices_come_from_the_registries() -> None:
     from cachepolicy.policies import names
     from cachepolicy.policies.terminal_scratch import TerminalScratchPolicy
     from runtime.cli import build_parser
+    from runtime.profiles import names as profile_names
     from vmenv.simdesk_tasks import default_tasks
 
     @register
@@ -119,6 +121,24 @@ def test_choices_come_from_the_registries() -> None:
     assert tuple(by_dest["task"].choices) == tuple(default_tasks())
     assert tuple(by_dest["policy"].choices) == names()
     assert "mine-for-the-cli-test" in by_dest["policy"].choices
+    assert tuple(by_dest["profile"].choices) == profile_names()
+
+
+def test_run_with_a_profile_speaks_its_format(cache_dir: Path, tmp_path: Path) -> None:
+    """--profile qwen3vl: the agent answers in Qwen3-VL tool calls (the grammar's), with the
+    profile's window, and every step's metrics say what the parser changed."""
+    out = tmp_path / "results"
+    res = kvagent_run(cache_dir, "--profile", "qwen3vl", "--episodes", "1", "--max-steps", "3",
+                      "--screen", "320x240", "--threads", "1", "--vm-seconds", "0.01",
+                      "--temperature", "1", "--result-dir", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "profile qwen3vl, window 5" in res.stdout
+    assert "profile qwen3vl: unlike its training" in res.stdout  # the layout's differences
+    (d,) = _episode_dirs(out).values()
+    traj = _traj(d)
+    metrics = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    assert traj and all('"name": "computer_use"' in line["response"] for line in traj)
+    assert all(isinstance(m["notes"], list) for m in metrics)
 
 
 def test_a_model_that_does_not_load_exits_2(cache_dir: Path, tmp_path: Path) -> None:

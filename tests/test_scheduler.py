@@ -9,14 +9,14 @@ from structlog.testing import capture_logs
 from cachepolicy.base import make_policy
 from cachepolicy.errors import DecodeError
 from cachepolicy.segments import SegmentFactory, model_info
-from replay_helpers import AGENT, outputs, replay, step_segments
+from replay_helpers import OPTIONS, outputs, past_step, replay, step_segments
 from runtime.bench.trajectory import trajectory
 from scheduler.ledger import MemoryLedger
 from scheduler.priority_lock import PriorityLock
 from scheduler.scheduler import Priority, Scheduler
 
 STEPS = 6
-OPTS = AGENT.step_options()
+OPTS = OPTIONS
 
 
 @pytest.fixture
@@ -230,7 +230,7 @@ async def test_prefetch_is_preempted_by_critical_work(big_engine) -> None:
         async with anyio.create_task_group() as tg:
             async def pre() -> None:
                 results["prefetch"] = await sched.prefetch(
-                    a, lambda: (factory.action(2, traj.frames[2].action),))
+                    a, lambda: (past_step(factory, traj, 2),))
             async def crit() -> None:
                 results["critical"] = await sched.step(b, lambda: step_segments(factory, traj, 1))
             tg.start_soon(pre)

@@ -120,6 +120,6 @@ def test_context_log_is_immutable_and_generational(engines) -> None:
     log1 = log0.append(factory.preamble("sys"), factory.instruction("do it"))
     log2 = log1.append(factory.action(0, "click(1, 2)"))
     assert (log0.generation, log1.generation, log2.generation) == (0, 1, 2)
-    assert len(log1.segments) == 2 and log2.added_since(log1)[0].key == "action@0"
+    assert len(log1.segments) == 2 and log2.new_since(log1)[0].key == "action@0"
     with pytest.raises(ValueError, match="already in the log"):
         log2.append(factory.action(0, "click(3, 4)"))

@@ -147,9 +147,11 @@ class Engine:
 
     # ------------------------------------------------------------------ text
 
-    @locked
+    # tokenize / detokenize read only the vocabulary, immutable once loaded: no lock, so a
+    # stream's text deltas never wait behind another episode's prefill
     def tokenize(self, text: str, *, add_bos: bool = False,
                  special: bool = True) -> tuple[int, ...]:
+        self._check_open()
         raw = text.encode("utf-8")
         cap = len(raw) + 8
         buf = (llama_cpp.llama_token * cap)()
@@ -159,8 +161,8 @@ class Engine:
             raise EngineError(f"tokenize needed {-n} tokens, more than the {cap} allotted")
         return tuple(buf[:n])
 
-    @locked
     def detokenize(self, tokens: Sequence[int], *, special: bool = True) -> str:
+        self._check_open()
         arr = (llama_cpp.llama_token * len(tokens))(*tokens)
         cap = 16 * len(tokens) + 16
         out = ctypes.create_string_buffer(cap)
@@ -169,6 +171,10 @@ class Engine:
         if n < 0:
             raise EngineError("detokenize buffer too small")
         return out.raw[:n].decode("utf-8", errors="replace")
+
+    def _check_open(self) -> None:
+        if self._native.closed:
+            raise EngineError("engine is closed")
 
     @property
     def chat_template(self) -> str | None:
@@ -264,7 +270,8 @@ class Engine:
     def generate(self, seq: int, logits: np.ndarray, max_tokens: int,
                  sampling: SamplingParams | None = None, *, stop_at_eog: bool = True,
                  should_stop: Callable[[], bool] | None = None,
-                 stop_when: Callable[[list[int]], bool] | None = None) -> list[int]:
+                 stop_when: Callable[[list[int]], bool] | None = None,
+                 on_token: Callable[[int], None] | None = None) -> list[int]:
         """Sample up to ``max_tokens`` tokens starting from ``logits`` (the prompt's last).
 
         Every sampled token but the last is fed back — in a decode lane holding a copy of
@@ -281,6 +288,8 @@ class Engine:
                     tok = sampler.sample(logits)
                     out.append(tok)
                     sampler.accept(tok)
+                    if on_token is not None:
+                        on_token(tok)
                     if ((stop_at_eog and self.is_end_of_generation(tok)) or i == max_tokens - 1
                             or (stop_when is not None and stop_when(out))):
                         break

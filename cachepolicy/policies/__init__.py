@@ -6,6 +6,7 @@ command line takes its choices from.
 
 from cachepolicy.base import POLICIES
 from cachepolicy.policies.evict import EvictPolicy
+from cachepolicy.policies.faithful import FaithfulPolicy
 from cachepolicy.policies.noevict import NoEvictPolicy
 from cachepolicy.policies.relocate import RelocatePolicy
 from cachepolicy.policies.terminal_scratch import TerminalScratchPolicy
@@ -20,5 +21,5 @@ def names() -> tuple[str, ...]:
     return BUILTIN + tuple(sorted(n for n in POLICIES if n not in BUILTIN))
 
 
-__all__ = ["BUILTIN", "EvictPolicy", "NoEvictPolicy", "RelocatePolicy", "TerminalScratchPolicy",
+__all__ = ["BUILTIN", "EvictPolicy", "FaithfulPolicy", "NoEvictPolicy", "RelocatePolicy", "TerminalScratchPolicy",
            "TerminalSlotPolicy", "names"]

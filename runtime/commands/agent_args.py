@@ -25,21 +25,28 @@ def default_threads() -> int:
 
 def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | None = None,
                         ) -> None:
-    """``--policy --window --overlap --temperature --seed --grammar --decode-tokens
-    --stop-at-eog``, defaulting to ``defaults`` (``AgentConfig()`` if None)."""
+    """``--profile --policy --window --overlap --temperature --seed --grammar
+    --decode-tokens --stop-at-eog``, defaulting to ``defaults`` (``AgentConfig()`` if None;
+    the window defaults to the profile's)."""
     from cachepolicy.policies import names
+    from runtime.profiles import names as profile_names
 
     d = defaults or AgentConfig()
+    p.add_argument("--profile", default=d.profile, choices=profile_names(),
+                   help="the model family's prompt, output format and history layout "
+                        "(kvagent: kvagent's own action language; qwen3vl: Qwen3-VL "
+                        "computer_use tool calls; uitars / uitars-v1: UI-TARS 1.5 / 1.0)")
     p.add_argument("--policy", default=d.policy, choices=names(), help="the cache policy")
-    p.add_argument("--window", type=int, default=d.window,
-                   help=f"screenshots the model sees (K, 1..{MAX_WINDOW})")
+    p.add_argument("--window", type=int, default=None,
+                   help=f"screenshots the model sees (K, 1..{MAX_WINDOW}; default: the "
+                        "profile's, 3 for kvagent, 5 for qwen3vl and uitars)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=d.overlap,
                    help="prefetch the next step while the VM executes the action")
     p.add_argument("--temperature", type=float, default=d.temperature,
                    help="sampling temperature (0 = greedy)")
     p.add_argument("--seed", type=int, default=d.seed, help="sampling seed")
     p.add_argument("--grammar", action=argparse.BooleanOptionalAction, default=d.grammar,
-                   help="constrain decoding to the action language")
+                   help="constrain decoding to the profile's output format")
     p.add_argument("--decode-tokens", type=int, default=d.decode_tokens,
                    help=f"tokens an action may take (1..{MAX_DECODE_TOKENS}; default: what "
                         "the grammar needs)")
@@ -50,11 +57,15 @@ def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | N
 
 def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> AgentConfig:
     """The ``AgentConfig`` of parsed arguments; ValueError naming the option at fault."""
-    fields = {"policy": policy or args.policy, "window": args.window,
+    fields = {"profile": args.profile, "policy": policy or args.policy,
               "overlap": args.overlap, "temperature": args.temperature, "seed": args.seed,
               "grammar": args.grammar, "decode_tokens": args.decode_tokens,
               "stop_at_eog": args.stop_at_eog}
+    if args.window is not None:  # else the profile's
+        fields["window"] = args.window
     for name in ("window", "temperature", "decode_tokens"):  # one at a time: name the culprit
+        if name not in fields:
+            continue
         try:
             attrs.evolve(AgentConfig(), **{name: fields[name]})
         except (ValueError, TypeError) as exc:

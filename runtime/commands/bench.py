@@ -134,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"using the forged qwen35 M model with vision: {model.parent}", file=sys.stderr)
     steps = len(recorded.frames) - 1 if recorded is not None else args.steps
     shot_tokens = args.image_tokens + 96
-    per_seq = max(4096, steps * (shot_tokens + args.agent.max_tokens) * 11 // 10 + 2048)
+    decode = args.agent.decode_tokens  # the bench always fixes it (--decode-tokens N)
+    assert decode is not None
+    per_seq = max(4096, steps * (shot_tokens + decode) * 11 // 10 + 2048)
     config = EngineConfig(n_ctx_per_seq=per_seq, n_seq_max=max(2, args.episodes + 1),
                           n_batch=args.n_batch, n_threads=args.threads)
     try:
@@ -187,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
             "trajectory": str(args.trajectory) if args.trajectory else None,
             "image_tokens_target": args.image_tokens, "image_tokens": tokens,
             "screenshot_size": [w, h], "vm_seconds": args.vm_seconds,
-            "decode_tokens": args.agent.max_tokens, "grammar": args.agent.grammar,
+            "profile": args.agent.profile, "decode_tokens": decode, "grammar": args.agent.grammar,
             "stop_at_eog": args.agent.stop_at_eog, "temperature": args.agent.temperature,
             "threads": args.threads, "n_batch": args.n_batch, "reference_arm": REFERENCE_ARM,
             "rss_after_load_bytes": rss_loaded, "rss_peak_bytes": rss_peak_bytes(),

@@ -140,28 +140,6 @@ def _setup(args: argparse.Namespace) -> Any:
             replay_teacher(traj), ResultLayout(args.result_dir, args.model_name, "replay"))
 
 
-def _estimate_image_tokens(mmproj: Path, width: int, height: int) -> int:
-    """An upper bound of a screenshot's tokens from the projector's metadata (the context
-    must be sized before the model loads; the real count is checked after loading)."""
-    try:
-        from gguf import GGUFReader
-
-        fields = GGUFReader(str(mmproj)).fields
-
-        def value(key: str) -> Any:
-            return fields[key].contents() if key in fields else None
-
-        patch = int(value("clip.vision.patch_size") or 14)
-        merge = value("clip.vision.spatial_merge_size")
-        if merge is None and "qwen" not in str(value("clip.projector_type") or ""):
-            size = int(value("clip.vision.image_size") or 336)  # fixed-size projector
-            return (size // patch) ** 2
-        cell = patch * int(merge or 2)
-        return -(-width // cell) * -(-height // cell)
-    except Exception:  # noqa: BLE001  unreadable metadata: 14 px patches, no merging
-        return -(-width // 14) * -(-height // 14)
-
-
 def run(args: argparse.Namespace) -> int:
     problem = _check(args)
     if problem:
@@ -206,40 +184,36 @@ def _probe_screenshot(make_env: Any, spec: Any) -> bytes:
     return anyio.run(first)
 
 
-def _load(model: Path, mmproj: Path, args: argparse.Namespace, config: Any, probe: bytes,
-          bounded: bool) -> Any:
-    """Load the engine with each sequence sized for the run, then check the estimate with
-    the real screenshot token count (reloading once if the projector surprised us)."""
+def _load(model: Path, mmproj: Path, args: argparse.Namespace, config: Any,
+          probe: bytes) -> Any:
+    """Load the engine with each sequence sized for the run (estimated from the projector's
+    metadata, then checked with the real screenshot's token count: reloaded once if the
+    projector surprised us); the image cache holds every episode's window."""
     from cachepolicy.engine import Engine, EngineConfig
+    from runtime.context_budget import estimate_image_tokens, load_sized
 
-    w, h = config.screen
-    n_ctx = config.context_tokens(_estimate_image_tokens(mmproj, w, h), bounded=bounded)
-    for _ in range(2):
-        engine = Engine(model, mmproj, EngineConfig(
+    def make(n_ctx: int) -> Engine:
+        return Engine(model, mmproj, EngineConfig(
             n_ctx_per_seq=max(n_ctx, 512), n_seq_max=config.episodes + 1,
             n_threads=args.threads))
-        try:
-            need = config.context_tokens(engine.image_tokens(probe)[0], bounded=bounded)
-            if need <= engine.config.n_ctx_per_seq:
-                # room for every episode's window plus the incoming screenshot, no more
-                per_image = engine.encode_image(probe).nbytes
-                engine.image_cache.max_bytes = (per_image * (config.agent.window + 1)
-                                                * config.episodes)
-                return engine
-        except BaseException:
-            engine.close()
-            raise
+
+    n_ctx = config.context_need(estimate_image_tokens(mmproj, config.screen)).tokens
+    engine = load_sized(make, lambda e: config.context_need(e.image_tokens(probe)[0]),
+                        n_ctx, derived=True)
+    try:
+        # room for every episode's window plus the incoming screenshot, no more
+        per_image = engine.encode_image(probe).nbytes
+        engine.image_cache.max_bytes = per_image * (config.agent.window + 1) * config.episodes
+    except BaseException:
         engine.close()
-        n_ctx = need
-    raise AssertionError("unreachable: the second load is sized from the measured count")
+        raise
+    return engine
 
 
 def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any,
                 teacher: Any, layout: Any, model: Path, mmproj: Path) -> int:
     import anyio
 
-    import cachepolicy.policies  # noqa: F401  (registers the built-in policies)
-    from cachepolicy.base import POLICIES
     from cachepolicy.errors import KvagentCacheError
     from runtime.plot import PLOT_FILE, plot_steps
     from runtime.progress import ProgressDisplay, summary_table
@@ -247,18 +221,20 @@ def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any
     from scheduler.sizes import format_bytes
 
     agent = config.agent
-    bounded = POLICIES[agent.policy].manifest.bounded
     try:
         probe = _probe_screenshot(make_env, specs[0])
-        engine = _load(model, mmproj, args, config, probe, bounded)
+        engine = _load(model, mmproj, args, config, probe)
     except KvagentCacheError as exc:
         return _error(str(exc))
     progress = ProgressDisplay(sys.stderr)
     with engine:
         print(f"{engine.kind.value} model {model.name} ({engine.n_params / 1e6:.1f}M params), "
               f"{config.episodes} episode(s) x {config.max_steps} steps, policy "
-              f"{agent.policy}, overlap {'on' if agent.overlap else 'off'}, screen "
+              f"{agent.policy}, profile {agent.profile}, window {agent.window}, overlap "
+              f"{'on' if agent.overlap else 'off'}, screen "
               f"{config.screen[0]}x{config.screen[1]}", flush=True)
+        for differs in agent.make_profile().layout.unhonoured:
+            print(f"profile {agent.profile}: unlike its training, {differs}", flush=True)
         try:
             result = anyio.run(lambda: run_agents(engine, config, layout, specs=specs,
                                                   make_env=make_env, teacher=teacher,

@@ -122,6 +122,12 @@ class Profile(abc.ABC):
     def max_history_chars(self, screen: Screen) -> int:
         """The longest ``history_text`` of a response the grammar admits (for context sizing)."""
 
+    def image_tokens(self, screen: Screen) -> int | None:
+        """The image tokens the model's own processor makes of a ``screen``-sized screenshot,
+        for profiles whose coordinates assume that processing (None: nothing assumed).  The
+        session compares it with what the projector it runs made (``AgentSession``)."""
+        return None
+
     def parse(self, text: str, screen: Screen, *, pointer: Point | None = None) -> Parsed:
         """Parse one response; never raises for bad model text (a ``NoOp`` whose reason says
         why).  A bad ``screen`` is the caller's error and raises ``InvalidActionError``."""

@@ -1,8 +1,12 @@
 """kvagent's own profile: its action language (``runtime.actions``), for any instruction model.
 
 One implementation: the grammar is ``action_grammar``, the parser ``read_action``, the
-model's spelling ``format_action``.  With a screen the absolute grammar is bounded by it, so
-the profile rejects (rather than clamps) a point far off the screen, like the other profiles.
+model's spelling ``format_action``; this module holds the language's system prompt and the
+history text of an unparsable step.  It is the default profile and keeps kvagent's language
+as it always was: the grammar does not depend on the screen (absolute pixels up to 9999),
+so every point is clamped onto the screen rather than rejected — and each clamp is noted in
+``Parsed.notes``, which the session records in the step's metrics.  The pointer is not used:
+every action of the language names its point.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from runtime.actions.grammar import action_grammar, max_action_chars
 from runtime.actions.parsed import Parsed
 from runtime.actions.parser import read_action
 from runtime.profiles.base import HistoryLayout, Point, Profile
-from vmenv.actions.coords import CLAMP_MARGIN, CoordConvention, Screen
+from vmenv.actions.coords import CoordConvention, Screen
 from vmenv.actions.format import format_action
 from vmenv.actions.types import Action, NoOp
 
@@ -64,17 +68,14 @@ class KvAgentProfile(Profile):
     def system_prompt(self, screen_w: int, screen_h: int) -> str:
         return _PROMPT.format(width=screen_w, height=screen_h, coords=_COORDS[self.coords])
 
-    def _bound(self, screen: Screen) -> Screen | None:
-        return screen if self.coords is CoordConvention.ABSOLUTE else None
-
     def grammar(self, screen: Screen) -> str:
-        return action_grammar(self.coords, self._bound(screen))
+        return action_grammar(self.coords)
 
     def max_output_chars(self, screen: Screen) -> int:
-        return max_action_chars(self.coords, self._bound(screen))
+        return max_action_chars(self.coords)
 
     def parse_strict(self, text: str, screen: Screen, *, pointer: Point | None = None) -> Parsed:
-        reader = Reader(self.coords, screen, pointer=pointer, margin=CLAMP_MARGIN)
+        reader = Reader(self.coords, screen)  # clamps every point (and notes it)
         return Parsed(read_action(text, reader), tuple(reader.notes))
 
     def format(self, action: Action, screen: Screen) -> str:

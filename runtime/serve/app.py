@@ -87,7 +87,9 @@ def _route(host_ref: list[ModelHost], name: str, handler: Handler) -> Callable[[
             headers = ({"Retry-After": f"{error.retry_after:g}"}
                        if error.retry_after is not None else None)
             response = JSONResponse(error.body(), status_code=error.status, headers=headers)
-        host.metrics.response(name, response.status_code)
+        status = getattr(response, "status_code", None)
+        if status is not None:  # (a stream records its own status when it knows it)
+            host.metrics.response(name, status)
         return response
     return endpoint
 
@@ -116,6 +118,14 @@ async def _episode_step(host: ModelHost, request: Request) -> Response:
     return JSONResponse(await episodes.step(host, request.path_params["episode_id"], body))
 
 
+async def _episode_list(host: ModelHost, request: Request) -> Response:
+    return JSONResponse(episodes.listing(host))
+
+
+async def _episode_get(host: ModelHost, request: Request) -> Response:
+    return JSONResponse(episodes.describe(host, request.path_params["episode_id"]))
+
+
 async def _episode_end(host: ModelHost, request: Request) -> Response:
     await episodes.end(host, request.path_params["episode_id"])
     return Response(status_code=204)
@@ -124,7 +134,7 @@ async def _episode_end(host: ModelHost, request: Request) -> Response:
 async def _chat(host: ModelHost, request: Request) -> Response:
     from runtime.serve.chat import chat_completions
 
-    return await chat_completions(host, await read_json(request, host))
+    return await chat_completions(host, await read_json(request, host), request.headers)
 
 
 def create_app(config: ServeConfig, *,
@@ -147,6 +157,9 @@ def create_app(config: ServeConfig, *,
         Route("/v1/chat/completions", _route(host_ref, "chat", _chat), methods=["POST"]),
         Route("/v1/episodes", _route(host_ref, "episode_create", _episode_create),
               methods=["POST"]),
+        Route("/v1/episodes", _route(host_ref, "episode_list", _episode_list), methods=["GET"]),
+        Route("/v1/episodes/{episode_id}", _route(host_ref, "episode_get", _episode_get),
+              methods=["GET"]),
         Route("/v1/episodes/{episode_id}/step", _route(host_ref, "episode_step", _episode_step),
               methods=["POST"]),
         Route("/v1/episodes/{episode_id}", _route(host_ref, "episode_end", _episode_end),

@@ -114,3 +114,22 @@ async def step(host: ModelHost, episode_id: str, body: Mapping[str, Any]) -> dic
 async def end(host: ModelHost, episode_id: str) -> None:
     host.episodes.get(episode_id)  # 404 for an unknown id
     await host.episodes.close(episode_id)
+
+
+def describe(host: ModelHost, episode_id: str) -> dict[str, Any]:
+    """An open episode (or chat conversation) and its recent steps' measurements."""
+    hosted = host.episodes.get(episode_id)
+    kind = "chat" if episode_id in host.chat.conversations else "episode"
+    steps = []
+    for m in hosted.recent:
+        d = m.as_dict()
+        d.pop("output_tokens")
+        steps.append(d)
+    return {"episode_id": episode_id, "kind": kind, "policy": hosted.config.policy,
+            "profile": hosted.config.profile, "busy": hosted.busy, "steps": steps}
+
+
+def listing(host: ModelHost) -> dict[str, Any]:
+    return {"object": "list", "data": [
+        {"episode_id": eid, "kind": "chat" if eid in host.chat.conversations else "episode",
+         "steps": len(h.recent), "busy": h.busy} for eid, h in host.episodes.episodes.items()]}

@@ -71,9 +71,12 @@ class ModelHost:
         self.ledger = MemoryLedger(config.memory_budget)
         self.episodes = EpisodeHost(self.factory, self.ledger,
                                     max_episodes=config.max_episodes,
-                                    options=config.agent.step_options(), wait_s=config.wait_s)
+                                    options=config.agent.step_options((1920, 1080)),
+                                    wait_s=config.wait_s)
         self.metrics = ServeMetrics()
         self._ids = _counter()
+        from runtime.serve.chat import ChatService  # (it builds on this class)
+        self.chat = ChatService(self)
 
     @classmethod
     @asynccontextmanager
@@ -81,7 +84,7 @@ class ModelHost:
         engine, name = await anyio.to_thread.run_sync(functools.partial(_load, config))
         try:
             host = cls(config, engine, name)
-            config.agent.make_policy(host.factory)  # refuse a policy this model cannot run
+            config.agent.make_policy(host.factory, (1920, 1080))  # refuse what it cannot run
             async with anyio.create_task_group() as tg:
                 await tg.start(host.episodes.run)
                 log.info("serve_host_ready", model=name, kind=engine.kind.value,

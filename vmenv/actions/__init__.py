@@ -16,6 +16,7 @@ from vmenv.actions.errors import (
 from vmenv.actions.format import format_action
 from vmenv.actions.keys import KEY_NAMES, normalize_key
 from vmenv.actions.pyautogui_code import DONE, FAIL, SPECIAL_ACTIONS, WAIT, to_pyautogui
+from vmenv.actions.rescale import rescale
 from vmenv.actions.types import (
     TERMINAL_ACTIONS, Action, Click, Done, DragTo, Fail, Hotkey, MouseButton, MoveTo, NoOp,
     Press, Scroll, TypeText, Wait,
@@ -26,5 +27,5 @@ __all__ = [
     "Action", "ActionError", "ActionParseError", "Click", "CoordConvention", "Done", "DragTo",
     "Fail", "Hotkey", "InvalidActionError", "InvalidKeyError", "MouseButton", "MoveTo", "NoOp",
     "Placed", "Press", "Screen", "Scroll", "TypeText", "Wait", "format_action", "from_screen",
-    "normalize_key", "place", "to_pyautogui", "to_screen",
+    "normalize_key", "place", "rescale", "to_pyautogui", "to_screen",
 ]

@@ -1,0 +1,191 @@
+"""KvAgent's sizes: the context checked (or derived) before the model loads, points scaled
+from the screenshot to the screen, the parser's notes in ``last_info``, the default thread
+count.  The engine is the forged tiny qwen35 (random weights: aimless, valid actions).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from fake_desktop_env import CheckingDesktopEnv, assert_action_contract
+from PIL import Image
+
+from runtime.actions import Click, DragTo, MoveTo, Scroll, TypeText, parse_action, to_pyautogui
+from runtime.context_budget import ContextBudgetError, blank_png, estimate_image_tokens
+from runtime.osworld_agent import AgentStepError
+from runtime.osworld_host import THREADS_ENV, KvAgentConfig, default_threads
+from vmenv.actions.rescale import rescale, rescale_axis
+
+SCREEN = (320, 240)
+HD = (1920, 1080)
+
+
+def _png(size: tuple[int, int], seed: int = 0) -> bytes:
+    """A noisy screenshot (blocks of 8 px) of ``size``."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 255, (size[1] // 8, size[0] // 8, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(blocks).resize(size, Image.NEAREST).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.fixture
+def agent_of(kv_agents: Any) -> Any:
+    return lambda **kw: kv_agents(**{"temperature": 1.0, "seed": 7, **kw})
+
+
+# ---------------------------------------------------------------- the context
+
+def test_projector_metadata_estimate_bounds_the_real_count(forged: Any, engines: Any) -> None:
+    """What the context is sized from before loading is what the loaded projector says, or
+    a little more where the projector resizes (1000 px is not a whole number of 32 px cells:
+    the estimate rounds up, the projector down)."""
+    e = engines("qwen35")
+    mmproj = forged("qwen35").mmproj_path
+    for size in [(320, 240), (1280, 720), HD]:
+        assert estimate_image_tokens(mmproj, size) == e.image_tokens(blank_png(size))[0], size
+    real = e.image_tokens(blank_png((1000, 1000)))[0]
+    assert real < estimate_image_tokens(mmproj, (1000, 1000)) <= real * 11 // 10
+
+
+def test_too_small_context_fails_at_construction_naming_the_knobs(agent_of: Any) -> None:
+    with pytest.raises(ContextBudgetError) as err:  # what examples/osworld_runner.py used
+        agent_of(n_ctx=4096, screen_size=HD)
+    msg = str(err.value)
+    assert "n_ctx=4096" in msg and "window" in msg and "smaller screenshots" in msg
+    assert "3 screenshot(s) of 1920x1080" in msg and "max_steps" in msg
+    need = int(re.search(r"at least (\d+)", msg)[1])
+    assert need > 3 * 2040  # three screenshots of ~2040 tokens alone exceed 6K
+    agent = agent_of(n_ctx=need, screen_size=HD)  # the size it names is enough
+    assert agent.n_ctx == need
+    with pytest.raises(ContextBudgetError, match="lower the window"):
+        agent_of(window=2, n_ctx=need // 2, screen_size=HD)
+
+
+def test_unknown_profiles_and_conventions_fail_at_construction(agent_of: Any) -> None:
+    with pytest.raises(ValueError, match="known: kvagent, qwen3vl, uitars, uitars-v1"):
+        agent_of(profile="gpt-4o")
+    with pytest.raises(ValueError, match="fixes its own"):  # Qwen3-VL's grid is its own
+        agent_of(profile="qwen3vl", coord_convention="relative_1")
+
+
+def test_1920x1080_with_defaults_runs_a_full_window(agent_of: Any) -> None:
+    """The default context is derived from the screen: a 1920x1080 episode runs until its
+    window (3 screenshots) is full — it used to fail at its second step on n_ctx=4096."""
+    agent = agent_of(screen_size=HD, n_threads=2)
+    png = _png(HD)  # the same screen each step: encoded once (embedding cache), prefilled 3x
+    agent.reset()
+    contexts = []
+    for _ in range(3):
+        _, actions, info = agent.predict_with_info("Open the terminal.", {"screenshot": png})
+        assert info["status"] == "ok" and info["prefill_tokens"] > 0
+        assert_action_contract(actions[0], HD)
+        contexts.append(info["context_tokens"])
+    assert contexts[2] > 3 * 2040 and max(contexts) <= agent.n_ctx
+
+
+def test_screenshots_larger_than_sized_for_fail_before_running(agent_of: Any) -> None:
+    agent = agent_of(n_ctx=3072)  # enough for 320x240, not for 1920x1080 screenshots
+    agent.reset()
+    with pytest.raises(AgentStepError) as err:
+        agent.predict("Open the terminal.", {"screenshot": blank_png(HD)})
+    assert "1920x1080" in str(err.value) and "n_ctx=3072" in str(err.value)
+    assert agent.status().steps == 0  # nothing ran
+    _, actions = agent.predict("Open the terminal.", {"screenshot": blank_png(SCREEN)})
+    assert_action_contract(actions[0], SCREEN)
+
+
+# ---------------------------------------------------------------- screenshot → screen
+
+def test_rescale_maps_pixel_centres() -> None:
+    # 640 -> 320: screenshot pixel u covers screen [u/2, (u+1)/2), its centre (2u+1)/4
+    assert rescale(Click(639, 479), (640, 480), SCREEN) == Click(319, 239)
+    assert rescale(Click(1, 1, button="right"), (640, 480), SCREEN) == Click(0, 0, "right")
+    assert rescale(MoveTo(3, 2), (640, 480), SCREEN) == MoveTo(1, 1)
+    # 320 -> 640: pixel u covers [2u, 2u+2), its centre 2u+1
+    assert rescale(DragTo(0, 0, 319, 239), SCREEN, (640, 480)) == DragTo(1, 1, 639, 479)
+    assert rescale(Scroll(0, -3, 10, 20), SCREEN, (640, 480)) == Scroll(0, -3, 21, 41)
+    assert rescale(Scroll(0, -3), SCREEN, (640, 480)) == Scroll(0, -3)
+    assert rescale(TypeText("a"), SCREEN, (640, 480)) == TypeText("a")
+    assert rescale(Click(5, 6), SCREEN, SCREEN) == Click(5, 6)
+    for image, screen in [(640, 320), (1920, 1280), (1280, 1920), (333, 1000), (1000, 333)]:
+        mapped = [rescale_axis(u, image, screen) for u in range(image)]
+        assert 0 <= mapped[0] and mapped[-1] < screen and mapped == sorted(mapped)
+        # the screen pixel holding the centre of pixel u: m <= (u + 1/2) * screen / image < m + 1
+        assert all(2 * image * m <= (2 * u + 1) * screen < 2 * image * (m + 1)
+                   for u, m in enumerate(mapped))
+
+
+def test_obs_screen_size_overrides_and_info_reports_both(agent_of: Any) -> None:
+    """A runner may put DesktopEnv.vm_screen_size in the observation; the code then targets
+    that screen, scaled from the screenshot's pixels the model answered in."""
+    agent = agent_of()
+    env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
+    obs = env.reset()
+    agent.reset()
+    small = {"width": 160, "height": 120}
+    pointed = 0
+    for _ in range(5):
+        _, actions, info = agent.predict_with_info("Open the terminal.",
+                                                   {**obs, "screen_size": small})
+        assert info["screenshot_size"] == [320, 240] and info["screen_size"] == [160, 120]
+        assert_action_contract(actions[0], (160, 120))
+        meant = parse_action(info["action"], screen=SCREEN) if info["parsed"] else None
+        if isinstance(meant, Click | MoveTo | DragTo):
+            assert actions[0] == to_pyautogui(rescale(meant, SCREEN, (160, 120)))
+            pointed += 1
+    assert pointed > 0
+    with pytest.raises(ValueError, match="screen_size"):
+        agent.predict("x", {**obs, "screen_size": "big"})
+
+
+_POINTING = {"click", "double_click", "right_click", "move_to", "drag"}
+
+
+def test_clamped_and_refused_outputs_are_noted_in_last_info(agent_of: Any) -> None:
+    """kvagent's grammar allows pixels up to 9999 on any screen: every point off the
+    screenshot is clamped, and said so in the step's notes; text that is no action is a
+    WAIT whose notes say why."""
+    agent = agent_of(seed=3)
+    env = CheckingDesktopEnv(width=SCREEN[0], height=SCREEN[1])
+    obs = env.reset()
+    agent.reset()
+    clamped = 0
+    for _ in range(6):
+        response, _, info = agent.predict_with_info("Open the terminal.", obs)
+        call = re.fullmatch(r"(\w+)\((.*)\)", response)
+        assert call is not None, response
+        outside = False
+        if call[1] in _POINTING:
+            nums = [int(v) for v in call[2].split(", ")]
+            outside = (any(x >= SCREEN[0] for x in nums[0::2])
+                       or any(y >= SCREEN[1] for y in nums[1::2]))
+        assert bool(info["notes"]) == outside, (response, info["notes"])
+        assert all("lay outside the screen: clamped to" in n for n in info["notes"])
+        clamped += outside
+    assert clamped > 0
+    free = agent_of(grammar=False, max_tokens=6)
+    free.reset()
+    _, actions, info = free.predict_with_info("Open the terminal.", obs)
+    assert actions == ["WAIT"] and not info["parsed"]
+    assert info["notes"][0].startswith("not an action: ")
+
+
+# ---------------------------------------------------------------- threads
+
+def test_default_threads_do_not_take_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    cores = len(os.sched_getaffinity(0))
+    assert default_threads() == min(4, cores)
+    monkeypatch.setenv(THREADS_ENV, "3")  # e.g. 12 cores // 4 run_multienv workers
+    assert default_threads() == 3 and KvAgentConfig(None, None).n_threads == 3
+    assert KvAgentConfig(None, None, n_threads=2).n_threads == 2  # an explicit choice wins
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(THREADS_ENV, bad)
+        with pytest.raises(ValueError, match=THREADS_ENV):
+            default_threads()
