@@ -131,6 +131,10 @@ def test_metrics_sum_over_hosts_and_errors_pass_through(cluster) -> None:
             for i in range(2):
                 hosts.add(c.post(f"/v1/episodes/{ep}/step", json=_shot(i)).headers[HOST])
         assert len(hosts) == 2
+        listed = {e["episode_id"]: e for e in c.get("/v1/episodes").json()["data"]}
+        assert {listed[ep]["steps"] for ep in eps} == {2} and len(
+            {listed[ep]["host"] for ep in eps}) == 2
+        assert c.get(f"/v1/episodes/{eps[0]}").json()["episode_id"] == eps[0]
         text = c.get("/metrics").text
         assert _steps_total(text) - before == 4
         assert 'kvagent_cluster_hosts{state="alive"} 2' in text

@@ -5,7 +5,8 @@ errors, already in OpenAI's shape) pass through unchanged, with an ``X-Kvagent-H
 header naming the host that served.  Chat completions stick to a host by conversation: the
 ``X-Kvagent-Conversation`` header, else the request's ``user``, else a hash of its first
 system and user messages (the prefix a host has cached); they are streamed through as the
-host sends them.  ``/health`` and ``/metrics`` gather every host's report.
+host sends them.  ``/health``, ``/metrics`` and ``GET /v1/episodes`` gather every host's
+report.
 """
 
 from __future__ import annotations
@@ -127,19 +128,18 @@ def create_front_door(router: Router, limits: Limits = Limits()) -> Starlette:
 
     async def metrics(request: Request) -> Response:
         parts: list[Any] = []
-        statuses: dict[str, Any] = {}
 
-        async def ask(name: str, actor: Any) -> None:
+        async def ask(actor: Any) -> None:
             try:
                 with anyio.fail_after(10):
                     parts.append(await actor.metrics.remote())
-                    statuses[name] = await actor.status.remote()
             except Exception:  # noqa: BLE001  a lost host is reported as lost
                 pass
 
         async with anyio.create_task_group() as tg:
             for host in router.alive():
-                tg.start_soon(ask, host.name, host.actor)
+                tg.start_soon(ask, host.actor)
+        statuses = await _statuses(router)
         hosts: dict[str, Any] = {name: statuses.get(name) for name in router.hosts}
         text = cluster_metrics.exposition(parts, cluster_metrics.cluster_gauges(
             hosts, routed=len(router.episodes), failovers=router.failovers,
@@ -162,6 +162,32 @@ def create_front_door(router: Router, limits: Limits = Limits()) -> Starlette:
         if not isinstance(shot, str) or not shot:
             raise bad_request("'screenshot' must be a base64 string", param="screenshot")
         return _passed(await router.step(episode_id, raw, shot))
+
+    async def episode_list(request: Request) -> Response:
+        data: list[dict[str, Any]] = []
+        for host in router.alive():
+            try:
+                out = await router.forward(host, "GET", "/v1/episodes", b"")
+            except HostLost:
+                continue
+            if out.status == 200:
+                data += [{**item, "host": host.name} for item in json.loads(out.content)["data"]]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def episode_get(request: Request) -> Response:
+        episode_id = request.path_params["episode_id"]
+        routed = router.episodes.get(episode_id)
+        hosts = ([routed.host] if routed is not None and routed.host is not None
+                 and routed.host.alive else router.alive())
+        for host in hosts:  # a chat conversation: whichever host has it
+            try:
+                out = await router.forward(host, "GET", f"/v1/episodes/{episode_id}", b"")
+            except HostLost:
+                continue
+            if out.status != 404:
+                return _passed(out)
+        router.episode(episode_id)  # 404 unless routed (then: its host was lost)
+        raise unavailable(f"episode {episode_id}'s host was lost; its next step rebuilds it")
 
     async def episode_end(request: Request) -> Response:
         out = await router.end(request.path_params["episode_id"])
@@ -191,6 +217,9 @@ def create_front_door(router: Router, limits: Limits = Limits()) -> Starlette:
         Route("/metrics", _guard("metrics", metrics), methods=["GET"]),
         Route("/v1/chat/completions", _guard("chat", chat), methods=["POST"]),
         Route("/v1/episodes", _guard("episode_create", episode_create), methods=["POST"]),
+        Route("/v1/episodes", _guard("episode_list", episode_list), methods=["GET"]),
+        Route("/v1/episodes/{episode_id}", _guard("episode_get", episode_get),
+              methods=["GET"]),
         Route("/v1/episodes/{episode_id}/step", _guard("episode_step", episode_step),
               methods=["POST"]),
         Route("/v1/episodes/{episode_id}", _guard("episode_end", episode_end),
