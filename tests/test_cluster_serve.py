@@ -7,6 +7,8 @@ other host, bitwise as if nothing happened)."""
 from __future__ import annotations
 
 import base64
+import functools
+import json
 import os
 import re
 import signal
@@ -39,15 +41,20 @@ def model_dir(forged):
 
 
 @pytest.fixture(scope="module")
-def cluster(model_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("cluster")
+def ray_address():
     with ray_nodes(2) as address:
-        with kvagent_serve(model_dir, tmp, *ARGS, "--ray", "--address", address,
-                           timeout=180, expect_clean_exit=False) as served:
-            yield served
-        text = served.stderr()
-        assert served.process.returncode == 0, text[-3000:]
-        assert "cluster_closed" in text and "Traceback" not in text, text[-3000:]
+        yield address
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir, ray_address, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cluster")
+    with kvagent_serve(model_dir, tmp, *ARGS, "--ray", "--address", ray_address,
+                       timeout=180, expect_clean_exit=False) as served:
+        yield served
+    text = served.stderr()
+    assert served.process.returncode == 0, text[-3000:]
+    assert "cluster_closed" in text and "Traceback" not in text, text[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +186,52 @@ def test_outputs_equal_one_host(cluster, single) -> None:
         assert len({tuple(g) for g in got}) > 1  # sampled, different episodes: not constant
         for ep in eps:
             cc.delete(f"/v1/episodes/{ep}")
+
+
+def test_parallel_osworld_run_over_the_cluster(cluster, ray_address, tmp_path) -> None:
+    """Env workers (Ray actors, simulated DesktopEnv stand-ins) drain OSWorld examples
+    through the front door into OSWorld's result layout; finished tasks are skipped."""
+    import ray
+
+    import osworld_runner_like
+    from runtime.cluster.client import ServedAgent
+    from runtime.cluster.osworld_run import OsworldTask, result_dir, run_parallel
+    from vmenv.osworld_fake import FakeDesktopEnv, simdesk_example
+
+    names = ["open-terminal", "click-ok", "open-terminal", "click-ok"]
+    tasks = [OsworldTask("simdesk", simdesk_example(n, example_id=f"{n}-{i}"))
+             for i, n in enumerate(names)]
+    run = functools.partial(
+        run_parallel, result_root=tmp_path, model_name="kvagent", workers=2,
+        make_env=functools.partial(FakeDesktopEnv, width=320, height=240),
+        make_agent=functools.partial(ServedAgent, cluster.url, screen_size=(320, 240),
+                                     options={"temperature": 1.0}),
+        run_example=osworld_runner_like.run_single_example_like, max_steps=3)
+    ray.init(address=ray_address, log_to_driver=False)
+    try:
+        ray.cloudpickle.register_pickle_by_value(osworld_runner_like)  # a test helper
+        with httpx.Client(base_url=cluster.url, timeout=60) as c:
+            before = _steps_total(c.get("/metrics").text)
+            outcomes = run(tasks)
+            steps = _steps_total(c.get("/metrics").text) - before
+            assert c.get("/health").json()["episodes"]["open"] == 0  # every episode ended
+        assert sorted(o.task_id for o in outcomes) == sorted(t.task_id for t in tasks)
+        assert all(o.error == "" and o.score in (0.0, 1.0) for o in outcomes), outcomes
+        assert {o.worker for o in outcomes} == {0, 1}
+        lines = 0
+        for t in tasks:
+            out = result_dir(tmp_path, "kvagent", "simdesk", t.task_id)
+            assert (out / "result.txt").read_text().strip() in ("0.0", "1.0")
+            traj = (out / "traj.jsonl").read_text().splitlines()
+            assert 1 <= len(traj) <= 3 and all((out / json.loads(x)["screenshot_file"])
+                                               .exists() for x in traj)
+            lines += len(traj)
+        assert steps == lines  # one served step per recorded action
+        assert run(tasks) == []  # all finished: nothing to run
+        (result_dir(tmp_path, "kvagent", "simdesk", tasks[1].task_id) / "result.txt").unlink()
+        assert [o.task_id for o in run(tasks)] == [tasks[1].task_id]
+    finally:
+        ray.shutdown()
 
 
 def test_a_killed_host_episode_continues_elsewhere_exactly(cluster, single) -> None:
