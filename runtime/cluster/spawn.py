@@ -35,7 +35,7 @@ def connect(address: str | None, *, hosts: int) -> int:
     import ray
 
     if address is None:
-        ray.init(_node_ip_address="127.0.0.1", resources={RESOURCE: hosts},
+        ray.init(address="local", _node_ip_address="127.0.0.1", resources={RESOURCE: hosts},
                  include_dashboard=False, log_to_driver=True)
     else:
         ray.init(address=address, log_to_driver=True)
