@@ -6,10 +6,12 @@
 - ``router.py``: the episode → host map, forwarding, failure handling;
 - ``frontdoor.py``: the HTTP routes of ``kvagent serve``, forwarded;
 - ``metrics.py``: ``GET /metrics`` summed over hosts;
-- ``spawn.py``: Ray itself (connecting, starting host actors).
+- ``spawn.py``: Ray itself (connecting, starting host actors);
+- ``client.py``: a synchronous OSWorld agent over the episode API (``ServedAgent``);
+- ``osworld_run.py``: parallel OSWorld, env workers as Ray actors (run_multienv's role).
 
-Only ``spawn.py`` and the command import Ray (the ``[ray]`` extra); the rest imports
-without it.
+Ray is imported only where it is used (``spawn.py``, ``osworld_run.run_parallel``, the
+command): the package imports without the ``[ray]`` extra.
 """
 
 from runtime.cluster.placement import HostLoad, placement_order
