@@ -25,7 +25,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from runtime.cluster import metrics as cluster_metrics
-from runtime.cluster.router import Forwarded, HostLost, Router
+from runtime.cluster.forward import Forwarded, HostLost
+from runtime.cluster.router import Router
 from runtime.serve.errors import ApiError, bad_request, too_large, unavailable
 from runtime.serve.requests import Limits, parse_json
 
@@ -121,7 +122,7 @@ def create_front_door(router: Router, limits: Limits = Limits()) -> Starlette:
     async def models(request: Request) -> Response:
         for host in router.alive():
             try:
-                return _passed(await router.forward(host, "GET", "/v1/models", b""))
+                return _passed(await router.http.forward(host, "GET", "/v1/models", b""))
             except HostLost:
                 continue
         raise unavailable("no model host is running")
@@ -167,7 +168,7 @@ def create_front_door(router: Router, limits: Limits = Limits()) -> Starlette:
         data: list[dict[str, Any]] = []
         for host in router.alive():
             try:
-                out = await router.forward(host, "GET", "/v1/episodes", b"")
+                out = await router.http.forward(host, "GET", "/v1/episodes", b"")
             except HostLost:
                 continue
             if out.status == 200:
@@ -181,7 +182,7 @@ def create_front_door(router: Router, limits: Limits = Limits()) -> Starlette:
                  and routed.host.alive else router.alive())
         for host in hosts:  # a chat conversation: whichever host has it
             try:
-                out = await router.forward(host, "GET", f"/v1/episodes/{episode_id}", b"")
+                out = await router.http.forward(host, "GET", f"/v1/episodes/{episode_id}", b"")
             except HostLost:
                 continue
             if out.status != 404:
@@ -200,7 +201,7 @@ def create_front_door(router: Router, limits: Limits = Limits()) -> Starlette:
         for _ in range(2):
             host = router.conversation_host(key) or await router.best_host()
             try:
-                upstream = await router.stream(host, "/v1/chat/completions", raw, headers)
+                upstream = await router.http.stream(host, "/v1/chat/completions", raw, headers)
             except HostLost:
                 continue
             router.remember_conversation(key, host)

@@ -26,9 +26,9 @@ from typing import Any
 import anyio
 import anyio.abc
 import attrs
-import httpx
 import structlog
 
+from runtime.cluster.forward import Forwarded, Forwarder, HostLost
 from runtime.cluster.placement import HostLoad, placement_order
 from runtime.cluster.resume import RecordedStep
 from runtime.cluster.spawn import HostHandle
@@ -39,10 +39,6 @@ log = structlog.get_logger("kvagent.cluster")
 #: Conversations remembered for chat affinity (least recently used forgotten first).
 MAX_CONVERSATIONS = 4096
 STATUS_TIMEOUT_S = 10.0
-
-
-class HostLost(Exception):
-    """The host died (or stopped answering) while serving a request."""
 
 
 @attrs.define(eq=False)
@@ -56,16 +52,6 @@ class RoutedEpisode:
     @property
     def episode_id(self) -> str:
         return f"ep-{self.number}"
-
-
-@attrs.define
-class Forwarded:
-    """A host's HTTP answer as the front door passes it on."""
-
-    status: int
-    content: bytes
-    headers: dict[str, str]
-    host: str
 
 
 class Router:
@@ -88,8 +74,7 @@ class Router:
         self._host_numbers = itertools.count(len(hosts))
         self._place_lock = anyio.Lock()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(read_timeout_s, connect=10.0),
-                                       limits=httpx.Limits(max_connections=256))
+        self.http = Forwarder(self.host_lost, read_timeout_s=read_timeout_s)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -106,7 +91,7 @@ class Router:
         finally:
             self._tg = None
             with anyio.CancelScope(shield=True):
-                await self._http.aclose()
+                await self.http.aclose()
 
     def closing(self) -> None:
         """The front door is shutting down: hosts that end now are not replaced."""
@@ -254,7 +239,7 @@ class Router:
                                        "server_error", None, "host_lost", retry_after=5.0)
                 assert ep.host is not None
                 try:
-                    out = await self.forward(ep.host, "POST",
+                    out = await self.http.forward(ep.host, "POST",
                                              f"/v1/episodes/{episode_id}/step", raw)
                 except HostLost:
                     continue
@@ -274,7 +259,7 @@ class Router:
         if ep.host is None or not ep.host.alive:
             return None  # nothing held anywhere
         try:
-            return await self.forward(ep.host, "DELETE", f"/v1/episodes/{episode_id}", b"")
+            return await self.http.forward(ep.host, "DELETE", f"/v1/episodes/{episode_id}", b"")
         except HostLost:
             return None
 
@@ -290,46 +275,3 @@ class Router:
         self.conversations.move_to_end(key)
         while len(self.conversations) > MAX_CONVERSATIONS:
             self.conversations.popitem(last=False)
-
-    async def forward(self, host: HostHandle, method: str, path: str, content: bytes,
-                      headers: dict[str, str] | None = None) -> Forwarded:
-        """One request to ``host``, answered whole.  ``HostLost`` if the host dies or cannot
-        be reached (it is then marked lost)."""
-        scope = anyio.CancelScope()
-        host.inflight.add(scope)
-        try:
-            with scope:
-                r = await self._http.request(method, host.info.url + path, content=content,
-                                             headers=headers or _JSON)
-                return Forwarded(r.status_code, r.content, _passed_headers(r), host.name)
-            raise HostLost(host.name)  # only the host's loss cancels this scope
-        except httpx.TimeoutException:
-            raise ApiError(504, f"host {host.name} did not answer in time", "server_error",
-                           None, "host_timeout", retry_after=5.0) from None
-        except httpx.TransportError as exc:
-            self.host_lost(host, f"{type(exc).__name__}: {exc}")
-            raise HostLost(host.name) from exc
-        finally:
-            host.inflight.discard(scope)
-
-    async def stream(self, host: HostHandle, path: str, content: bytes,
-                     headers: dict[str, str]) -> httpx.Response:
-        """Open a streamed request to ``host`` (the caller closes the response).  Raises
-        ``HostLost`` if the host cannot be reached."""
-        request = self._http.build_request("POST", host.info.url + path, content=content,
-                                           headers=headers)
-        try:
-            return await self._http.send(request, stream=True)
-        except httpx.TimeoutException:
-            raise ApiError(504, f"host {host.name} did not answer in time", "server_error",
-                           None, "host_timeout", retry_after=5.0) from None
-        except httpx.TransportError as exc:
-            self.host_lost(host, f"{type(exc).__name__}: {exc}")
-            raise HostLost(host.name) from exc
-
-
-_JSON = {"content-type": "application/json"}
-
-
-def _passed_headers(r: httpx.Response) -> dict[str, str]:
-    return {k: v for k, v in r.headers.items() if k.lower() in ("content-type", "retry-after")}
