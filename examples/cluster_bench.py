@@ -10,8 +10,10 @@ Arms (each a fresh server, the same workload, the same forged model):
 Workload: ``--episodes`` episodes created in order (so episode k has the same number and
 sampling seed in every arm), then stepped concurrently, ``--steps`` steps each, with
 ``--vm-s`` seconds of simulated VM time between a step's answer and the next screenshot
-(the overlap window).  Throughput = steps / wall seconds.  The responses of every arm are
-compared with the first arm's (exactness survives distribution).
+(the overlap window).  Throughput = steps / wall seconds.  CPU seconds per step (from
+/proc, robust on a shared machine where wall time is not): of the model hosts' processes,
+and of the server's whole process tree (front door, Ray's own processes, hosts).  The
+responses of every arm are compared with the first arm's (exactness survives distribution).
 
     python examples/cluster_bench.py --size M --episodes 8 --steps 6
 """
@@ -40,6 +42,38 @@ ARMS = {
     "ray-1h-1t": ["--ray", "--hosts", "1", "--threads", "1"],
     "ray-2h-1t": ["--ray", "--hosts", "2", "--threads", "1"],
 }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process (all its threads), 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and its descendants (Linux /proc)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, frontier = [root], [root]
+    while frontier:
+        frontier = [p for p, pp in parent.items() if pp in frontier]
+        tree += frontier
+    return tree
+
+
+def host_pids(url: str, server_pid: int) -> list[int]:
+    health = httpx.get(url + "/health", timeout=30).json()
+    if "hosts" in health:  # a cluster: the host actors' processes
+        return [h["pid"] for h in health["hosts"].values() if h["alive"]]
+    return [server_pid]
 
 
 def start(model: Path, mmproj: Path, extra: list[str], slots: int, err: Path,
@@ -114,8 +148,11 @@ def main() -> None:
         err = Path(f"/tmp/cluster-bench-{name}-{os.getpid()}.err")
         proc, url = start(forged.model_path, forged.mmproj_path, extra, slots, err)
         try:
+            engines, tree = host_pids(url, proc.pid), process_tree(proc.pid)
+            before = {p: cpu_seconds(p) for p in tree}
             wall, responses, critical, served = anyio.run(
                 workload, url, args.episodes, args.steps, args.vm_s, args.width)
+            used = {p: cpu_seconds(p) - before[p] for p in tree}
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
@@ -123,6 +160,8 @@ def main() -> None:
         steps = args.episodes * args.steps
         rows.append({"arm": name, "hosts": len(served), "wall_s": round(wall, 2),
                      "steps_per_s": round(steps / wall, 3),
+                     "host_cpu_s_per_step": round(sum(used[p] for p in engines) / steps, 3),
+                     "all_cpu_s_per_step": round(sum(used.values()) / steps, 3),
                      "mean_critical_s": round(sum(critical) / len(critical), 3),
                      "same_outputs": responses == reference})
         print(json.dumps(rows[-1]), flush=True)
@@ -130,12 +169,15 @@ def main() -> None:
     print(f"\nqwen35 {args.size}, {args.episodes} episodes x {args.steps} steps, "
           f"{args.width}px screenshots, {args.vm_s} s VM time per step")
     print(f"{'arm':<14}{'hosts':>6}{'wall s':>9}{'steps/s':>9}{'crit s':>8}"
-          f"{'vs ray-1h-1t':>14}{'vs serve-1h-2t':>16}  same outputs")
+          f"{'vs ray-1h-1t':>14}{'vs serve-1h-2t':>16}{'host cpu/step':>15}"
+          f"{'all cpu/step':>14}  same outputs")
     for r in rows:
         ratios = [f"{r['steps_per_s'] / base[a]:.2f}x" if a in base else "-"
                   for a in ("ray-1h-1t", "serve-1h-2t")]
         print(f"{r['arm']:<14}{r['hosts']:>6}{r['wall_s']:>9}{r['steps_per_s']:>9}"
-              f"{r['mean_critical_s']:>8}{ratios[0]:>14}{ratios[1]:>16}  {r['same_outputs']}")
+              f"{r['mean_critical_s']:>8}{ratios[0]:>14}{ratios[1]:>16}"
+              f"{r['host_cpu_s_per_step']:>15}{r['all_cpu_s_per_step']:>14}  "
+              f"{r['same_outputs']}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
