@@ -276,3 +276,25 @@ def test_a_killed_host_episode_continues_elsewhere_exactly(cluster, single) -> N
         for ep in eps:
             assert cc.delete(f"/v1/episodes/{ep}").status_code == 204
         sc.delete(f"/v1/episodes/{ref}")
+
+
+def test_every_host_killed_the_episode_waits_for_a_replacement(cluster, single) -> None:
+    body = {"instruction": "Type hello.", "options": {"temperature": 1.0}}
+    with httpx.Client(base_url=cluster.url, timeout=180) as cc, \
+            httpx.Client(base_url=single.url, timeout=120) as sc:
+        ep = cc.post("/v1/episodes", json=body).json()["episode_id"]
+        for i in range(2):
+            assert cc.post(f"/v1/episodes/{ep}/step", json=_shot(i)).status_code == 200
+        before = cc.get("/health").json()
+        for host in before["hosts"].values():
+            if host["alive"]:
+                os.kill(host["pid"], signal.SIGKILL)
+        r = cc.post(f"/v1/episodes/{ep}/step", json=_shot(2))  # no error: it waited
+        assert r.status_code == 200, r.text
+        assert r.headers[HOST] not in before["hosts"]  # a replacement host served it
+        ref = _create_as(sc, _number(ep), body)
+        want = [sc.post(f"/v1/episodes/{ref}/step", json=_shot(i)).json()["response"]
+                for i in range(3)]
+        assert r.json()["response"] == want[2]
+        assert cc.delete(f"/v1/episodes/{ep}").status_code == 204
+        sc.delete(f"/v1/episodes/{ref}")

@@ -12,7 +12,8 @@
   its actor killed and a replacement started.  Its episodes keep their record (the create
   request and every step's screenshot and history text): the next step rebuilds the episode
   on another host (``resume.py``: re-prefilled, teacher-forced) and then runs — the client
-  sees no error, or one retryable 503 when no host could take the episode at that moment.
+  sees no error.  With every host lost, the step waits for a replacement (bounded); only
+  when none can take the episode in time does it get one retryable 503.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class Router:
     def __init__(self, hosts: list[HostHandle], *,
                  start_host: Callable[[str], Awaitable[HostHandle]],
                  kill_host: Callable[[HostHandle], None], read_timeout_s: float = 600.0,
-                 replace_lost: bool = True) -> None:
+                 replace_lost: bool = True, rebuild_wait_s: float = 300.0) -> None:
         self.hosts: dict[str, HostHandle] = {h.name: h for h in hosts}
         self.episodes: dict[str, RoutedEpisode] = {}
         self.conversations: OrderedDict[str, HostHandle] = OrderedDict()
@@ -69,6 +70,9 @@ class Router:
         self.lost = 0
         self._start_host, self._kill_host = start_host, kill_host
         self._replace_lost = replace_lost
+        self._rebuild_wait_s = rebuild_wait_s
+        self._replacing = 0
+        self._host_added = anyio.Event()
         self._closing = False
         self._numbers = itertools.count(1)
         self._host_numbers = itertools.count(len(hosts))
@@ -128,14 +132,34 @@ class Router:
             self._tg.start_soon(self._replace, f"host-{next(self._host_numbers)}")
 
     async def _replace(self, name: str) -> None:
+        self._replacing += 1
         try:
             host = await self._start_host(name)
         except Exception as exc:  # noqa: BLE001  no room for it now: the cluster runs on
             log.warning("cluster_host_not_replaced", host=name, error=repr(exc)[:300])
             return
+        finally:
+            self._replacing -= 1
+            self._host_added.set()  # wake rebuilds waiting for room (also on failure)
+            self._host_added = anyio.Event()
         self.hosts[name] = host
         if self._tg is not None:
             self._tg.start_soon(self._watch, host)
+
+    async def _place_when_possible(self, episode: RoutedEpisode) -> tuple[int, dict[str, Any]]:
+        """``_place``, waiting (up to ``rebuild_wait_s``) for replacement hosts while none
+        can take the episode: a lost host's episode waits for its successor rather than
+        fail while one is loading."""
+        deadline = anyio.current_time() + self._rebuild_wait_s
+        while True:
+            status, answer = await self._place(episode)
+            if status == 201 or status not in (429, 503) or not self._replacing:
+                return status, answer
+            added = self._host_added
+            with anyio.move_on_after(deadline - anyio.current_time()):
+                await added.wait()
+            if anyio.current_time() >= deadline:
+                return status, answer
 
     # ------------------------------------------------------------------ placement
 
@@ -231,7 +255,7 @@ class Router:
             for _ in range(2):
                 if ep.host is None or not ep.host.alive:
                     ep.host = None
-                    status, answer = await self._place(ep)
+                    status, answer = await self._place_when_possible(ep)
                     if status != 201:
                         raise ApiError(503, f"episode {episode_id}'s host was lost and no "
                                        f"host can take it now: "
