@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import threading
 import time
 
 import httpx
@@ -276,6 +277,43 @@ def test_a_killed_host_episode_continues_elsewhere_exactly(cluster, single) -> N
         for ep in eps:
             assert cc.delete(f"/v1/episodes/{ep}").status_code == 204
         sc.delete(f"/v1/episodes/{ref}")
+
+
+def test_a_host_killed_during_a_step_the_step_is_answered_by_another(cluster, single) -> None:
+    """The step in flight when its host dies is sent again after the episode is rebuilt:
+    the client gets the answer the uninterrupted episode gives."""
+    body = {"instruction": "Save the note.", "options": {"temperature": 1.0}}
+    big = [{"screenshot": _b64(screenshot(20 + i, 960, 720))} for i in range(2)]
+    with httpx.Client(base_url=cluster.url, timeout=180) as cc, \
+            httpx.Client(base_url=single.url, timeout=120) as sc:
+        ep = cc.post("/v1/episodes", json=body).json()["episode_id"]
+        r = cc.post(f"/v1/episodes/{ep}/step", json=big[0])
+        assert r.status_code == 200, r.text
+        host, seconds = r.headers[HOST], r.elapsed.total_seconds()
+        pid = cc.get("/health").json()["hosts"][host]["pid"]
+        answer: list[httpx.Response] = []
+
+        def step() -> None:
+            with httpx.Client(base_url=cluster.url, timeout=180) as c2:
+                answer.append(c2.post(f"/v1/episodes/{ep}/step", json=big[1]))
+
+        thread = threading.Thread(target=step)
+        thread.start()
+        time.sleep(min(0.3, seconds / 4))  # well inside the step (a screenshot this size
+        os.kill(pid, signal.SIGKILL)        # takes `seconds` to encode and prefill)
+        thread.join(timeout=170)
+        assert answer and answer[0].status_code == 200, answer and answer[0].text
+        assert answer[0].headers[HOST] != host
+        ref = _create_as(sc, _number(ep), body)
+        want = [sc.post(f"/v1/episodes/{ref}/step", json=shot).json()["response"]
+                for shot in big]
+        assert answer[0].json()["response"] == want[1]
+        assert cc.delete(f"/v1/episodes/{ep}").status_code == 204
+        sc.delete(f"/v1/episodes/{ref}")
+        deadline = time.monotonic() + 90  # the replacement host comes up
+        while time.monotonic() < deadline and sum(
+                h["alive"] for h in cc.get("/health").json()["hosts"].values()) < 2:
+            time.sleep(0.5)
 
 
 def test_every_host_killed_the_episode_waits_for_a_replacement(cluster, single) -> None:
