@@ -9,7 +9,7 @@ from __future__ import annotations
 import attrs
 
 from cachepolicy.context_log import ContextLog, Segment
-from cachepolicy.pieces import Piece, image_piece, text_piece
+from cachepolicy.pieces import Piece, image_piece, merge_text, text_piece
 
 
 @attrs.frozen
@@ -50,6 +50,19 @@ def terminal(log: ContextLog, kit: PromptKit, window: int, *,
     if generation_prompt:
         pieces.append(text_piece("gen", kit.generation_prompt))
     return pieces, region
+
+
+def terminal_steps(log: ContextLog, kit: PromptKit, window: int, *,
+                   generation_prompt: bool = True) -> tuple[tuple[Piece, ...], int]:
+    """``terminal`` with adjacent text merged, except that every history piece (one per step)
+    stays its own and the region start is a piece boundary; returns (pieces, region start).
+
+    terminal-slot needs these boundaries (last step's checkpoint digest is a prefix of this
+    step's prompt); terminal-scratch uses the same ones, so the two prefill identical batches
+    and compare bitwise even where a short piece would take another kernel than inside a
+    longer one (see ``cachepolicy.engine``)."""
+    raw, region = terminal(log, kit, window, generation_prompt=generation_prompt)
+    return merge_text(raw, keep_before=frozenset(range(1, region + 1))), region
 
 
 def interleaved(log: ContextLog, kit: PromptKit, window: int | None) -> list[Piece]:

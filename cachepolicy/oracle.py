@@ -2,7 +2,9 @@
 
 Each check compares the last-position logits of an edited path with those of one uninterrupted
 prefill of the same content, and passes only on bitwise equality.  The refusal checks pass when
-the engine raises ``UnsafeEditError`` *and* the sequence is left exactly as it was.
+the engine raises ``UnsafeEditError`` *and* the sequence is left exactly as it was.  The sweeps
+(``oracle_sweeps``) try many split points, chunk remainders and short pieces, because a kernel
+chosen by a batch's row count can hide behind any single split point.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from PIL import Image, ImageDraw
 from cachepolicy.checkpoint import CheckpointKind
 from cachepolicy.engine import Engine
 from cachepolicy.errors import UnsafeEditError
+from cachepolicy.oracle_lanes import decode_lanes
+from cachepolicy.oracle_sweeps import PROBE_ROWS, SweepResult, Sweeper, remainder_tokens
 
 TEXT_A = ("You are a GUI agent. The screen shows a desktop with a file manager, a terminal and "
           "a browser. Step 1: click(120, 340). Step 2: type('report.txt'). ")
@@ -61,11 +65,19 @@ class _Oracle:
     def __init__(self, engine: Engine) -> None:
         if engine.config.n_seq_max < 2:
             raise ValueError("the oracle needs an engine with n_seq_max >= 2")
+        need = remainder_tokens(engine.config.n_batch)
+        if engine.config.n_ctx_per_seq < need:
+            raise ValueError(f"the oracle needs n_ctx_per_seq >= {need} (16 pieces longer than "
+                             f"n_batch={engine.config.n_batch} in one sequence)")
         self.e = engine
         # Make A longer than one batch so one-call and split prefills chunk differently.
         self.a = self._text_at_least(TEXT_A, engine.config.n_batch + 7)
         self.b = engine.tokenize(TEXT_B)
         self.c = engine.tokenize(TEXT_C)
+        # sweeps: x is split at every length mod 16; z holds 16 pieces longer than n_batch
+        self.x = self._text_at_least(TEXT_B + " " + TEXT_C, 3 * 16)[:3 * 16]
+        self.z = self._text_at_least(TEXT_A, remainder_tokens(engine.config.n_batch))
+        self.sweeper = Sweeper(engine)
         self.results: list[CheckResult] = []
 
     def _text_at_least(self, text: str, n: int) -> tuple[int, ...]:
@@ -75,8 +87,7 @@ class _Oracle:
         return toks
 
     def _fresh(self) -> None:
-        for s in range(self.e.config.n_seq_max):
-            self.e.clear(s)
+        self.sweeper.fresh()
 
     def reference(self, *pieces: tuple[int, ...]) -> np.ndarray:
         self._fresh()
@@ -85,9 +96,26 @@ class _Oracle:
         self._fresh()
         return logits
 
+    def _sweep(self, name: str, result: SweepResult) -> None:
+        self.results.append(CheckResult(name, result.bitwise, result.max_abs_diff, result.detail))
+
+    def short_piece_rows(self) -> list[int]:
+        """Piece lengths 1..PROBE_ROWS that are not bitwise a one-call prefill on this model."""
+        return self.sweeper.short_piece_rows(self.x[:16], self.x[16:16 + PROBE_ROWS])
+
     def run(self) -> list[CheckResult]:
-        ref = self.reference(self.a, self.b)
+        # split_prefill compares a | b with one call of a + b; every edit check compares with
+        # the uninterrupted a | b, so each check tests one thing (on K-quant MoE models a
+        # split prefill differs from one call while restores and truncations stay exact)
+        one_call = self.reference(self.a, self.b)
+        ref = self.sweeper.run(None, [self.a, self.b])
+        self.results.append(_compare("split_prefill", one_call, ref))
         self._text_checks(ref)
+        self._sweep("split_points", self.sweeper.split_points(self.x))
+        self._sweep("chunk_remainders", self.sweeper.chunk_remainders(self.z))
+        self._sweep("restore_points", self.sweeper.restore_points(self.x))
+        self._sweep("short_pieces_restore", self.sweeper.short_pieces_restore(
+            self.x[:16], self.x[16:16 + 28], self.x[16 + 28:]))
         if self.e.kind.has_recurrent_state:
             self._hybrid_checks(ref)
         else:
@@ -95,12 +123,13 @@ class _Oracle:
         if self.e.has_vision:
             self._image_checks()
         self._fresh()
+        self._sweep("decode_lanes", decode_lanes(self.e, (self.a, self.b + self.c),
+                                                 (self.x[:8], self.x[8:16])))
+        self._fresh()
         return self.results
 
     def _text_checks(self, ref: np.ndarray) -> None:
         e = self.e
-        e.prefill_tokens(0, self.a, logits=False)
-        self.results.append(_compare("split_prefill", ref, e.prefill_tokens(0, self.b)))
         self._fresh()
         e.prefill_tokens(0, self.a, logits=False)
         ckpt = e.checkpoint(0)
@@ -184,8 +213,17 @@ class _Oracle:
             e.truncate(0, pos)
             name = "image_tail_trim"
         self.results.append(_compare(name, ref, e.prefill_tokens(0, tail)))
+        self._sweep("image_split_points", self.sweeper.split_points(
+            tail + self.c, lambda seq: prefix_and_image(seq)))
 
 
 def run_checks(engine: Engine) -> list[CheckResult]:
     """Run every check that applies to the engine's model kind (and vision, if loaded)."""
     return _Oracle(engine).run()
+
+
+def short_piece_rows(engine: Engine) -> list[int]:
+    """The piece lengths (1..15 rows) that are not bitwise a one-call prefill on this model and
+    CPU: its kernel classes.  The engine's contract does not need them (such pieces are exact
+    against the same piece boundaries), so this informs and does not check."""
+    return _Oracle(engine).short_piece_rows()

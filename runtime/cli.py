@@ -6,11 +6,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from runtime.commands import bench, bench_decode, check_exact, demo, forge, run, serve
+from runtime.commands import (
+    bench, bench_decode, bench_serve, check_exact, demo, forge, run, serve,
+)
 from runtime.logs import configure_logging
 
 COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo, "bench": bench,
-            "bench-decode": bench_decode, "run": run, "serve": serve}
+            "bench-decode": bench_decode, "bench-serve": bench_serve, "run": run,
+            "serve": serve}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -64,6 +64,8 @@ class HostedEpisode:
     driver: EpisodeDriver
     config: AgentConfig
     busy: bool = False  # a step is running
+    #: the client's screen, when it differs from the screenshots (episode API's ``screen``)
+    screen: tuple[int, int] | None = None
     last_used: float = attrs.Factory(time.monotonic)
     recent: deque[StepMetrics] = attrs.Factory(lambda: deque(maxlen=RECENT_STEPS))
 

@@ -27,6 +27,13 @@ Construction checks that the context holds the window's screenshots, the history
 derives ``n_ctx`` from them.  ``close`` frees everything early; OSWorld's runners never call
 it and end workers with ``os._exit``, which is fine: nothing an agent holds outlives its
 process (see ``runtime.osworld_host``).
+
+``KvAgent(server="http://host:8000")`` is the same agent as a thin client of ``kvagent
+serve``: no model in this process, the episode (cache, overlapped prefetch, memory budget)
+lives on the server, shared with every other worker's agent.  It decides like the in-process
+agent with the same options — the server sends the action as data, this side parses it and
+generates the code (``runtime.remote_backend``).  The model's sizes (``model_path``,
+``n_ctx``, ``n_threads``, ``memory_budget``) are then the server's flags.
 """
 
 from __future__ import annotations
@@ -40,15 +47,15 @@ from typing import Any, Self
 
 import structlog
 
+from runtime.agent_backend import AgentBackend, Decision, LocalBackend
 from runtime.config import AgentConfig
-from runtime.driver import DriverStep
 from runtime.context_budget import ContextBudgetError
-from runtime.osworld_host import (
-    PORTAL_THREAD_PREFIX, AgentHost, ContextPlan, KvAgentConfig, plan_context,
-)
+from runtime.episode_client import EpisodeClient
+from runtime.osworld_host import PORTAL_THREAD_PREFIX, KvAgentConfig, plan_context
 from runtime.portal_runtime import (
     AgentClosedError, AgentStepError, KvAgentError, RuntimeStatus,
 )
+from runtime.remote_backend import RemoteBackend, remote_options
 from vmenv.actions import WAIT, CoordConvention, rescale, to_pyautogui
 from vmenv.errors import ScreenshotError
 from vmenv.png import screenshot_png
@@ -83,6 +90,12 @@ class KvAgent:
     ``memory_budget``: bytes or "8GiB" for the ledger.  Other keyword arguments: see
     ``KvAgentConfig``.  Raises ``ContextBudgetError`` (a ValueError) when the context
     cannot hold the configuration.
+
+    ``server``: the URL of a ``kvagent serve`` host to decide on instead of loading a model
+    here (then ``model_path``, ``mmproj_path``, ``n_ctx``, ``n_threads``, ``memory_budget``
+    and the engine options belong to the server and are refused here); ``server_timeout``:
+    seconds a step may take there; ``server_retry_s``: how long to keep retrying while the
+    server is full (429/503) or not reachable yet.
     """
 
     def __init__(self, model_path: str | Path | None = None,
@@ -95,7 +108,16 @@ class KvAgent:
                  n_threads: int | None = None, n_ctx: int | None = None, max_steps: int = 15,
                  memory_budget: int | str | None = None,
                  screen_size: tuple[int, int] = (1920, 1080), action_space: str = "pyautogui",
-                 **options: Any) -> None:
+                 server: str | None = None, server_timeout: float = 600.0,
+                 server_retry_s: float = 600.0, **options: Any) -> None:
+        if server is not None:
+            servers = {k for k, v in (("model_path", model_path), ("mmproj_path", mmproj_path),
+                                      ("n_ctx", n_ctx), ("n_threads", n_threads),
+                                      ("memory_budget", memory_budget)) if v is not None}
+            if servers | set(options):
+                raise ValueError(f"{', '.join(sorted(servers | set(options)))}: with server= "
+                                 "the model and its sizes are the server's (kvagent serve "
+                                 "flags)")
         if n_threads is not None:
             options["n_threads"] = n_threads
         chosen = {"window": window} if window is not None else {}  # else the profile's
@@ -107,11 +129,20 @@ class KvAgent:
             model_path, mmproj_path, agent=agent, memory_budget=memory_budget, n_ctx=n_ctx,
             max_steps=max_steps, screen_size=tuple(screen_size), action_space=action_space,
             **options)
-        # the model files resolved and the context checked (or sized) before anything loads
-        self._plan: ContextPlan = plan_context(self.config)
-        self._host: AgentHost | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._backend: AgentBackend
+        if server is None:
+            # the model files resolved and the context checked (or sized) before anything
+            # loads (which happens on first use)
+            self._backend = LocalBackend(self.config, plan_context(self.config))
+        else:
+            self._backend = RemoteBackend(
+                EpisodeClient(server, timeout=server_timeout, retry_s=server_retry_s),
+                remote_options(agent), name=self.config.name)
+        # closes the backend (engine and loop thread, or the server's episode) when the
+        # agent is collected or at interpreter exit; holds no reference to the agent
+        self._finalizer = weakref.finalize(self, self._backend.close)
         self._closed = False
+        self._started = False
         self._runtime_logger: logging.Logger | logging.LoggerAdapter[Any] | None = None
         self._episode_id: str | None = None
         self._warned_screen = False
@@ -120,24 +151,33 @@ class KvAgent:
 
     @property
     def n_ctx(self) -> int:
-        """The context positions the agent loads (or loaded) with."""
-        if self._host is not None:
-            return self._host.engine.config.n_ctx_per_seq
-        return self._plan.n_ctx
+        """The context positions the agent loads (or loaded) with (in-process agents)."""
+        backend = self._local("n_ctx")
+        if backend.started:
+            return backend.host.engine.config.n_ctx_per_seq
+        return backend.plan.n_ctx
+
+    @property
+    def server(self) -> str | None:
+        """The ``kvagent serve`` URL this agent decides on (None: in-process)."""
+        return (self._backend.client.base_url if isinstance(self._backend, RemoteBackend)
+                else None)
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> Self:
-        """Load the model and start the background loop now (else on first use)."""
-        self._ensure_host()
+        """Load the model and start the background loop now (else on first use); a remote
+        agent checks that its server answers."""
+        self._ensure_started()
+        if isinstance(self._backend, RemoteBackend):
+            self._backend.client.health()
         return self
 
     def close(self) -> None:
-        """Cancel a running prefetch, free the episode, engine and loop thread.  Idempotent."""
+        """Cancel a running prefetch, free the episode, engine and loop thread (remote: end
+        the server's episode).  Idempotent."""
         self._closed = True
-        if self._finalizer is not None:
-            self._finalizer()  # runs AgentHost.close at most once, then detaches
-        self._host = None
+        self._finalizer()  # runs the backend's close at most once, then detaches
 
     def __enter__(self) -> Self:
         return self.start()
@@ -154,8 +194,7 @@ class KvAgent:
         # OSWorld's runtime_logger writes this example's runtime.log; a reset without one
         # must not keep logging into the previous example's file.
         self._runtime_logger = _logger if hasattr(_logger, "info") else None
-        host = self._ensure_host()
-        self._episode_id = host.call(host.runtime.new_episode)
+        self._episode_id = self._ensure_started().new_episode()
         self._log.info("osworld_reset", episode_id=self._episode_id, vm_ip=vm_ip,
                        ignored=sorted(kwargs) or None)
 
@@ -173,7 +212,7 @@ class KvAgent:
         ``prefill_s`` (LLM), critical_path_s, prefetch timings, the parser's ``notes``
         (clamped or rejected points, ignored calls), ``action`` in the screenshot's pixels and
         ``code`` in the screen's (``screenshot_size`` / ``screen_size``)."""
-        host = self._ensure_host()
+        backend = self._ensure_started()
         arrived = time.perf_counter()  # the screenshot's bytes are in hand
         shot = obs.get("screenshot") if isinstance(obs, Mapping) else None
         if shot is None:
@@ -187,27 +226,24 @@ class KvAgent:
             self._warned_screen = True  # once: OSWorld's screen does not change mid-run
             self._log.warning("screen_size_mismatch", screen=screen, screenshot=size,
                               note="points are scaled from the screenshot to the screen")
-        step: DriverStep = host.call(host.runtime.decide, instruction, png, size, arrived)
-        code = to_pyautogui(rescale(step.act.action, size, screen))
-        info = {**step.metrics.as_dict(), "code": code, "screenshot_size": list(size),
+        step: Decision = backend.decide(instruction, png, size, screen, arrived)
+        code = to_pyautogui(rescale(step.action, size, screen))
+        info = {**step.info, "code": code, "screenshot_size": list(size),
                 "screen_size": list(screen)}
-        info.pop("output_tokens")
-        self._episode_id, self.last_info = step.metrics.episode_id, info
-        self._log.info("osworld_step", episode_id=self._episode_id, step=step.act.index,
+        self._episode_id, self.last_info = step.episode_id, info
+        self._log.info("osworld_step", episode_id=self._episode_id, step=step.index,
                        action=info["action"], parsed=info["parsed"],
                        prefill_tokens=info["prefill_tokens"],
-                       critical_path_s=round(step.metrics.critical_path_s, 4))
+                       critical_path_s=round(step.critical_path_s, 4))
         if self._runtime_logger is not None:
             self._runtime_logger.info("kvagent step %d: %s (critical path %.3f s)",
-                                      step.act.index, info["action"],
-                                      step.metrics.critical_path_s)
-        return step.act.response, [code], info
+                                      step.index, info["action"], step.critical_path_s)
+        return step.response, [code], info
 
-    def status(self) -> RuntimeStatus:
-        """The runtime's current episode, ledger and engine sequences (diagnostics)."""
-        host = self._ensure_host()
-        status: RuntimeStatus = host.call(host.runtime.status)
-        return status
+    def status(self) -> RuntimeStatus | dict[str, Any]:
+        """Diagnostics: in-process, the runtime's episode, ledger and engine sequences; with
+        ``server=``, the server's description of the episode (``GET /v1/episodes/{id}``)."""
+        return self._ensure_started().status()
 
     @property
     def episode_id(self) -> str | None:
@@ -220,19 +256,24 @@ class KvAgent:
 
     # ------------------------------------------------------------------ internals
 
-    def _ensure_host(self) -> AgentHost:
+    def _ensure_started(self) -> LocalBackend | RemoteBackend:
         if self._closed:
             raise AgentClosedError("the agent is closed")
-        if self._host is None:
-            self._host = AgentHost(self.config, self._plan)
-            self._finalizer = weakref.finalize(self, self._host.close)
+        backend = self._backend
+        assert isinstance(backend, LocalBackend | RemoteBackend)
+        if not self._started:
+            self._started = True
             a = self.config.agent
-            self._log.info("agent_started", profile=a.profile, policy=a.policy,
-                           overlap=a.overlap, window=a.window, n_ctx=self.n_ctx,
-                           n_threads=self.config.n_threads)
+            if isinstance(backend, LocalBackend):
+                backend.host  # noqa: B018  loads the model, starts the loop
             for differs in a.make_profile().layout.unhonoured:  # once per agent
                 self._log.info("profile_layout_differs", profile=a.profile, differs=differs)
-        return self._host
+        return backend
+
+    def _local(self, what: str) -> LocalBackend:
+        if not isinstance(self._backend, LocalBackend):
+            raise KvAgentError(f"{what} is the server's (kvagent serve flags)")
+        return self._backend
 
     def _wait(self, why: str) -> tuple[str, list[str], dict[str, Any]]:
         self._log.warning("osworld_no_screenshot", episode_id=self._episode_id, reason=why)

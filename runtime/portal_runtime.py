@@ -1,11 +1,13 @@
-"""The async half of ``KvAgent``: a Scheduler and the current episode's ``EpisodeDriver``,
-living in the event loop of a blocking portal (a background thread).  ``KvAgent`` drives it
-from OSWorld's synchronous runner with ``portal.call``.
+"""The async half of an in-process ``KvAgent``: an ``EpisodeHost`` with one episode slot (the
+scheduler, the task group the prefetch runs in, the episode's ``EpisodeDriver``), living in
+the event loop of a blocking portal (a background thread).  ``KvAgent`` drives it from
+OSWorld's synchronous runner with ``portal.call``.
 
-Ownership: ``serve`` owns the Scheduler (``async with``) and one task group, the one the
-driver's prefetch runs in (started by ``decide`` after the action is decided, while OSWorld
-executes it).  The next ``decide`` settles it through the driver; ``new_episode`` /
-``end_episode`` and ``stop`` cancel it.  Invariant: at most one episode (one driver) is open.
+This is ``kvagent serve``'s host reduced to one episode at a time and what OSWorld's agent
+contract adds: a new episode per ``reset`` (or per new instruction), a context check for
+screenshot sizes the agent was not sized for, and typed errors.  Ownership: ``serve`` runs
+the host until ``stop``; the next ``decide`` settles the previous step's prefetch through
+the driver; ``new_episode`` / ``end_episode`` and ``stop`` cancel it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from runtime.actions import Screen
 from runtime.config import AgentConfig
 from runtime.context_budget import ContextBudgetError, context_need
 from runtime.driver import DriverStep, EpisodeDriver
+from runtime.episode_host import EpisodeHost, HostClosedError
 from scheduler.errors import SchedulerError
 from scheduler.ledger import LedgerSnapshot, MemoryLedger
 from scheduler.scheduler import IMAGE_CACHE, Scheduler
@@ -72,38 +75,22 @@ class AgentRuntime:
         self._sized: set[Screen] = {screen}  # screenshot sizes the context is known to hold
         self.engine: Engine = factory.engine
         self.ledger = MemoryLedger(budget_bytes)
-        self._scheduler: Scheduler | None = None
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._stopping: anyio.Event | None = None
-        self._driver: EpisodeDriver | None = None
+        self.host = EpisodeHost(factory, self.ledger, max_episodes=1,
+                                options=config.step_options(screen))
+        self._episode: str | None = None  # the open episode's id (its driver is the host's)
         self._n_episodes = 0
 
     # ------------------------------------------------------------------ lifecycle
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
                     ) -> None:
-        """Own the scheduler and the task group until ``stop``; on the way out the prefetch
-        is cancelled and the episode and scheduler close (the ledger returns to 0)."""
-        self._stopping = anyio.Event()
-        async with Scheduler(self.engine, self.ledger, self.factory,
-                             options=self.config.step_options(self.screen)) as scheduler:
-            self._scheduler = scheduler
-            try:
-                async with anyio.create_task_group() as tg:
-                    self._tg = tg
-                    task_status.started()
-                    await self._stopping.wait()
-                    await self.end_episode()
-            finally:
-                self._tg = None
-                if self._driver is not None:  # cancelled on the way: still close it
-                    await self._driver.aclose()
-                    self._driver = None
+        """Run the host until ``stop``; on the way out the prefetch is cancelled and the
+        episode and scheduler close (the ledger returns to 0)."""
+        await self.host.run(task_status=task_status)
 
     def stop(self) -> None:
         """Ask ``serve`` to wind down (call from the loop; returns at once)."""
-        if self._stopping is not None:
-            self._stopping.set()
+        self.host.stop()
 
     # ------------------------------------------------------------------ episodes
 
@@ -117,18 +104,18 @@ class AgentRuntime:
 
     async def end_episode(self) -> None:
         """Cancel the prefetch and free the episode's sequence and ledger holdings."""
-        driver, self._driver = self._driver, None
-        if driver is not None:
-            await driver.aclose()
+        episode, self._episode = self._episode, None
+        if episode is not None:
+            await self.host.close(episode)
 
     # ------------------------------------------------------------------ steps
 
     async def decide(self, instruction: str, png: bytes, screen: tuple[int, int],
                      arrived_at: float) -> DriverStep:
         """The critical step through the driver; with overlap, the prefetch of the next step
-        starts before the action is returned."""
-        scheduler = self._running()
-        driver = self._driver
+        starts (in the host's task group) before the action is returned."""
+        self._running()
+        driver = self._driver()
         if driver is not None and driver.session.instruction != instruction:
             # A new task without reset(): its history must not leak into this one.
             log.warning("instruction_changed", episode_id=driver.episode_id)
@@ -140,29 +127,26 @@ class AgentRuntime:
         if driver is None:
             if self._n_episodes == 0:
                 self._n_episodes = 1
-            driver = self._driver = EpisodeDriver.open(
-                scheduler, self.factory, self.config, self._episode_id(), instruction, screen,
-                seed=self._n_episodes)
+            hosted = await self.host.open(self._episode_id(), self.config, instruction,
+                                          screen, seed=self._n_episodes)
+            self._episode, driver = hosted.episode_id, hosted.driver
         elif driver.session.screen != screen:
             log.warning("screen_size_changed", episode_id=driver.episode_id,
                         old=driver.session.screen, new=screen)
             driver.session.resize(screen)  # the model decides in the pixels it sees
         try:
-            step = await driver.act(png, arrived_at=arrived_at)
+            return await self.host.step(driver.episode_id, png, arrived_at=arrived_at)
         except (SchedulerError, KvagentCacheError) as exc:
             hint = "" if not isinstance(exc, ContextFullError) else (
                 f" (the context is sized for {self.max_steps} steps: raise n_ctx or "
                 "max_steps, or lower the window or the screenshot size)")
             raise AgentStepError(f"step {driver.session.steps_decided} of "
                                  f"{driver.episode_id} failed: {exc}{hint}") from exc
-        assert self._tg is not None
-        driver.start_prefetch(self._tg, step)
-        return step
 
     async def status(self) -> RuntimeStatus:
         mem = await anyio.to_thread.run_sync(self.engine.memory)
         scheduler = self._running()
-        driver = self._driver
+        driver = self._driver()
         owners = [IMAGE_CACHE] + ([driver.episode_id] if driver is not None else [])
         log_ = driver.session.episode.log if driver is not None else None  # immutable
 
@@ -185,7 +169,7 @@ class AgentRuntime:
     async def check_integrity(self) -> None:
         """The scheduler's integrity check (ledger vs engine), between steps."""
         scheduler = self._running()
-        driver = self._driver
+        driver = self._driver()
         if driver is not None:
             await driver.cancel_prefetch()
         await anyio.to_thread.run_sync(scheduler.check_integrity)
@@ -205,10 +189,15 @@ class AgentRuntime:
                                  f"for: {exc}") from exc
         self._sized.add(screen)
 
+    def _driver(self) -> EpisodeDriver | None:
+        hosted = self.host.episodes.get(self._episode) if self._episode is not None else None
+        return hosted.driver if hosted is not None else None
+
     def _episode_id(self) -> str:
         return f"{self.name}/ep{self._n_episodes}"
 
     def _running(self) -> Scheduler:
-        if self._scheduler is None or self._tg is None:
-            raise AgentClosedError("the agent's runtime is not running")
-        return self._scheduler
+        try:
+            return self.host.scheduler
+        except HostClosedError:
+            raise AgentClosedError("the agent's runtime is not running") from None

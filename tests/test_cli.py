@@ -27,16 +27,35 @@ def test_forge_then_check_exact(tmp_path: Path, arch: str) -> None:
     assert f"wrote {out / 'model.gguf'}" in forged.stdout
     assert f"wrote {out / 'mmproj.gguf'}" in forged.stdout
     text = kvagent("check-exact", "--model", str(out / "model.gguf"),
-                   "--mmproj", str(out / "mmproj.gguf"), "--threads", "1")
+                   "--mmproj", str(out / "mmproj.gguf"), "--threads", "1", "--n-batch", "64")
     assert text.returncode == 0, text.stdout + text.stderr
-    lines = text.stdout.strip().splitlines()
+    lines = [ln for ln in text.stdout.strip().splitlines() if not ln.startswith("note:")]
     assert lines[-1] == "bitwise: true"
     assert sum("bitwise: true" in line for line in lines[1:-1]) == len(lines) - 2 >= 6
-    js = kvagent("check-exact", "--model", str(out / "model.gguf"), "--json", "--threads", "1")
+    js = kvagent("check-exact", "--model", str(out / "model.gguf"), "--json", "--threads", "1",
+                 "--n-batch", "64")
     assert js.returncode == 0
     report = json.loads(js.stdout)
     assert report["bitwise"] is True
     assert all(set(c) == {"name", "bitwise", "max_abs_diff"} for c in report["checks"])
+
+
+def test_forge_quantized_then_check_exact_with_and_without_fast_kernels(tmp_path: Path) -> None:
+    out = tmp_path / "q"
+    forged = kvagent("forge", "--arch", "qwen35", "--size", "XS", "--quant", "q4_k_m",
+                     "--out", str(out))
+    assert forged.returncode == 0, forged.stderr
+    assert "q4_k_m" in forged.stdout
+    args = ["check-exact", "--model", str(out / "model.gguf"), "--threads", "1", "--n-batch", "32"]
+    exact = kvagent(*args)
+    assert exact.returncode == 0 and exact.stdout.strip().endswith("bitwise: true"), exact.stdout
+    assert "exact kernels" in exact.stdout
+    fast = json.loads(kvagent(*args, "--fast-kernels", "--json").stdout)
+    assert fast["bitwise"] is False and fast["fast_kernels"] is True
+    assert {c["name"] for c in fast["checks"] if not c["bitwise"]} >= {"split_points"}
+    refused = kvagent("forge", "--arch", "qwen35", "--size", "tiny", "--quant", "q4_k_m",
+                      "--out", str(tmp_path / "t"))
+    assert refused.returncode == 2 and "blocks of 256" in refused.stdout
 
 
 def test_bad_arguments_get_clear_messages(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def test_every_check_is_bitwise(engines, arch: str, vision: bool) -> None:
 def test_oracle_catches_flash_attention(forged, arch: str) -> None:
     """With flash attention on, split prefill drifts: the oracle must report it, not pass."""
     m = forged(arch, vision=False)
-    config = EngineConfig(n_ctx_per_seq=1024, n_seq_max=2, n_batch=64, n_threads=1,
+    config = EngineConfig(n_ctx_per_seq=2048, n_seq_max=2, n_batch=64, n_threads=1,
                           flash_attn=True)
     with Engine(m.model_path, None, config) as engine:
         results = {r.name: r for r in run_checks(engine)}

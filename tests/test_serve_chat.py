@@ -11,6 +11,7 @@ import openai
 import pytest
 from PIL import Image
 
+from runtime.bench.chat_layout import sliding_window_messages
 from runtime.bench.trajectory import screenshot
 from serve_helpers import kvagent_serve
 
@@ -41,26 +42,26 @@ def client(server):
 
 def _run_agent(c: openai.OpenAI, model: str, steps: int, *, mode: str | None = None,
                window: int = 2, edit_at: int | None = None) -> list[dict]:
-    """An agent loop in the Qwen3-VL agent's shape: each request holds the system prompt,
-    the first user turn (the oldest kept screenshot + the instruction), then answer /
-    screenshot pairs, the oldest dropped once ``window`` answers are kept."""
+    """An agent loop in the Qwen3-VL agent's shape (``runtime.bench.chat_layout``): the
+    oldest screenshot and answer dropped once ``window`` answers are kept; ``edit_at``: that
+    answer is sent edited (the next request does not continue the conversation's text)."""
     answers: list[str] = []
     out = []
     for t in range(steps):
-        first = max(0, t - window)
-        messages: list[dict] = [{"role": "system", "content": SYSTEM},
-                                {"role": "user", "content": [_img(first), {
-                                    "type": "text", "text": "Open the terminal."}]}]
-        for j in range(first, t):
-            text = answers[j] if j != edit_at else answers[j] + " (edited)"
-            messages += [{"role": "assistant", "content": text},
-                         {"role": "user", "content": [_img(j + 1)]}]
+        sent = [a + " (edited)" if j == edit_at else a for j, a in enumerate(answers)]
+        messages = _messages(t, sent, window)
         extra = {"kvagent_mode": mode} if mode else None
         r = c.chat.completions.create(model=model, messages=messages, max_tokens=6,
                                       temperature=0, extra_body=extra)
         answers.append(r.choices[0].message.content)
         out.append({"text": r.choices[0].message.content, **r.model_extra["kvagent"]})
     return out
+
+
+def _messages(t: int, answers: list[str], window: int = 2) -> list[dict]:
+    return sliding_window_messages(SYSTEM, "Open the terminal.",
+                                   [screenshot(i, 320, 240) for i in range(t + 1)],
+                                   answers[:t], kept_answers=window)
 
 
 def test_text_chat_plain_and_streamed_say_the_same(client) -> None:
@@ -113,14 +114,9 @@ def test_reuse_and_prefetch_never_change_an_output(client) -> None:
     for steps in (continued, edited):
         answers = [s["text"] for s in steps]
         for t in (1, 3):
-            first = max(0, t - 2)
-            messages = [{"role": "system", "content": SYSTEM},
-                        {"role": "user", "content": [_img(first),
-                                                     {"type": "text", "text": "Open the terminal."}]}]
-            for j in range(first, t):
-                text = answers[j] + (" (edited)" if steps is edited and j == 1 else "")
-                messages += [{"role": "assistant", "content": text},
-                             {"role": "user", "content": [_img(j + 1)]}]
+            sent = [a + (" (edited)" if steps is edited and j == 1 else "")
+                    for j, a in enumerate(answers)]
+            messages = _messages(t, sent)
             fresh = c.chat.completions.create(
                 model=model, messages=messages, max_tokens=6, temperature=0,
                 extra_headers={"X-Kvagent-Conversation": f"fresh-{id(steps)}-{t}"})
@@ -155,7 +151,7 @@ def test_bad_requests_get_openai_errors(client, server) -> None:
             {"role": "user", "content": [_img(i) for i in range(17)]}])
     assert err.value.code == "too_many_images"
     with pytest.raises(openai.BadRequestError) as err:
-        c.chat.completions.create(model=model, messages=[user], max_tokens=10**6)
+        c.chat.completions.create(model=model, messages=[user], max_tokens=10**7)
     assert err.value.code == "max_tokens_too_large"
     with pytest.raises(openai.BadRequestError) as err:
         c.chat.completions.create(model=model, max_tokens=4, messages=[

@@ -2,9 +2,23 @@
 
 Numerical contract (see ../shared/notes/llama-cpp.md, and ``kvagent check-exact``):
 * flash attention is OFF and n_ubatch == n_batch, so splitting a prefill into several calls
-  gives bitwise the same logits as one call;
-* no prefill ever sends a 1-token batch when it has more than one token (a 1-token batch takes
-  another kernel); a 1-token prefill call is refused unless explicitly allowed;
+  gives bitwise the same logits as one call (within the limits below);
+* quantized weights are NOT repacked (``use_extra_bufts = False``) unless
+  ``EngineConfig.fast_kernels`` asks for speed: the CPU backend's repacked layouts pick a
+  kernel by a batch's row count *and by a row's place in it* (Q4_K: one kernel for whole
+  blocks of 4 rows, another for the rest), so no batching rule could keep a split prefill
+  bitwise.  Without repacking the kernel depends on the row count only: f16 takes another
+  kernel for 1 row, the K-quants and IQ4_XS for 1-7 rows, Q8_0 never switches (measured on
+  x86 AVX-512; ``kvagent check-exact`` verifies it on the machine at hand);
+* a piece longer than ``n_batch`` is cut so that no chunk has fewer than ``MIN_CHUNK_ROWS``
+  (8) rows (``chunk_sizes``): a piece of at least 8 rows is bitwise the same however it is
+  chunked, and split anywhere into such pieces equals one call.  Shorter pieces are exact only
+  against the same piece boundaries (policies compared with each other use the same ones);
+  a 1-token prefill call is refused unless explicitly allowed;
+* mixture-of-experts models with K-quant experts: an expert's matmul takes the small-batch
+  kernel when fewer than 8 rows are routed to it, which depends on the tokens, so there a
+  split prefill is not bitwise a one-call one (check-exact says so); restore-and-continue
+  with the same piece boundaries is;
 * each sequence has its own KV stream (``kv_unified=False``), so a sequence's KV cells sit at
   the same indices whether it was prefilled from scratch or restored from a checkpoint;
 * edits that llama.cpp would accept but that silently corrupt a recurrent state (a middle-range

@@ -18,15 +18,17 @@ import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import attrs
 import llama_cpp
 import numpy as np
+import structlog
 
 from cachepolicy.checkpoint import Checkpoint, CheckpointKind, ModelKind
 from cachepolicy.engine.backend import init_backend
 from cachepolicy.engine.batcher import DecodeBatcher
 from cachepolicy.engine.decoder import Decoder
 from cachepolicy.engine.native import Native, locked
-from cachepolicy.engine.records import EngineConfig, MemoryReport, SeqInfo
+from cachepolicy.engine.records import EngineConfig, MemoryReport, SeqInfo, decode_lanes_for
 from cachepolicy.engine.sampler import Sampler
 from cachepolicy.engine.sequences import Sequences
 from cachepolicy.engine.state import SequenceState
@@ -34,6 +36,8 @@ from cachepolicy.engine.vision import Vision
 from cachepolicy.errors import EngineError, ModelLoadError, Preempted
 from cachepolicy.images import DecodedImage, EmbeddingCache, EncodedImage
 from cachepolicy.sampling import SamplingParams
+
+log = structlog.get_logger("kvagent.engine")
 
 
 
@@ -48,13 +52,22 @@ def _file_identity(path: Path) -> str:
     return h.hexdigest()
 
 
-def _load(model_path: Path, config: EngineConfig) -> Native:
-    """Load the model and create the context with the contract's settings."""
+def _load(model_path: Path, config: EngineConfig) -> tuple[Native, EngineConfig]:
+    """Load the model and create the context with the contract's settings; the config comes
+    back with what depends on the model (the decode lanes) resolved."""
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 0
+    # Repacked weight layouts pick a matmul kernel by the batch's row count, which breaks
+    # split == one-call on quantized models; off unless speed was asked for.
+    mparams.use_extra_bufts = config.fast_kernels
     model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
     if not model:
         raise ModelLoadError(f"llama.cpp could not load {model_path}")
+    rows, why = decode_lanes_for(_expert_count(model), config.decode_rows)
+    if config.decode_rows is not None and rows != config.decode_rows:
+        log.warning("engine_decode_rows_capped", requested=config.decode_rows, rows=rows,
+                    reason=why)
+    config = attrs.evolve(config, decode_rows=rows)
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = config.n_ctx_per_seq * config.n_seq_total
     cparams.n_batch = cparams.n_ubatch = config.n_batch
@@ -68,7 +81,20 @@ def _load(model_path: Path, config: EngineConfig) -> Native:
         llama_cpp.llama_model_free(model)
         raise ModelLoadError(f"llama.cpp could not create a context for {model_path}")
     return Native(model=model, ctx=ctx, mem=llama_cpp.llama_get_memory(ctx),
-                  vocab=llama_cpp.llama_model_get_vocab(model))
+                  vocab=llama_cpp.llama_model_get_vocab(model)), config
+
+
+def _meta(model: object, key: str) -> str | None:
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode(errors="replace") if n >= 0 else None
+
+
+def _expert_count(model: object) -> int:
+    """The model's experts per MoE layer (0 for a dense model), from its GGUF metadata."""
+    arch = _meta(model, "general.architecture") or ""
+    value = _meta(model, f"{arch}.expert_count")
+    return int(value) if value and value.isdigit() else 0
 
 
 class Engine:
@@ -87,7 +113,8 @@ class Engine:
         init_backend(config.verbose)
         self.model_path = model_path
         self.model_id = _file_identity(model_path)
-        self._native = native = _load(model_path, config)
+        self._native, self.config = _load(model_path, config)
+        native, config = self._native, self.config
         if llama_cpp.llama_model_is_hybrid(native.model):
             self.kind = ModelKind.HYBRID
         elif llama_cpp.llama_model_is_recurrent(native.model):

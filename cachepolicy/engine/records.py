@@ -11,15 +11,29 @@ from cachepolicy.checkpoint import GENESIS, Run, RunKind, chain_digest
 from cachepolicy.errors import UnsafeEditError
 
 
+#: The fewest rows a batch needs for every weight type's matmul to take its large-batch kernel
+#: (measured on this CPU build, repacking off: f16 takes another kernel for 1 row,
+#: the K-quants and IQ4_XS for 1-7 rows; Q8_0, Q5_0, Q4_0 and IQ4_NL never switch).
+MIN_CHUNK_ROWS = 8
+
+
 def chunk_sizes(n: int, n_batch: int) -> list[int]:
-    """Split ``n`` rows into batches of at most ``n_batch``, never leaving a 1-row batch."""
+    """Split ``n`` rows into batches of at most ``n_batch``.
+
+    When a split is needed, the last batch borrows rows from the one before so that no batch
+    has fewer than ``MIN_CHUNK_ROWS`` rows (fewer only if ``n_batch < 2 * MIN_CHUNK_ROWS``,
+    never 1 unless ``n_batch`` is 2).  So every row of a piece of at least ``MIN_CHUNK_ROWS``
+    rows runs through the same kernels however the piece is chunked: a piece prefilled in
+    ``n_batch``-sized calls is bitwise the same as inside a longer one-call prefill.
+    """
     if n <= n_batch:
         return [n]
     k = -(-n // n_batch)
     sizes = [n_batch] * (k - 1) + [n - n_batch * (k - 1)]
-    if sizes[-1] == 1:  # move one row over: both batches stay multi-row
-        sizes[-2] -= 1
-        sizes[-1] = 2
+    floor = max(2, min(MIN_CHUNK_ROWS, n_batch // 2))
+    if sizes[-1] < floor:
+        sizes[-2] -= floor - sizes[-1]
+        sizes[-1] = floor
     return sizes
 
 
@@ -34,16 +48,48 @@ class EngineConfig:
     # Only for demonstrating what the oracle catches: with flash attention on, a split prefill
     # is no longer bitwise equal to a one-call prefill.
     flash_attn: bool = False
+    # Speed over exactness: let the CPU backend repack quantized weights (llama.cpp's
+    # use_extra_bufts). Its kernels depend on a batch's row count, so on quantized models a
+    # split prefill is no longer bitwise a one-call prefill; check-exact reports it.
+    fast_kernels: bool = False
     # Generations decode in this many lanes (spare sequences, one KV stream each), every
     # llama_decode call feeding all of them: a sequence's tokens are then the same alone or
     # beside others, and up to this many generations share a call (see DecodeBatcher).
-    decode_rows: int = attrs.field(default=4, validator=[attrs.validators.ge(1),
-                                                         attrs.validators.le(16)])
+    # None: the engine decides per model (``decode_lanes_for``).
+    decode_rows: int | None = attrs.field(default=None, validator=attrs.validators.optional(
+        [attrs.validators.ge(1), attrs.validators.le(16)]))
 
     @property
     def n_seq_total(self) -> int:
-        """Sequences the llama context holds: the usable ones and the decode lanes."""
+        """Sequences the llama context holds: the usable ones and the decode lanes (the
+        engine's config always has ``decode_rows`` resolved)."""
+        if self.decode_rows is None:
+            raise ValueError("decode_rows is resolved when the engine loads the model")
         return self.n_seq_max + self.decode_rows
+
+
+#: Decode lanes when ``decode_rows`` is not given: up to this many generations share a call.
+DEFAULT_DECODE_ROWS = 4
+
+
+def decode_lanes_for(expert_count: int, requested: int | None) -> tuple[int, str]:
+    """The decode lanes a model gets, and why.
+
+    On a dense model a row's result depends only on the row count of the call, which lanes
+    keep fixed (every call feeds all of them), so generations share calls exactly at any
+    count.  On a mixture-of-experts model the router sends each expert the rows whose tokens
+    chose it, and with ``MIN_CHUNK_ROWS`` rows or more an expert's quantized matmul may take
+    its large-batch kernel for some calls and not others — a generation's logits then depend
+    on what the other rows decode (measured: K-quant experts at 8 and 16 lanes).  Below that
+    every expert computes each row on its own, so MoE models get at most
+    ``MIN_CHUNK_ROWS - 1`` lanes.
+    """
+    rows = DEFAULT_DECODE_ROWS if requested is None else requested
+    if expert_count > 0 and rows >= MIN_CHUNK_ROWS:
+        return MIN_CHUNK_ROWS - 1, (f"mixture of experts ({expert_count} experts): {rows} "
+                                    f"lanes would let an expert's kernel depend on the other "
+                                    f"rows; capped at {MIN_CHUNK_ROWS - 1}")
+    return rows, "every call feeds all lanes: rows do not interact"
 
 
 @attrs.frozen

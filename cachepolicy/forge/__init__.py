@@ -2,11 +2,14 @@
 
 Arches: "llama" (attention only), "qwen35" (Gated DeltaNet + attention hybrid with
 multi-section RoPE), "qwen35moe" (the hybrid with a mixture-of-experts FFN). Sizes: "tiny"
-(unit tests), "S" (≈10 M params), "M" (≈50 M), "L" (≈150 M). With vision=True an mmproj is
-written too: LLaVA "mlp" for llama, "qwen3vl_merger" for qwen35*.
+(unit tests), "XS" (≈3 M, the smallest whose rows fit K-quants), "S" (≈10 M params), "M"
+(≈50 M), "L" (≈150 M). With vision=True an mmproj is written too: LLaVA "mlp" for llama,
+"qwen3vl_merger" for qwen35*. With quant="q4_k_m" (or another of QUANTS) the text model is
+quantized by llama.cpp's own quantizer; the mmproj stays f16.
 
     forged = forge_cached("qwen35", "tiny", vision=True)
     forged.model_path, forged.mmproj_path
+    forge_cached("qwen35", "XS", quant="q4_k_m").model_path
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from .build import MMPROJ_FILE, MODEL_FILE, ForgedModel, forge
 from .cache import default_cache_dir, entry_name, forge_cached
 from .errors import ForgeError
+from .quant import QUANTS, check_quant
 from .specs import ARCHES, FORGE_VERSION, SIZES, TextSpec, VisionSpec, text_spec, vision_spec
 from .tokenizer import CHAT_TEMPLATE, MEDIA_MARKER
 
@@ -24,10 +28,12 @@ __all__ = [
     "MEDIA_MARKER",
     "MMPROJ_FILE",
     "MODEL_FILE",
+    "QUANTS",
     "SIZES",
     "ForgeError",
     "ForgedModel",
     "TextSpec",
+    "check_quant",
     "VisionSpec",
     "default_cache_dir",
     "entry_name",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import operator
+import os
+import tempfile
 from pathlib import Path
 
 import attrs
 
 from .errors import ForgeError
 from .mmproj import mmproj_plans, write_mmproj
+from .quant import check_quant
 from .specs import check_arch_size, text_spec, vision_spec
 from .text_model import text_plans, write_text_model
 from .writer import count_params
@@ -20,7 +23,8 @@ _MAX_SEED = 2**63 - 1
 
 @attrs.frozen
 class ForgedModel:
-    """What forge() wrote. `n_params` counts the text model only (llama_model_n_params)."""
+    """What forge() wrote. `n_params` counts the text model only (llama_model_n_params);
+    `quant` names the text model's quantization (the mmproj is always f16)."""
 
     model_path: Path
     mmproj_path: Path | None
@@ -31,11 +35,13 @@ class ForgedModel:
     model_bytes: int
     mmproj_bytes: int = 0
     mmproj_params: int = 0
+    quant: str = "f16"
 
 
-def check_request(arch: object, size: object, seed: object) -> None:
-    """Raise ForgeError unless (arch, size, seed) is a valid forge request."""
+def check_request(arch: object, size: object, seed: object, quant: object = "f16") -> None:
+    """Raise ForgeError unless (arch, size, seed, quant) is a valid forge request."""
     check_arch_size(arch, size)
+    check_quant(arch, size, quant)  # type: ignore[arg-type]
     if isinstance(seed, bool):
         raise ForgeError(f"seed must be an int, got bool {seed!r}")
     try:
@@ -46,7 +52,8 @@ def check_request(arch: object, size: object, seed: object) -> None:
         raise ForgeError(f"seed must be in [0, 2**63), got {value}")
 
 
-def describe(arch: str, size: str, out_dir: Path, *, vision: bool, seed: int) -> ForgedModel:
+def describe(arch: str, size: str, out_dir: Path, *, vision: bool, seed: int,
+             quant: str = "f16") -> ForgedModel:
     """The record for files already forged into out_dir (sizes read from disk)."""
     model_path = out_dir / MODEL_FILE
     mmproj_path = out_dir / MMPROJ_FILE if vision else None
@@ -60,24 +67,49 @@ def describe(arch: str, size: str, out_dir: Path, *, vision: bool, seed: int) ->
         model_bytes=model_path.stat().st_size,
         mmproj_bytes=mmproj_path.stat().st_size if mmproj_path else 0,
         mmproj_params=count_params(mmproj_plans(vision_spec(arch, size))) if vision else 0,
+        quant=quant,
     )
 
 
-def forge(arch: str, size: str, out_dir: Path, *, vision: bool = False, seed: int = 0) -> ForgedModel:
+def _write_quantized(arch: str, size: str, path: Path, seed: int, quant: str) -> None:
+    """Write the f16 text model next to ``path``, quantize it into ``path`` (atomically)."""
+    from cachepolicy.engine.quantize import quantize_gguf  # the engine owns llama_cpp
+
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    f16, quantized = Path(tmp_name), Path(tmp_name + ".q")
+    try:
+        write_text_model(text_spec(arch, size), f16, seed)
+        quantize_gguf(f16, quantized, quant)
+        os.chmod(quantized, 0o644)
+        os.replace(quantized, path)
+    finally:
+        f16.unlink(missing_ok=True)
+        quantized.unlink(missing_ok=True)
+
+
+def forge(arch: str, size: str, out_dir: Path, *, vision: bool = False, seed: int = 0,
+          quant: str = "f16") -> ForgedModel:
     """Write `out_dir/model.gguf` (and `out_dir/mmproj.gguf` if vision) and describe them.
 
-    Deterministic: the same (arch, size, vision, seed) always gives byte-identical files.
+    ``quant`` other than "f16" quantizes the text model with llama.cpp's own quantizer
+    (``llama_model_quantize``, the rules of ``llama-quantize``); the mmproj stays f16.
+    Deterministic: the same (arch, size, vision, seed, quant) always gives byte-identical files.
     Each file is written to a temporary name and renamed into place, so a reader never sees
-    a half-written file. Raises ForgeError for an unknown arch/size, a seed outside
-    [0, 2**63), or an out_dir that exists and is not a directory.
+    a half-written file. Raises ForgeError for an unknown arch/size/quant, a quant whose blocks
+    do not fit the size's rows, a seed outside [0, 2**63), or an out_dir that exists and is
+    not a directory.
     """
-    check_request(arch, size, seed)
+    check_request(arch, size, seed, quant)
     seed = operator.index(seed)
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ForgeError(f"out_dir {out_dir} exists and is not a directory")
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_text_model(text_spec(arch, size), out_dir / MODEL_FILE, seed)
+    if quant == "f16":
+        write_text_model(text_spec(arch, size), out_dir / MODEL_FILE, seed)
+    else:
+        _write_quantized(arch, size, out_dir / MODEL_FILE, seed, quant)
     if vision:
         write_mmproj(vision_spec(arch, size), out_dir / MMPROJ_FILE, seed)
-    return describe(arch, size, out_dir, vision=vision, seed=seed)
+    return describe(arch, size, out_dir, vision=vision, seed=seed, quant=quant)

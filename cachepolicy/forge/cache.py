@@ -1,4 +1,4 @@
-"""forge_cached(): forge once per (arch, size, vision, seed, FORGE_VERSION), reuse afterwards.
+"""forge_cached(): forge once per (arch, size, vision, seed, quant, FORGE_VERSION), reuse afterwards.
 
 A cache entry is a directory that only ever appears complete: models are forged into a
 private temporary directory next to it and renamed into place (an atomic rename on one
@@ -28,9 +28,10 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "kvagent" / "models"
 
 
-def entry_name(arch: str, size: str, *, vision: bool, seed: int) -> str:
-    """The cache directory name of one forge request."""
-    return f"{arch}-{size}-{'v' if vision else 't'}-s{seed}-{FORGE_VERSION}"
+def entry_name(arch: str, size: str, *, vision: bool, seed: int, quant: str = "f16") -> str:
+    """The cache directory name of one forge request (f16 entries carry no quant tag)."""
+    tag = "" if quant == "f16" else f"-{quant}"
+    return f"{arch}-{size}-{'v' if vision else 't'}-s{seed}{tag}-{FORGE_VERSION}"
 
 
 def _complete(entry: Path, vision: bool) -> bool:
@@ -48,27 +49,28 @@ def _sweep_stale(cache_dir: Path, name: str) -> None:
 
 
 def forge_cached(
-    arch: str, size: str, *, vision: bool = False, seed: int = 0, cache_dir: Path | None = None
+    arch: str, size: str, *, vision: bool = False, seed: int = 0, quant: str = "f16",
+    cache_dir: Path | None = None,
 ) -> ForgedModel:
     """Return the cached model for this request, forging it first if it is not cached yet.
 
     The entry lives in `cache_dir / entry_name(...)` (cache_dir defaults to
     default_cache_dir()). An existing entry is never rewritten.
     """
-    check_request(arch, size, seed)
+    check_request(arch, size, seed, quant)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if cache_dir.exists() and not cache_dir.is_dir():
         raise ForgeError(f"cache_dir {cache_dir} exists and is not a directory")
-    name = entry_name(arch, size, vision=vision, seed=seed)
+    name = entry_name(arch, size, vision=vision, seed=seed, quant=quant)
     entry = cache_dir / name
     if _complete(entry, vision):
-        return describe(arch, size, entry, vision=vision, seed=seed)
+        return describe(arch, size, entry, vision=vision, seed=seed, quant=quant)
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     _sweep_stale(cache_dir, name)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=cache_dir))
     try:
-        forge(arch, size, tmp, vision=vision, seed=seed)
+        forge(arch, size, tmp, vision=vision, seed=seed, quant=quant)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is meant to be shared
         if entry.exists() and not _complete(entry, vision):
             # Not produced by a forge (they only rename complete dirs in): replace it.
@@ -81,4 +83,4 @@ def forge_cached(
             # lost a race against another process: its (identical) entry stands
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return describe(arch, size, entry, vision=vision, seed=seed)
+    return describe(arch, size, entry, vision=vision, seed=seed, quant=quant)

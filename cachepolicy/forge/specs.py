@@ -2,7 +2,11 @@
 
 All numbers are chosen so that llama.cpp accepts the model (see the shape rules in
 text_model.py / mmproj.py) and so that the parameter counts land near the targets:
-tiny ≈ 0.2-0.4 M (unit tests), S ≈ 10 M, M ≈ 50 M, L ≈ 150 M.
+tiny ≈ 0.2-0.4 M (unit tests), XS ≈ 2-4 M, S ≈ 10 M, M ≈ 50 M, L ≈ 150 M.
+
+XS is the smallest size whose every weight matrix has rows (ne0) that are multiples of 256,
+so llama.cpp's K-quants and IQ4_XS quantize all of it without falling back to a legacy type:
+the unit-test size for quantized models (tiny's 64-wide rows would all fall back).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import attrs
 from .errors import ForgeError
 
 ARCHES: tuple[str, ...] = ("llama", "qwen35", "qwen35moe")
-SIZES: tuple[str, ...] = ("tiny", "S", "M", "L")
+SIZES: tuple[str, ...] = ("tiny", "XS", "S", "M", "L")
 
 #: Bump whenever the bytes a given (arch, size, vision, seed) produce change, so caches
 #: keyed by it never serve a stale model.
@@ -110,6 +114,7 @@ class VisionSpec:
 # Shared "shape" per size: (vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff).
 _BASE: dict[str, tuple[int, int, int, int, int, int, int]] = {
     "tiny": (512, 64, 4, 2, 1, 32, 128),
+    "XS": (1024, 256, 4, 4, 2, 64, 512),
     "S": (4096, 256, 12, 4, 2, 64, 640),
     "M": (8192, 512, 12, 8, 4, 64, 1792),
     "L": (8192, 768, 20, 12, 4, 64, 2304),
@@ -118,6 +123,7 @@ _BASE: dict[str, tuple[int, int, int, int, int, int, int]] = {
 # Hybrid extras per size: (full_attention_interval, ssm_state, ssm_groups, ssm_v_heads).
 _HYBRID: dict[str, tuple[int, int, int, int]] = {
     "tiny": (2, 16, 2, 4),
+    "XS": (2, 32, 2, 8),
     "S": (4, 64, 2, 4),
     "M": (4, 64, 4, 8),
     "L": (4, 64, 4, 12),
@@ -126,6 +132,7 @@ _HYBRID: dict[str, tuple[int, int, int, int]] = {
 # MoE extras per size: (n_expert, n_expert_used, n_ff_exp, n_ff_shexp).
 _MOE: dict[str, tuple[int, int, int, int]] = {
     "tiny": (4, 2, 64, 64),
+    "XS": (4, 2, 256, 256),
     "S": (8, 2, 64, 64),
     "M": (8, 2, 192, 192),
     "L": (8, 2, 256, 256),
@@ -172,7 +179,7 @@ def vision_spec(arch: str, size: str) -> VisionSpec:
     if arch == "llama":
         # LLaVA resizes every image to image_size²: 64 px -> 16 tokens for unit tests,
         # 384 px -> 576 tokens (LLaVA-1.5's cost) for benchmarks.
-        image_size = 64 if size == "tiny" else 384
+        image_size = 64 if size in ("tiny", "XS") else 384
         return VisionSpec(
             projector="mlp", image_size=image_size, patch_size=16, n_embd=64, n_ff=128,
             n_layer=2, n_head=4, projection_dim=text.n_embd, pos_side=image_size // 16,

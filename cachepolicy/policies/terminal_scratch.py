@@ -1,14 +1,16 @@
 """``terminal-scratch``: the terminal layout, re-prefilled from scratch every step.
 
-The exactness reference for terminal-slot: same pieces' tokens, no reuse."""
+The exactness reference for terminal-slot: the same pieces with the same boundaries (each
+history step its own piece, as terminal-slot needs them), no reuse.  Same boundaries make the
+comparison bitwise on every model: pieces shorter than 8 rows, and the experts of K-quant MoE
+models, take other kernels than inside a longer one-call prefill (see ``cachepolicy.engine``)."""
 
 from __future__ import annotations
 
 from cachepolicy.base import CachePolicy, register
 from cachepolicy.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
-from cachepolicy.layouts import terminal
-from cachepolicy.pieces import merge_text
+from cachepolicy.layouts import terminal_steps
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
 
 
@@ -23,5 +25,5 @@ class TerminalScratchPolicy(CachePolicy):
         supports=frozenset(ModelKind))
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
-        pieces, _ = terminal(log, self.kit, self.window)
-        return self.plan_reusing(log, view, merge_text(pieces), reuse=False)
+        pieces, _ = terminal_steps(log, self.kit, self.window)
+        return self.plan_reusing(log, view, pieces, reuse=False)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from cachepolicy.base import CachePolicy, register
 from cachepolicy.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
-from cachepolicy.layouts import terminal
-from cachepolicy.pieces import Piece, merge_text
+from cachepolicy.layouts import terminal_steps
+from cachepolicy.pieces import Piece
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
 
 REGION = "region"
@@ -29,10 +29,7 @@ class TerminalSlotPolicy(CachePolicy):
 
     def _pieces(self, log: ContextLog, window: int,
                 generation_prompt: bool) -> tuple[tuple[Piece, ...], int]:
-        raw, region = terminal(log, self.kit, window, generation_prompt=generation_prompt)
-        # Every history piece stays its own run (one per step) so that last step's checkpoint
-        # digest is a prefix of this step's prompt; the region start is a piece boundary.
-        return merge_text(raw, keep_before=frozenset(range(1, region + 1))), region
+        return terminal_steps(log, self.kit, window, generation_prompt=generation_prompt)
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
         pieces, region = self._pieces(log, self.window, True)

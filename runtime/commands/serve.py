@@ -36,6 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ledger budget (2GiB, 512MiB; default: the memory available now)")
     p.add_argument("--max-episodes", type=int, default=4,
                    help="episodes (and chat conversations) held at once; more get 429")
+    p.add_argument("--max-completion-tokens", type=int, default=4096,
+                   help="a chat completion decodes at most this many tokens (a larger "
+                        "max_tokens is capped to it)")
+    p.add_argument("--idle-seconds", type=float, default=900.0,
+                   help="an episode idle this long gives its slot to a new one when all "
+                        "are taken (its client may be gone without ending it)")
     p.add_argument("--ctx", type=int, default=16384, help="context tokens per episode")
     p.add_argument("--n-batch", type=int, default=512)
     p.add_argument("--threads", type=int, default=default_threads())
@@ -54,6 +60,7 @@ def _config(args: argparse.Namespace) -> object:
     from runtime.commands.agent_args import agent_config, check_threads
     from runtime.commands.run import _default_budget
     from runtime.serve.host import ServeConfig
+    from runtime.serve.requests import Limits
     from scheduler.sizes import parse_budget
 
     problem = check_threads(args.threads)
@@ -63,13 +70,18 @@ def _config(args: argparse.Namespace) -> object:
         raise ValueError("--port must be 0..65535")
     if not 0 <= args.grace_seconds <= 3600:
         raise ValueError("--grace-seconds must be 0..3600")
+    if not 1 <= args.max_completion_tokens <= 1 << 16:
+        raise ValueError("--max-completion-tokens must be 1..65536")
+    if not 0 < args.idle_seconds <= 7 * 86400:
+        raise ValueError("--idle-seconds must be more than 0 and at most a week")
     budget = parse_budget(args.memory_budget, relative=False)
     return ServeConfig(
         model_path=args.model, mmproj_path=args.mmproj, model_name=args.model_name,
         max_episodes=args.max_episodes, n_ctx=args.ctx, n_batch=args.n_batch,
         n_threads=args.threads,
         memory_budget=_default_budget() if budget.unlimited else budget.resolve(),
-        agent=agent_config(args), mode=args.mode)
+        agent=agent_config(args), mode=args.mode, idle_s=args.idle_seconds,
+        limits=Limits(max_tokens=args.max_completion_tokens))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -39,7 +39,6 @@ from cachepolicy.sampling import SamplingParams
 from runtime.driver import DriverStep
 from runtime.episode_host import HostedEpisode
 from runtime.profiles import get as get_profile
-from runtime.serve.errors import bad_request
 from runtime.serve.host import ModelHost
 from runtime.serve.requests import ChatRequest, ImagePart, Message
 from scheduler.transaction import StepOptions
@@ -250,9 +249,9 @@ async def parse_request(host: ModelHost, body: dict[str, Any]) -> ChatRequest:
 
     req = await anyio.to_thread.run_sync(parse_chat, body, host.config.limits)
     validate_model(host, req)
-    if req.sampling.max_tokens > host.config.n_ctx:
-        raise bad_request(f"'max_tokens' {req.sampling.max_tokens} exceeds the context "
-                          f"({host.config.n_ctx})", param="max_tokens")
+    if req.sampling.max_tokens > host.config.n_ctx // 2:  # the prompt needs room too
+        req = attrs.evolve(req, sampling=attrs.evolve(req.sampling,
+                                                      max_tokens=host.config.n_ctx // 2))
     return req
 
 

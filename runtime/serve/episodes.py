@@ -3,17 +3,29 @@
     POST   /v1/episodes                 {"instruction", "screen"?: [w, h], "options"?: {...}}
                                          → 201 {"episode_id", "config"}
     POST   /v1/episodes/{id}/step       {"screenshot": base64 PNG/JPEG/...}
-                                         → {"episode_id", "step", "action", "parsed",
-                                            "response", "terminal", "info"}
+                                         → {"episode_id", "step", "action", "parsed", "code",
+                                            "response", "history", "terminal",
+                                            "screenshot_size", "screen_size", "info"}
+    GET    /v1/episodes/{id}            → the episode and its recent steps' measurements
     DELETE /v1/episodes/{id}            → 204
 
+``screen`` is the VM's screen (default: each screenshot's own size); ``options`` are
+``AgentConfig`` fields (``EPISODE_OPTIONS``), defaulting to the server's flags.  A profile
+chosen per episode brings its own window unless ``window`` is given too.
+
 A step returns the decided action as data: its text in kvagent's action language
-(``action``, absolute pixels of the screenshot; ``null`` for an unparsable output) — the
-client turns it into a record (``parse_action``) and generates the pyautogui code itself, as
+(``action``, absolute pixels of the screenshot; ``null`` for an unparsable output, which
+acts as 'WAIT') and, for convenience, ``code``: the pyautogui code generated from that
+record with its points scaled onto ``screen``.  ``KvAgent(server=URL)`` does not run the
+server's text: it parses ``action`` into a record and generates the code itself, exactly as
 the in-process agent does.  ``history`` is the text the step leaves in the episode's
-history (what a replay forces to rebuild the episode elsewhere: ``runtime/cluster``).
+history (what a replay forces to rebuild the episode on another host: ``runtime/cluster``).
 Overlap happens here: after answering, the host prefetches the
 next step while the client's VM executes the action.
+
+Episodes idle longer than ``ServeConfig.idle_s`` give their slot to a new episode when every
+slot is taken (a client that vanished without ending its episode, e.g. an OSWorld worker
+ended with ``os._exit``); a later step of such an episode gets 404 ``episode_not_found``.
 """
 
 from __future__ import annotations
@@ -28,15 +40,17 @@ import anyio.to_thread
 import attrs
 
 from runtime.config import AgentConfig
+from runtime.episode_host import HostedEpisode
+from runtime.profiles import names as profile_names
 from runtime.serve.errors import bad_request, too_large
 from runtime.serve.host import ModelHost
-from vmenv.actions import TERMINAL_ACTIONS
+from vmenv.actions import TERMINAL_ACTIONS, rescale, to_pyautogui
 from vmenv.errors import ScreenshotError
 from vmenv.png import screenshot_png
 
 #: The agent options a client may set per episode (``AgentConfig`` fields).
-EPISODE_OPTIONS = ("policy", "window", "overlap", "temperature", "seed", "grammar",
-                   "decode_tokens", "system_prompt")
+EPISODE_OPTIONS = ("profile", "policy", "window", "overlap", "temperature", "seed",
+                   "grammar", "convention", "decode_tokens", "system_prompt")
 MAX_INSTRUCTION_CHARS = 20_000
 
 
@@ -49,8 +63,15 @@ def episode_config(base: AgentConfig, options: Any) -> AgentConfig:
     if unknown:
         raise bad_request(f"unknown options {unknown}; known: {', '.join(EPISODE_OPTIONS)}",
                           param="options")
+    profile = options.get("profile", base.profile)
+    if profile not in profile_names():  # (serving-only profiles such as chat are not agents)
+        raise bad_request(f"options: unknown agent profile {profile!r}; known: "
+                          f"{', '.join(profile_names())}", param="options")
+    fields = {a.name: getattr(base, a.name) for a in attrs.fields(AgentConfig)}
+    if profile != base.profile:  # another profile: its own window and coordinates
+        del fields["window"], fields["convention"]
     try:
-        return attrs.evolve(base, **options)
+        return AgentConfig(**{**fields, **options})
     except (ValueError, TypeError) as exc:
         raise bad_request(f"options: {exc}", param="options") from None
 
@@ -73,12 +94,14 @@ async def create(host: ModelHost, body: Mapping[str, Any], *,
         screen = (screen[0], screen[1])
     config = episode_config(host.config.agent, body.get("options"))
     episode_id, n = host.new_id("ep") if number is None else (f"ep-{number}", number)
-    # the screen size until the first screenshot says otherwise (coordinates follow the
-    # screenshot the model sees)
-    await host.episodes.open(episode_id, config, instruction, screen or (1920, 1080), seed=n)
-    return {"episode_id": episode_id, "config": {k: getattr(config, k)
-                                                  for k in EPISODE_OPTIONS
-                                                  if k != "system_prompt"}}
+    # the prompt's screen size until the first screenshot says otherwise (the model decides
+    # in the pixels of the screenshot it sees)
+    hosted = await host.episodes.open(episode_id, config, instruction, screen or (1920, 1080),
+                                      seed=n, evictable=host.idle_too_long)
+    hosted.screen = screen
+    return {"episode_id": episode_id, "config": {
+        k: (v.value if k == "convention" else v) for k in EPISODE_OPTIONS
+        if k != "system_prompt" for v in (getattr(config, k),)}}
 
 
 async def step(host: ModelHost, episode_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -97,18 +120,24 @@ async def step(host: ModelHost, episode_id: str, body: Mapping[str, Any]) -> dic
     except ScreenshotError as exc:
         raise bad_request(f"'screenshot': {exc}", param="screenshot",
                           code="invalid_image") from None
-    session = hosted.driver.session
-    if session.screen != size:
-        session.screen = size  # coordinates refer to the screenshot the model sees
+    hosted.driver.session.resize(size)  # the model decides in the pixels it sees
     result = await host.episodes.step(episode_id, png, arrived_at=arrived)
     metrics = result.metrics
     host.metrics.step("episode", metrics)
     info = metrics.as_dict()
     info.pop("output_tokens")
+    screen = _screen(hosted, size)
     return {"episode_id": episode_id, "step": result.act.index, "action": metrics.action,
-            "parsed": metrics.parsed, "response": result.act.response,
-            "history": session.history_text,
-            "terminal": isinstance(result.act.action, TERMINAL_ACTIONS), "info": info}
+            "parsed": metrics.parsed, "code": to_pyautogui(rescale(result.act.action, size,
+                                                                    screen)),
+            "response": result.act.response,
+            "history": hosted.driver.session.history_text,
+            "terminal": isinstance(result.act.action, TERMINAL_ACTIONS),
+            "screenshot_size": list(size), "screen_size": list(screen), "info": info}
+
+
+def _screen(hosted: HostedEpisode, size: tuple[int, int]) -> tuple[int, int]:
+    return hosted.screen if hosted.screen is not None else size
 
 
 async def end(host: ModelHost, episode_id: str) -> None:

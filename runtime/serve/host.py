@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,7 +25,7 @@ import structlog
 from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
-from runtime.episode_host import EpisodeHost
+from runtime.episode_host import EpisodeHost, HostedEpisode
 from runtime.serve.prometheus import ServeMetrics
 from runtime.serve.requests import Limits
 from scheduler.ledger import MemoryLedger
@@ -57,6 +58,9 @@ class ServeConfig:
     mode: str = attrs.field(default="terminal", validator=attrs.validators.in_(MODES))
     limits: Limits = attrs.Factory(Limits)
     wait_s: float = 30.0  # the scheduler's wait-for-memory bound
+    #: an episode idle this long gives its slot to a new one when every slot is taken (its
+    #: client is gone, or thinks longer than any VM action takes)
+    idle_s: float = attrs.field(default=900.0, validator=attrs.validators.gt(0))
 
     def __attrs_post_init__(self) -> None:
         if (self.model_path is None) != (self.mmproj_path is None):
@@ -96,6 +100,10 @@ class ModelHost:
         finally:
             engine.close()
             log.info("serve_host_closed")
+
+    def idle_too_long(self, hosted: HostedEpisode) -> bool:
+        """May ``hosted`` give its slot to a new episode?  (Idle longer than ``idle_s``.)"""
+        return time.monotonic() - hosted.last_used > self.config.idle_s
 
     def new_id(self, prefix: str) -> tuple[str, int]:
         """A fresh id (``ep-7``) and its number (an episode's sampling seed)."""

@@ -4,7 +4,8 @@ wrong, with the parameter).
 Chat completions follow OpenAI's request shape: ``messages`` with string or list content,
 text parts and ``image_url`` parts carrying ``data:`` URLs (or bare base64); ``max_tokens``
 (or ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``,
-``user``.  Images are decoded with Pillow's decompression-bomb limit and converted to PNG
+``user``.  ``max_tokens`` is a cap: a completion decodes at most ``Limits.max_tokens``
+(and half the context); only absurd values are refused.  Images are decoded with Pillow's decompression-bomb limit and converted to PNG
 (``vmenv.png.screenshot_png``); nothing is fetched from the network.
 """
 
@@ -35,7 +36,11 @@ class Limits:
     max_images: int = 16
     max_messages: int = 256
     max_text_chars: int = 200_000
+    #: a completion decodes at most this many tokens: a larger ``max_tokens`` (OSWorld's
+    #: Qwen3-VL agent asks for 32768) is capped to it, as llama-server caps to its context
     max_tokens: int = 4096
+    #: ``max_tokens`` above this is refused (a typo, not a budget)
+    max_tokens_refused_over: int = 1 << 20
     max_stop: int = 4
     max_stop_chars: int = 64
 
@@ -244,9 +249,11 @@ def _sampling(data: Mapping[str, Any], limits: Limits) -> Sampling:
         max_tokens = 256
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise bad_request(f"'{key}' must be a positive integer", param=key)
-    if max_tokens > limits.max_tokens:
-        raise bad_request(f"'{key}' is {max_tokens}; this server allows at most "
-                          f"{limits.max_tokens}", param=key, code="max_tokens_too_large")
+    if max_tokens > limits.max_tokens_refused_over:
+        raise bad_request(f"'{key}' is {max_tokens}; this server refuses more than "
+                          f"{limits.max_tokens_refused_over} (and decodes at most "
+                          f"{limits.max_tokens})", param=key, code="max_tokens_too_large")
+    max_tokens = min(max_tokens, limits.max_tokens)
     temperature = _number(data, "temperature", 1.0, 0.0, 2.0)
     top_p = _number(data, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:
