@@ -51,10 +51,11 @@ def parse_args() -> argparse.Namespace:
 
 
 def make_agent(url: str, screen: tuple[int, int], temperature: float) -> Any:
-    """Where the runner chooses its agent (switch to ``KvAgent(server=url)`` when it lands)."""
-    from runtime.cluster.client import ServedAgent
+    """The runner's agent: KvAgent as a client of the front door (the model is the
+    cluster's; each worker holds one episode at a time)."""
+    from runtime.osworld_agent import KvAgent
 
-    return ServedAgent(url, screen_size=screen, options={"temperature": temperature})
+    return KvAgent(server=url, screen_size=screen, temperature=temperature)
 
 
 def fake_env() -> Any:

@@ -195,7 +195,7 @@ def test_parallel_osworld_run_over_the_cluster(cluster, ray_address, tmp_path) -
     import ray
 
     import osworld_runner_like
-    from runtime.cluster.client import ServedAgent
+    from runtime.osworld_agent import KvAgent
     from runtime.cluster.osworld_run import OsworldTask, result_dir, run_parallel
     from vmenv.osworld_fake import FakeDesktopEnv, simdesk_example
 
@@ -205,8 +205,8 @@ def test_parallel_osworld_run_over_the_cluster(cluster, ray_address, tmp_path) -
     run = functools.partial(
         run_parallel, result_root=tmp_path, model_name="kvagent", workers=2,
         make_env=functools.partial(FakeDesktopEnv, width=320, height=240),
-        make_agent=functools.partial(ServedAgent, cluster.url, screen_size=(320, 240),
-                                     options={"temperature": 1.0}),
+        make_agent=functools.partial(KvAgent, server=cluster.url, screen_size=(320, 240),
+                                     temperature=1.0),
         run_example=osworld_runner_like.run_single_example_like, max_steps=3)
     ray.init(address=ray_address, log_to_driver=False)
     try:

@@ -7,7 +7,6 @@
 - ``frontdoor.py``: the HTTP routes of ``kvagent serve``, forwarded;
 - ``metrics.py``: ``GET /metrics`` summed over hosts;
 - ``spawn.py``: Ray itself (connecting, starting host actors);
-- ``client.py``: a synchronous OSWorld agent over the episode API (``ServedAgent``);
 - ``osworld_run.py``: parallel OSWorld, env workers as Ray actors (run_multienv's role).
 
 Ray is imported only where it is used (``spawn.py``, ``osworld_run.run_parallel``, the

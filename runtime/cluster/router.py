@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -49,6 +50,7 @@ class RoutedEpisode:
     host: HostHandle | None
     steps: list[RecordedStep] = attrs.Factory(list)
     busy: bool = False
+    last_used: float = attrs.Factory(time.monotonic)
 
     @property
     def episode_id(self) -> str:
@@ -62,7 +64,8 @@ class Router:
     def __init__(self, hosts: list[HostHandle], *,
                  start_host: Callable[[str], Awaitable[HostHandle]],
                  kill_host: Callable[[HostHandle], None], read_timeout_s: float = 600.0,
-                 replace_lost: bool = True, rebuild_wait_s: float = 300.0) -> None:
+                 replace_lost: bool = True, rebuild_wait_s: float = 300.0,
+                 idle_s: float = 900.0) -> None:
         self.hosts: dict[str, HostHandle] = {h.name: h for h in hosts}
         self.episodes: dict[str, RoutedEpisode] = {}
         self.conversations: OrderedDict[str, HostHandle] = OrderedDict()
@@ -70,7 +73,7 @@ class Router:
         self.lost = 0
         self._start_host, self._kill_host = start_host, kill_host
         self._replace_lost = replace_lost
-        self._rebuild_wait_s = rebuild_wait_s
+        self._rebuild_wait_s, self._idle_s = rebuild_wait_s, idle_s
         self._replacing = 0
         self._host_added = anyio.Event()
         self._closing = False
@@ -195,6 +198,7 @@ class Router:
 
     async def create(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], str]:
         """A new episode: placed, created there under the next number."""
+        self._forget_idle()
         episode = RoutedEpisode(next(self._numbers), body, None)
         status, answer = await self._place(episode)
         if status == 201:
@@ -207,7 +211,12 @@ class Router:
         async with self._place_lock:
             loads = await self.loads()
             refused: dict[str, Any] | None = None
-            for name in placement_order(loads):
+            # hosts with a free sequence by headroom, then the full ones: a full host may
+            # give an idle episode's slot away (--idle-seconds), or answers 429
+            order = placement_order(loads)
+            order += [x.name for x in sorted(loads, key=lambda x: -x.free_bytes)
+                      if x.name not in order]
+            for name in order:
                 host = self.hosts[name]
                 try:
                     with anyio.fail_after(self._rebuild_timeout(episode)):
@@ -229,6 +238,17 @@ class Router:
                 refused = reply.body
             error = self._full()
             return error.status, refused or error.body()
+
+    def _forget_idle(self) -> None:
+        """Drop the records of episodes idle longer than ``idle_s`` (a client that vanished
+        without ending its episode; its host gives the slot away after as long): a later
+        step of one gets 404, as from a single host."""
+        now = time.monotonic()
+        for episode_id, ep in list(self.episodes.items()):
+            if not ep.busy and now - ep.last_used > self._idle_s:
+                del self.episodes[episode_id]
+                log.info("cluster_episode_forgotten", episode_id=episode_id,
+                         idle_s=round(now - ep.last_used))
 
     @staticmethod
     def _rebuild_timeout(episode: RoutedEpisode) -> float:
@@ -271,11 +291,17 @@ class Router:
                     data = json.loads(out.content)
                     ep.steps.append(RecordedStep(screenshot, data["response"],
                                                  data.get("history")))
+                elif out.status == 404 and _code(out) == "episode_not_found":
+                    # the host gave an idle episode's slot away (--idle-seconds): the
+                    # front door still has its record, so rebuild it rather than lose it
+                    log.info("cluster_episode_evicted", episode_id=episode_id, host=out.host)
+                    ep.host = None
+                    continue
                 return out
             raise ApiError(503, f"episode {episode_id} lost two hosts in one step; retry",
                            "server_error", None, "host_lost", retry_after=5.0)
         finally:
-            ep.busy = False
+            ep.busy, ep.last_used = False, time.monotonic()
 
     async def end(self, episode_id: str) -> Forwarded | None:
         ep = self.episode(episode_id)
@@ -299,3 +325,10 @@ class Router:
         self.conversations.move_to_end(key)
         while len(self.conversations) > MAX_CONVERSATIONS:
             self.conversations.popitem(last=False)
+
+
+def _code(out: Forwarded) -> str | None:
+    try:
+        return json.loads(out.content)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None

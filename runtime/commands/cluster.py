@@ -94,7 +94,8 @@ async def _main(args: argparse.Namespace, config: Any, wanted: int, sock: socket
             spawner.kill(host)
         return 2
     hosts.sort(key=lambda h: h.name)
-    router = Router(hosts, start_host=spawner.start, kill_host=spawner.kill)
+    router = Router(hosts, start_host=spawner.start, kill_host=spawner.kill,
+                    idle_s=config.idle_s)
     server = uvicorn.Server(uvicorn.Config(create_front_door(router, config.limits),
                                            log_level="warning", lifespan="off",
                                            timeout_graceful_shutdown=args.grace_seconds))
