@@ -31,7 +31,8 @@ import attrs
 import structlog
 
 from runtime.cluster.forward import Forwarded, Forwarder, HostLost
-from runtime.cluster.placement import HostLoad, placement_order
+from runtime.cluster.hosts import HostPool
+from runtime.cluster.placement import placement_order
 from runtime.cluster.resume import RecordedStep
 from runtime.cluster.spawn import HostHandle
 from runtime.serve.errors import ApiError, busy, not_found, unavailable
@@ -40,7 +41,6 @@ log = structlog.get_logger("kvagent.cluster")
 
 #: Conversations remembered for chat affinity (least recently used forgotten first).
 MAX_CONVERSATIONS = 4096
-STATUS_TIMEOUT_S = 10.0
 
 
 @attrs.define(eq=False)
@@ -66,88 +66,45 @@ class Router:
                  kill_host: Callable[[HostHandle], None], read_timeout_s: float = 600.0,
                  replace_lost: bool = True, rebuild_wait_s: float = 300.0,
                  idle_s: float = 900.0) -> None:
-        self.hosts: dict[str, HostHandle] = {h.name: h for h in hosts}
+        self.pool = HostPool(hosts, start_host=start_host, kill_host=kill_host,
+                             on_lost=self._on_lost, replace_lost=replace_lost)
         self.episodes: dict[str, RoutedEpisode] = {}
         self.conversations: OrderedDict[str, HostHandle] = OrderedDict()
         self.failovers = 0
-        self.lost = 0
-        self._start_host, self._kill_host = start_host, kill_host
-        self._replace_lost = replace_lost
         self._rebuild_wait_s, self._idle_s = rebuild_wait_s, idle_s
-        self._replacing = 0
-        self._host_added = anyio.Event()
-        self._closing = False
         self._numbers = itertools.count(1)
-        self._host_numbers = itertools.count(len(hosts))
         self._place_lock = anyio.Lock()
-        self._tg: anyio.abc.TaskGroup | None = None
-        self.http = Forwarder(self.host_lost, read_timeout_s=read_timeout_s)
-
-    # ------------------------------------------------------------------ lifecycle
+        self.http = Forwarder(self.pool.host_lost, read_timeout_s=read_timeout_s)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
                   ) -> None:
         """Watch every host until cancelled."""
         try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                for host in self.hosts.values():
-                    tg.start_soon(self._watch, host)
-                task_status.started()
-                await anyio.sleep_forever()
+            await self.pool.run(task_status=task_status)
         finally:
-            self._tg = None
             with anyio.CancelScope(shield=True):
                 await self.http.aclose()
 
-    def closing(self) -> None:
-        """The front door is shutting down: hosts that end now are not replaced."""
-        self._replace_lost = False
-        self._closing = True
+    @property
+    def hosts(self) -> dict[str, HostHandle]:
+        return self.pool.hosts
+
+    @property
+    def lost(self) -> int:
+        return self.pool.lost
 
     def alive(self) -> list[HostHandle]:
-        return [h for h in self.hosts.values() if h.alive]
+        return self.pool.alive()
 
-    async def _watch(self, host: HostHandle) -> None:
-        try:
-            await host.done
-            reason = "the host stopped"
-        except Exception as exc:  # noqa: BLE001  RayActorError & co: the host died
-            reason = f"{type(exc).__name__}: {str(exc)[:200]}"
-        self.host_lost(host, reason)
+    def closing(self) -> None:
+        self.pool.closing()
 
-    def host_lost(self, host: HostHandle, reason: str) -> None:
-        """Mark ``host`` lost (idempotent): cancel its requests, end its actor, replace it."""
-        if not host.alive:
-            return
-        host.alive = False
-        if self._closing:
-            return  # stopped on purpose
-        self.lost += 1
-        moved = sum(1 for ep in self.episodes.values() if ep.host is host)
-        log.warning("cluster_host_lost", host=host.name, reason=reason, episodes=moved)
-        for scope in list(host.inflight):
-            scope.cancel()
+    def _on_lost(self, host: HostHandle) -> int:
+        """The router's part of a host's loss: its conversations are forgotten (their next
+        request is placed anew); its episodes are rebuilt by their next step."""
         for key in [k for k, h in self.conversations.items() if h is host]:
             del self.conversations[key]
-        self._kill_host(host)
-        if self._replace_lost and self._tg is not None:
-            self._tg.start_soon(self._replace, f"host-{next(self._host_numbers)}")
-
-    async def _replace(self, name: str) -> None:
-        self._replacing += 1
-        try:
-            host = await self._start_host(name)
-        except Exception as exc:  # noqa: BLE001  no room for it now: the cluster runs on
-            log.warning("cluster_host_not_replaced", host=name, error=repr(exc)[:300])
-            return
-        finally:
-            self._replacing -= 1
-            self._host_added.set()  # wake rebuilds waiting for room (also on failure)
-            self._host_added = anyio.Event()
-        self.hosts[name] = host
-        if self._tg is not None:
-            self._tg.start_soon(self._watch, host)
+        return sum(1 for ep in self.episodes.values() if ep.host is host)
 
     async def _place_when_possible(self, episode: RoutedEpisode) -> tuple[int, dict[str, Any]]:
         """``_place``, waiting (up to ``rebuild_wait_s``) for replacement hosts while none
@@ -156,37 +113,16 @@ class Router:
         deadline = anyio.current_time() + self._rebuild_wait_s
         while True:
             status, answer = await self._place(episode)
-            if status == 201 or status not in (429, 503) or not self._replacing:
+            if status == 201 or status not in (429, 503) or not self.pool.replacing:
                 return status, answer
-            added = self._host_added
-            with anyio.move_on_after(deadline - anyio.current_time()):
-                await added.wait()
-            if anyio.current_time() >= deadline:
+            if not await self.pool.wait_for_host(deadline):
                 return status, answer
 
     # ------------------------------------------------------------------ placement
 
-    async def loads(self) -> list[HostLoad]:
-        """Every live host's report, asked now (a host that cannot answer is lost)."""
-        out: list[HostLoad] = []
-
-        async def ask(host: HostHandle) -> None:
-            try:
-                with anyio.fail_after(STATUS_TIMEOUT_S):
-                    status = await host.actor.status.remote()
-            except Exception as exc:  # noqa: BLE001
-                self.host_lost(host, f"status failed: {type(exc).__name__}")
-                return
-            out.append(HostLoad.from_status(host.name, status))
-
-        async with anyio.create_task_group() as tg:
-            for host in self.alive():
-                tg.start_soon(ask, host)
-        return out
-
     async def best_host(self) -> HostHandle:
         """The host a new conversation goes to (429 when none has a free sequence)."""
-        order = placement_order(await self.loads())
+        order = placement_order(await self.pool.loads())
         if not order:
             raise self._full()
         return self.hosts[order[0]]
@@ -209,7 +145,7 @@ class Router:
     async def _place(self, episode: RoutedEpisode) -> tuple[int, dict[str, Any]]:
         """Open ``episode`` on the best host that takes it (rebuilt from its steps)."""
         async with self._place_lock:
-            loads = await self.loads()
+            loads = await self.pool.loads()
             refused: dict[str, Any] | None = None
             # hosts with a free sequence by headroom, then the full ones: a full host may
             # give an idle episode's slot away (--idle-seconds), or answers 429
@@ -223,7 +159,7 @@ class Router:
                         reply = await host.actor.open_episode.remote(
                             episode.body, episode.number, episode.steps)
                 except Exception as exc:  # noqa: BLE001  died meanwhile: try the next
-                    self.host_lost(host, f"open failed: {type(exc).__name__}")
+                    self.pool.host_lost(host, f"open failed: {type(exc).__name__}")
                     continue
                 if reply.status == 201:
                     episode.host = host

@@ -142,7 +142,7 @@ async def _stop_hosts(router: Any) -> None:
         except Exception as exc:  # noqa: BLE001  a host that does not stop is killed
             print(f"kvagent serve --ray: host {host.name} did not stop: {exc!r}"[:500],
                   file=sys.stderr)
-            router.host_lost(host, "did not stop")
+            router.pool.host_lost(host, "did not stop")
 
     router.closing()
     with anyio.CancelScope(shield=True):
