@@ -25,6 +25,7 @@ import structlog
 
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
+from runtime.errors import describe_error
 from runtime.metrics import StepMetrics
 from runtime.session import ActStep, AgentSession, Teacher
 from scheduler.scheduler import Scheduler
@@ -79,11 +80,17 @@ class EpisodeDriver:
     def prefetch_running(self) -> bool:
         return self._prefetch is not None and not self._prefetch.done.is_set()
 
-    async def act(self, png: bytes, *, arrived_at: float | None = None) -> DriverStep:
+    async def act(self, png: bytes, *, arrived_at: float | None = None,
+                  screen: tuple[int, int] | None = None) -> DriverStep:
         """Decide the action for ``png`` (critical path).  Raises the scheduler's typed
         errors (e.g. ``AdmissionError``) when the step cannot run; the episode's published
-        cache state is then untouched."""
+        cache state is then untouched.  ``screen`` is the screenshot's size: when it
+        changed mid-episode, actions follow it (coordinates refer to the screenshot the
+        model sees), and the change is logged."""
         t0 = time.perf_counter() if arrived_at is None else arrived_at
+        if screen is not None and screen != self.session.screen:
+            self._log.warning("screen_size_changed", old=self.session.screen, new=screen)
+            self.session.screen = screen
         job = await self._settle(cancel=False)
         waited = time.perf_counter() - t0
         act = await self.session.act(png)
@@ -128,7 +135,7 @@ class EpisodeDriver:
                 job.record = await self.session.prefetch()
         except Exception as exc:  # noqa: BLE001  speculative work: reported with the next
             # step (its segments stay pending for that step); cancellation passes through
-            job.error = f"{type(exc).__name__}: {exc}"
+            job.error = describe_error(exc)
             self._log.warning("prefetch_failed", reason=job.error)
         finally:
             job.seconds = time.perf_counter() - t0

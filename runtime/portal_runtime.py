@@ -132,12 +132,8 @@ class AgentRuntime:
             driver = self._driver = EpisodeDriver.open(
                 scheduler, self.factory, self.config, self._episode_id(), instruction, screen,
                 seed=self._n_episodes)
-        elif driver.session.screen != screen:
-            log.warning("screen_size_changed", episode_id=driver.episode_id,
-                        old=driver.session.screen, new=screen)
-            driver.session.screen = screen  # coordinates refer to the screenshot the model sees
         try:
-            step = await driver.act(png, arrived_at=arrived_at)
+            step = await driver.act(png, arrived_at=arrived_at, screen=screen)
         except (SchedulerError, KvagentCacheError) as exc:
             raise AgentStepError(f"step {driver.session.steps_decided} of "
                                  f"{driver.episode_id} failed: {exc}") from exc
