@@ -2,6 +2,10 @@
 walk the fallback ladder: free idle state (rung 1) → wait for releases (rung 2) → downgrade
 the plan (rung 3) → fail with a typed, explained ``AdmissionError`` (rung 4).
 
+Context is checked like memory: a plan whose prompt and decoded tokens would not fit the
+sequence's share of the context (``n_ctx_per_seq``) is never executed; it goes straight to
+rung 3 (a smaller window fits), the step recorded as degraded with the reason.
+
 Decisions are ``MemoryPressure.decide``'s (synchronous); this module acts on them and keeps
 the FIFO queue of jobs waiting for memory.  Each rung is logged with its reason.
 """
@@ -53,38 +57,67 @@ class Admission:
             if txn.parent is slot.cache.state:
                 return txn
 
+    def context_need(self, txn: Transaction) -> int:
+        """Tokens the plan's sequence holds at its end: the prompt and what it decodes."""
+        plan = txn.plan
+        if plan is None:
+            return 0
+        return plan.context_tokens + (txn.episode.policy.decode_tokens if plan.decode else 0)
+
+    def fits_context(self, txn: Transaction) -> bool:
+        return self.context_need(txn) <= self.engine.config.n_ctx_per_seq
+
     async def admit(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority, *,
-                     degrade: bool) -> Transaction:
+                     degrade: bool, cause: str = "") -> Transaction:
         """reserve, or walk the ladder: free idle state → wait for releases → downgrade →
-        fail.  Each rung is logged with its reason."""
+        fail.  Each rung is logged with its reason.  ``degrade``: straight to rung 3
+        (``cause``: why, e.g. the engine failed the full plan; it prefixes the reason)."""
         ep = slot.cache
         rungs: list[str] = []
         if not degrade:
             txn = await self._under_pressure(slot, segments, priority, rungs)
             if txn is not None:
                 return self._admitted(txn, rungs)
-            rungs[:] = ["evict", "wait"]  # both walked (whether or not they found anything)
+            # both walked (whether or not they found anything), or the context is full
+            rungs[:] = ["context_full"] if "context_full" in rungs else ["evict", "wait"]
         if priority is Priority.PREFETCH:  # speculative: no downgrade, not a failed step
             self.counters["prefetch_no_memory"] += 1
-            raise AdmissionError(f"episode {ep.episode_id}: no memory for a prefetch now",
+            raise AdmissionError(f"episode {ep.episode_id}: no room for a prefetch now",
                                  episode_id=ep.episode_id, rungs=tuple(rungs), need=0,
                                  free=self.ledger.snapshot().free)
-        need = 0
+        n_ctx = self.engine.config.n_ctx_per_seq
+        need, shortest = 0, 0  # shortest: the least context of the plans too long for it
         rungs.append("downgrade")
         for policy, reason in downgrades(ep.policy, self.kit):
             smaller = await self.begin(slot, segments, priority, policy=policy,
                                         degraded=reason)
+            if not self.fits_context(smaller):
+                shortest = min(shortest or n_ctx << 20, self.context_need(smaller))
+                continue
             need = need or smaller.need_bytes
+            if "context_full" in rungs:
+                reason = f"context full (n_ctx_per_seq {n_ctx}): {reason}"
+            elif cause:
+                reason = f"{cause}: {reason}"
             if self.pressure.try_admit(slot, smaller):
                 self._fallback(ep, 3, reason, smaller.need_bytes)
                 self.counters["degraded"] += 1
                 return self._admitted(smaller, rungs)
         rungs.append("fail")
+        self.counters["failed"] += 1
         if not need:
-            need = (await self.begin(slot, segments, priority)).need_bytes
+            first = await self.begin(slot, segments, priority)
+            if not self.fits_context(first):  # no plan fits the context at all
+                tokens = min(shortest or n_ctx << 20, self.context_need(first))
+                self._fallback(ep, 4, "no plan fits the context", first.need_bytes)
+                raise AdmissionError(
+                    f"episode {ep.episode_id}: context full: the smallest plan needs "
+                    f"{tokens} tokens, a sequence holds {n_ctx} (n_ctx_per_seq), after "
+                    f"{', '.join(rungs)}", episode_id=ep.episode_id, rungs=tuple(rungs),
+                    need=first.need_bytes, free=self.ledger.snapshot().free)
+            need = first.need_bytes
         snap = self.ledger.snapshot()
         self._fallback(ep, 4, "no plan fits the memory budget", need)
-        self.counters["failed"] += 1
         raise AdmissionError(
             f"episode {ep.episode_id}: step needs {need} bytes, {snap.free} free of "
             f"{snap.budget} after {', '.join(rungs)}", episode_id=ep.episode_id,
@@ -106,6 +139,13 @@ class Admission:
                         return None
                     continue
                 txn = await self.begin(slot, segments, priority)
+                if not self.fits_context(txn):  # no memory makes it fit: rung 3
+                    rungs.append("context_full")
+                    self.counters["context_full"] += 1
+                    self._log.warning("fallback", episode_id=ep.episode_id, seq_id=ep.seq,
+                                      rung="context_full", need_tokens=self.context_need(txn),
+                                      n_ctx_per_seq=self.engine.config.n_ctx_per_seq)
+                    return None
                 head = (not self._mem_queue) or self._mem_queue[0] is ticket
                 decision = self.pressure.decide(slot, txn, first_in_queue=head,
                                                 speculative=priority is Priority.PREFETCH)

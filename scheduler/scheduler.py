@@ -31,7 +31,7 @@ import structlog
 from cachepolicy.base import CachePolicy
 from cachepolicy.context_log import Segment
 from cachepolicy.engine import Engine
-from cachepolicy.errors import DecodeError
+from cachepolicy.errors import ContextFullError, DecodeError, RestoreError
 from cachepolicy.executor import Preempted
 from cachepolicy.segments import SegmentFactory
 from scheduler.admission import Admission
@@ -218,9 +218,11 @@ class Scheduler:
 
     async def _admit_and_run(self, slot: Slot, segments: tuple[Segment, ...],
                              priority: Priority) -> StepRecord | PrefetchRecord | None:
+        cause = ""  # why the previous attempt failed: the degraded step's reason says it
         for attempt in range(3):
             try:
-                txn = await self.admission.admit(slot, segments, priority, degrade=attempt > 0)
+                txn = await self.admission.admit(slot, segments, priority, degrade=attempt > 0,
+                                                 cause=cause)
             except AdmissionError:
                 if priority is Priority.PREFETCH:
                     slot.pending = segments
@@ -239,12 +241,16 @@ class Scheduler:
                     raise
                 self.counters["prefetch_discarded"] += 1
                 return None
-            except DecodeError as exc:
-                # A real allocation failure inside llama.cpp, already rolled back: go down
-                # the ladder again, straight to a smaller plan.
+            except (DecodeError, ContextFullError, RestoreError) as exc:
+                # The engine failed the plan (llama_decode, a context the plan did not
+                # foresee, a checkpoint it cannot restore), already rolled back: go down the
+                # ladder again, straight to a smaller plan that starts from scratch.
+                rung = ("context_full" if isinstance(exc, ContextFullError) else
+                        "restore_failure" if isinstance(exc, RestoreError) else "decode_failure")
                 self._log.warning("fallback", episode_id=slot.cache.episode_id,
-                                  rung="decode_failure", reason=str(exc))
-                self.counters["decode_failure"] += 1
+                                  rung=rung, reason=str(exc))
+                self.counters[rung] += 1
+                cause = f"{rung.replace('_', ' ')} ({exc})"
                 if priority is Priority.PREFETCH:
                     slot.pending = segments
                     return None
