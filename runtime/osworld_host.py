@@ -21,6 +21,7 @@ import attrs
 import structlog
 
 from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.engine.records import MAX_N_BATCH, MAX_N_CTX_PER_SEQ, MAX_THREADS
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.portal_runtime import AgentClosedError, AgentRuntime, KvAgentError
@@ -45,10 +46,14 @@ class KvAgentConfig:
     model_path: Path | None = attrs.field(converter=attrs.converters.optional(Path))
     mmproj_path: Path | None = attrs.field(converter=attrs.converters.optional(Path))
     agent: AgentConfig = attrs.Factory(AgentConfig)
+    # the engine's bounds (cachepolicy.engine.records), checked before anything loads
     n_threads: int = attrs.field(factory=lambda: os.cpu_count() or 1,
-                                 validator=attrs.validators.ge(1))
-    n_ctx: int = attrs.field(default=16384, validator=attrs.validators.ge(256))
-    n_batch: int = attrs.field(default=512, validator=attrs.validators.ge(2))
+                                 validator=[attrs.validators.ge(1),
+                                            attrs.validators.le(MAX_THREADS)])
+    n_ctx: int = attrs.field(default=16384, validator=[attrs.validators.ge(256),
+                                                       attrs.validators.le(MAX_N_CTX_PER_SEQ)])
+    n_batch: int = attrs.field(default=512, validator=[attrs.validators.ge(2),
+                                                       attrs.validators.le(MAX_N_BATCH)])
     memory_budget: int | None = attrs.field(default=None, converter=_budget)
     screen_size: tuple[int, int] = (1920, 1080)
     action_space: str = "pyautogui"

@@ -105,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"kvagent bench: error: {problem}", file=sys.stderr)
         return 2
-    from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.engine import Engine
     from cachepolicy.errors import KvagentCacheError
+    from runtime.commands.engine_sizing import engine_config
     from cachepolicy.images import fit_resolution
     from runtime.bench.arms import run_arms
     from runtime.bench.report import REFERENCE_ARM, summarize, table
@@ -135,11 +136,12 @@ def run(args: argparse.Namespace) -> int:
     steps = len(recorded.frames) - 1 if recorded is not None else args.steps
     shot_tokens = args.image_tokens + 96
     per_seq = max(4096, steps * (shot_tokens + args.agent.max_tokens) * 11 // 10 + 2048)
-    config = EngineConfig(n_ctx_per_seq=per_seq, n_seq_max=max(2, args.episodes + 1),
-                          n_batch=args.n_batch, n_threads=args.threads)
     try:
+        config = engine_config(model, what="--steps, --image-tokens and --episodes",
+                               n_ctx_per_seq=per_seq, n_seq_max=max(2, args.episodes + 1),
+                               n_batch=args.n_batch, n_threads=args.threads)
         engine = Engine(model, mmproj, config)
-    except KvagentCacheError as exc:
+    except (KvagentCacheError, ValueError) as exc:
         print(f"kvagent bench: error: {exc}", file=sys.stderr)
         return 2
     with engine:

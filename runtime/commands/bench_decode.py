@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.engine import Engine
+    from runtime.commands.engine_sizing import engine_config
 
     if min(args.sequences, args.context, args.tokens) < 2:
         print("kvagent bench-decode: error: --sequences, --context and --tokens must be >= 2",
@@ -37,8 +38,13 @@ def run(args: argparse.Namespace) -> int:
         model = forge_cached("qwen35", "M").model_path
     n = args.sequences
     per_seq = args.context + args.tokens + 64
-    config = EngineConfig(n_ctx_per_seq=per_seq, n_seq_max=n, n_batch=min(512, per_seq),
-                          n_threads=args.threads)
+    try:
+        config = engine_config(model, what="--sequences / --context / --tokens / --threads",
+                               n_ctx_per_seq=per_seq, n_seq_max=n, n_batch=min(512, per_seq),
+                               n_threads=args.threads)
+    except ValueError as exc:
+        print(f"kvagent bench-decode: error: {exc}", file=sys.stderr)
+        return 2
     with Engine(model, None, config) as e:
         prompt = (list(e.tokenize("the agent looks at the screen and clicks ")) * 400)[: args.context]
         firsts = []
@@ -88,5 +94,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"batched logits bitwise equal to single-row: {str(diff == 0.0).lower()} "
           f"(max |diff| {diff:.3g}); greedy tokens equal: {str(same_tokens).lower()}")
     if args.json_out is not None:
-        args.json_out.write_text(json.dumps(report, indent=1))
+        from vmenv.trajectory_writer import write_durably
+
+        write_durably(args.json_out, json.dumps(report, indent=1).encode())
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from cachepolicy.errors import KvagentCacheError
@@ -22,11 +23,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.engine import Engine
     from cachepolicy.oracle import run_checks
+    from runtime.commands.engine_sizing import engine_config
 
-    config = EngineConfig(n_ctx_per_seq=4096, n_seq_max=2, n_batch=args.n_batch,
-                          n_threads=args.threads)
+    try:
+        config = engine_config(args.model, what="--n-batch / --threads", n_ctx_per_seq=4096,
+                               n_seq_max=2, n_batch=args.n_batch, n_threads=args.threads)
+    except ValueError as exc:
+        print(f"kvagent check-exact: error: {exc}", file=sys.stderr)
+        return 2
     try:
         with Engine(args.model, args.mmproj, config) as engine:
             if not args.json:
