@@ -38,7 +38,8 @@ class Admission:
         self.engine, self.ledger, self.kit, self.pressure = engine, ledger, kit, pressure
         self._slots, self._released, self.counters = slots, released, counters
         self.wait_s = wait_s
-        self._mem_queue: deque[object] = deque()  # FIFO tickets of jobs waiting for memory
+        # FIFO of the slots whose job waits for memory (one job per slot at a time)
+        self._mem_queue: deque[Slot] = deque()
         self._log = structlog.get_logger("kvagent.scheduler")
 
     async def begin(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority,
@@ -88,17 +89,16 @@ class Admission:
         n_ctx = self.engine.config.n_ctx_per_seq
         need, shortest = 0, 0  # shortest: the least context of the plans too long for it
         rungs.append("downgrade")
+        if "context_full" in rungs:
+            cause = f"context full (n_ctx_per_seq {n_ctx})"
         for policy, reason in downgrades(ep.policy, self.kit):
+            reason = f"{cause}: {reason}" if cause else reason  # the step records why
             smaller = await self.begin(slot, segments, priority, policy=policy,
                                         degraded=reason)
             if not self.fits_context(smaller):
                 shortest = min(shortest or n_ctx << 20, self.context_need(smaller))
                 continue
             need = need or smaller.need_bytes
-            if "context_full" in rungs:
-                reason = f"context full (n_ctx_per_seq {n_ctx}): {reason}"
-            elif cause:
-                reason = f"{cause}: {reason}"
             if self.pressure.try_admit(slot, smaller):
                 self._fallback(ep, 3, reason, smaller.need_bytes)
                 self.counters["degraded"] += 1
@@ -129,7 +129,7 @@ class Admission:
         options, or without progress: ``wait_s`` seconds pass with no release at all.  While
         others release memory the job keeps its place in the queue (the work serializes)."""
         ep = slot.cache
-        ticket: object | None = None
+        ticket: Slot | None = None
         try:
             while True:
                 if ticket is not None and self._mem_queue[0] is not ticket:
@@ -157,14 +157,15 @@ class Admission:
                     return None
                 if isinstance(decision, Wait):
                     if ticket is None:  # join the queue: first come, first served
-                        ticket = object()
+                        ticket = slot
                         self._mem_queue.append(ticket)
                         rungs.append("wait")
                         self._fallback(ep, 2, "waiting for in-flight transactions to release",
                                        txn.need_bytes)
+                        # a head waiting on this job re-checks: it may wait in vain now
+                        self._released.notify()
                     released = self._released.current  # the event this wait is for, taken now
-                    others_busy = any(s.jobs for s in self._slots.values() if s is not slot)
-                    if not others_busy and head:
+                    if head and not self._others_may_release(slot):
                         return None  # nothing will be released: waiting cannot help
                     if not await self.pressure.wait_for_release(released, self.wait_s):
                         return None
@@ -178,6 +179,15 @@ class Admission:
             if ticket is not None:
                 self._mem_queue.remove(ticket)
                 self._released.notify()  # the next in line may be first now
+
+    def _others_may_release(self, slot: Slot) -> bool:
+        """Whether another episode's job may still give memory back: one that runs, holds a
+        reservation or is still on its way to admission — not one parked in the memory queue
+        itself (the head already evicts what parked episodes hold).  When every other job
+        waits for memory too, nothing will ever be released: the head goes down the ladder
+        at once instead of timing out after ``wait_s``."""
+        return any(s.jobs and s not in self._mem_queue
+                   for s in self._slots.values() if s is not slot)
 
     def _admitted(self, txn: Transaction, rungs: list[str]) -> Transaction:
         self.counters["admitted"] += 1

@@ -19,6 +19,7 @@ import functools
 import itertools
 import os
 import threading
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
@@ -208,6 +209,12 @@ class Scheduler:
                     if priority is Priority.PREFETCH:
                         slot.pending = segments  # the next step delivers them
                     raise
+        except BaseException as exc:
+            # The failed job's frames (its unpublished checkpoints, an error it caught) must
+            # not outlive it: the idle integrity check below counts live checkpoints, and a
+            # false alarm there would replace this exception — even a cancellation.
+            traceback.clear_frames(exc.__traceback__)
+            raise
         finally:
             slot.jobs -= 1
             slot.phase = Phase.IDLE
