@@ -31,9 +31,11 @@ from runtime.bench.trajectory import trajectory
 from runtime.config import AgentConfig
 from runtime.driver import EpisodeDriver
 from runtime.episode import run_episode
+from runtime.errors import describe_error
 from runtime.metrics import EpisodeResult
 from runtime.recording import METRICS_FILE, RESULT_FILE, ResultLayout
-from runtime.run_agents import run_on
+from runtime.progress import summary_table
+from runtime.run_agents import RunResult, run_on
 from scheduler.ledger import MemoryLedger
 from scheduler.scheduler import Scheduler
 from vmenv.base import Env, StepOutcome
@@ -159,7 +161,25 @@ async def test_vm_step_raises(engine, tmp_path) -> None:
     failed_at(ep0, FAULT_AT, "ConnectionError: VM connection reset")
     assert ep0.steps[-1].output_tokens  # the decided step is kept with its measurements
     assert "ConnectionError: VM connection reset" in (dirs["ep0"] / TRAJ_FILE).read_text()
-    assert "ExceptionGroup" not in (dirs["ep0"] / METRICS_FILE).read_text()
+    assert "ConnectionError: VM connection reset" in (dirs["ep0"] / METRICS_FILE).read_text()
+    table = summary_table(RunResult((ep0, *_), 0.0, 0, {}, ""))  # what `kvagent run` prints
+    assert "ep0: ConnectionError: VM connection reset" in table
+
+
+def test_describe_error_unwraps_groups_to_the_cause() -> None:
+    try:
+        try:
+            raise OSError("disk gone")
+        except OSError as low:
+            raise RuntimeError() from low
+    except RuntimeError as exc:
+        caused = exc
+    group = ExceptionGroup("unhandled errors in a TaskGroup", [
+        ExceptionGroup("inner", [ConnectionError("VM connection reset")]), caused])
+    assert describe_error(group) == ("ConnectionError: VM connection reset; "
+                                     "RuntimeError: OSError: disk gone")
+    assert describe_error(ValueError("x")) == "ValueError: x"
+    assert describe_error(KeyError()) == "KeyError"
 
 
 async def test_vm_step_hangs_async(engine, tmp_path) -> None:
