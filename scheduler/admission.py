@@ -126,8 +126,9 @@ class Admission:
     async def _under_pressure(self, slot: Slot, segments: tuple[Segment, ...],
                                     priority: Priority, rungs: list[str]) -> Transaction | None:
         """Rungs 1 and 2: decide (synchronously), act, re-plan — until admitted, out of
-        options, or without progress: ``wait_s`` seconds pass with no release at all.  While
-        others release memory the job keeps its place in the queue (the work serializes)."""
+        options, or without progress: ``wait_s`` seconds pass with no release at all, or (at
+        the head of the queue) no other job could release anything.  While others release
+        memory the job keeps its place in the queue (the work serializes)."""
         ep = slot.cache
         ticket: Slot | None = None
         try:

@@ -89,7 +89,7 @@ ADVERSARIAL_IDS = ["..", ".", "../x", "a/b", "a\\b", "/abs", "\x00", "a\nb", " "
                    "~", "~root", "$HOME", "%2e%2e", "..\u2215x", "con", "nul", "a" * 300]
 
 
-@FUZZ
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.one_of(TEXT, st.sampled_from(ADVERSARIAL_IDS)))
 def test_arbitrary_task_ids_stay_inside_the_result_dir(task_id: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:

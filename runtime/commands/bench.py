@@ -240,5 +240,6 @@ def _concurrency_table(c: dict) -> str:
         f"ledger peak {format_bytes(led['peak_bytes'])} of {format_bytes(led['budget_bytes'])}",
         f"sequential: {counts(c['sequential_episodes'])}; {t['sequential_steps_per_s']:.2f} "
         f"steps/s; ledger peak {format_bytes(led['sequential_peak_bytes'])}",
-        f"throughput ratio (concurrent / sequential): {t['ratio']:.2f}; outputs identical to "
+        f"throughput ratio (concurrent / sequential): {t['ratio']:.2f}; CPU seconds "
+        f"{t['concurrent_cpu_s']:.1f} vs {t['sequential_cpu_s']:.1f}; outputs identical to "
         f"the sequential run: {'yes' if c['outputs_identical_to_sequential'] else 'no'}"])
