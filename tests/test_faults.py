@@ -447,3 +447,32 @@ async def test_cancel_one_episode_mid_step(engine, monkeypatch, where) -> None:
     assert all(r.status == "done" and r.admission == "ok" for r in others)
     snap = ledger.snapshot()
     assert snap.held == 0 and snap.reserved == 0
+
+
+async def test_squeeze_serializes_instead_of_failing(forged) -> None:
+    """8 episodes on a budget of ONE episode's peak: the work fits only one at a time, so
+    the scheduler serializes it — every step recorded ok or degraded (none failed), the
+    ledger's peak within the budget, back to zero at the end."""
+    from cachepolicy.engine import Engine, EngineConfig
+    from replay_helpers import replay
+
+    m = forged("qwen35")
+    traj = trajectory(6, 96, 64)
+    with Engine(m.model_path, m.mmproj_path,
+                EngineConfig(n_ctx_per_seq=2048, n_seq_max=8, n_batch=32, n_threads=1,
+                             image_cache_bytes=64_000)) as e:
+        factory = SegmentFactory(e)
+        calib = MemoryLedger(1 << 30)
+        async with Scheduler(e, calib, factory, options=AGENT.step_options()) as sched:
+            await replay(sched, traj, 1)
+        budget = calib.snapshot().peak  # 1.0x
+        ledger = MemoryLedger(budget)
+        async with Scheduler(e, ledger, factory, options=AGENT.step_options(),
+                             wait_s=10.0) as sched:
+            with anyio.fail_after(120):
+                runs = await replay(sched, traj, 8)
+            sched.check_integrity()
+    assert [r.n_steps for r in runs] == [6] * 8
+    assert all(s.status in ("ok", "degraded") for r in runs for s in r.steps)
+    snap = ledger.snapshot()
+    assert snap.peak <= budget and snap.held == 0 and snap.reserved == 0
