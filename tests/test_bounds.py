@@ -143,3 +143,18 @@ def test_other_commands_refuse_sizes_before_loading(cache_dir: Path, command, ar
                           "--threads", "1"], capture_output=True, text=True, timeout=120,
                          env=_env(cache_dir), check=False)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
+
+
+def test_kvagent_answers_wait_to_a_bomb(forged) -> None:
+    """OSWorld's loop hands the agent whatever the VM sent: a decompression bomb is a WAIT
+    with the reason, not a DecompressionBombError escaping ``predict``."""
+    from runtime.osworld_agent import KvAgent
+
+    m = forged("qwen35")
+    agent = KvAgent(m.model_path, m.mmproj_path, n_threads=1, n_ctx=4096, n_batch=64,
+                    screen_size=(320, 240))
+    try:
+        response, actions = agent.predict("open the terminal", {"screenshot": bomb_png()})
+        assert actions == ["WAIT"] and "decompression bomb" in response
+    finally:
+        agent.close()
