@@ -182,12 +182,12 @@ class Admission:
                 self._released.notify()  # the next in line may be first now
 
     def _others_may_release(self, slot: Slot) -> bool:
-        """Whether another episode's job may still give memory back: one that runs, holds a
-        reservation or is still on its way to admission — not one parked in the memory queue
-        itself (the head already evicts what parked episodes hold).  When every other job
-        waits for memory too, nothing will ever be released: the head goes down the ladder
-        at once instead of timing out after ``wait_s``."""
-        return any(s.jobs and s not in self._mem_queue
+        """Whether another episode may still give memory back: one whose job runs, holds a
+        reservation or is still on its way to admission, or one being closed — not one
+        parked in the memory queue itself (the head already evicts what parked episodes
+        hold).  When every other job waits for memory too, nothing will ever be released:
+        the head goes down the ladder at once instead of timing out after ``wait_s``."""
+        return any((s.jobs and s not in self._mem_queue) or s.closed
                    for s in self._slots.values() if s is not slot)
 
     def _admitted(self, txn: Transaction, rungs: list[str]) -> Transaction:

@@ -298,6 +298,9 @@ class Scheduler:
                             should_stop=should_stop))
                     except Exception as exc:  # re-raised below, outside the task group, so
                         error = exc           # callers see the error itself, not a group;
+                        # the worker's frames are done: drop what they held (the failed
+                        # execution's unpublished checkpoints), so nothing outlives the job
+                        traceback.clear_frames(exc.__traceback__)
                     finally:                  # cancellation (BaseException) passes through
                         tg.cancel_scope.cancel()
                 if error is not None:
