@@ -88,7 +88,7 @@ async def test_a_holding_left_by_a_closed_episode_fails_the_check(engine) -> Non
 def test_a_context_full_rollback_leaves_the_accounts_right(engine) -> None:
     """A step that runs out of context after prefilling some pieces rolls back; the
     sequence is brought back to what the ledger holds for it (not left larger).  (The
-    scheduler's admission refuses such a plan before it runs — tests/test_faults.py — so the
+    scheduler's admission refuses such a plan before it runs — test_faults_engine.py — so the
     transactions run here directly, as a plan the admission misjudged would.)"""
     factory = SegmentFactory(engine)
     traj = trajectory(40, 384, 256)
