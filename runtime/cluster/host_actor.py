@@ -183,7 +183,7 @@ def _node_ip() -> str:
 def node_share() -> tuple[int, int]:
     """(memory budget, threads) of one host on this node: the memory available now and the
     CPUs, split evenly between the ``kvagent_host`` units the node offers."""
-    from runtime.commands.run import _default_budget
+    from runtime.commands.engine_sizing import available_memory
     from scheduler.sizes import UNLIMITED_BYTES
 
     units = 1
@@ -196,6 +196,6 @@ def node_share() -> tuple[int, int]:
                 units = max(1, int(node["Resources"].get("kvagent_host", 1)))
     except Exception:  # noqa: BLE001  outside Ray: the whole machine
         pass
-    budget = _default_budget()
+    budget = available_memory()
     budget = budget if budget >= UNLIMITED_BYTES else max(1, budget // units)
     return budget, max(1, (os.cpu_count() or 1) // units)

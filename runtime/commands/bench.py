@@ -105,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"kvagent bench: error: {problem}", file=sys.stderr)
         return 2
-    from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.engine import Engine
     from cachepolicy.errors import KvagentCacheError
+    from runtime.commands.engine_sizing import engine_config
     from cachepolicy.images import fit_resolution
     from runtime.bench.arms import run_arms
     from runtime.bench.report import REFERENCE_ARM, summarize, table
@@ -137,11 +138,12 @@ def run(args: argparse.Namespace) -> int:
     decode = args.agent.decode_tokens  # the bench always fixes it (--decode-tokens N)
     assert decode is not None
     per_seq = max(4096, steps * (shot_tokens + decode) * 11 // 10 + 2048)
-    config = EngineConfig(n_ctx_per_seq=per_seq, n_seq_max=max(2, args.episodes + 1),
-                          n_batch=args.n_batch, n_threads=args.threads)
     try:
+        config = engine_config(model, what="--steps, --image-tokens and --episodes",
+                               n_ctx_per_seq=per_seq, n_seq_max=max(2, args.episodes + 1),
+                               n_batch=args.n_batch, n_threads=args.threads)
         engine = Engine(model, mmproj, config)
-    except KvagentCacheError as exc:
+    except (KvagentCacheError, ValueError) as exc:
         print(f"kvagent bench: error: {exc}", file=sys.stderr)
         return 2
     with engine:
@@ -240,7 +242,8 @@ def _concurrency_table(c: dict) -> str:
         f"ledger peak {format_bytes(led['peak_bytes'])} of {format_bytes(led['budget_bytes'])}",
         f"sequential: {counts(c['sequential_episodes'])}; {t['sequential_steps_per_s']:.2f} "
         f"steps/s; ledger peak {format_bytes(led['sequential_peak_bytes'])}",
-        f"throughput ratio (concurrent / sequential): {t['ratio']:.2f}; outputs identical to "
+        f"throughput ratio (concurrent / sequential): {t['ratio']:.2f}; CPU seconds "
+        f"{t['concurrent_cpu_s']:.1f} vs {t['sequential_cpu_s']:.1f}; outputs identical to "
         f"the sequential run: {'yes' if c['outputs_identical_to_sequential'] else 'no'}",
         f"decode: {c['decode']['concurrent']['tokens_per_s']:.1f} tokens/s concurrent "
         f"({c['decode']['concurrent']['rows_per_call']:.2f} rows per call) vs "
