@@ -228,8 +228,9 @@ def run(args: argparse.Namespace) -> int:
 
         report["plot"] = str(plot_bench(
             arms, report["bound"], plot,
-            title=f"kvagent bench: {model.parent.name}/{model.name}, {steps} steps, {tokens}-token screenshots, "
-                  f"window {args.agent.window}, VM {args.vm_seconds:g} s"))
+            title=f"kvagent bench: {model.parent.name}/{model.name}, {steps} steps, "
+                  f"{tokens}-token screenshots, window {args.agent.window}, "
+                  f"VM {args.vm_seconds:g} s"))
         print(f"wrote {plot}")
     if args.json_out is not None:
         from vmenv.trajectory_writer import write_durably
