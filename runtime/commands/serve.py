@@ -51,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace-seconds", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, how long in-flight requests may finish")
     add_agent_arguments(p)
+    from runtime.commands.cluster import add_cluster_arguments
+
+    add_cluster_arguments(p)
 
 
 def _config(args: argparse.Namespace) -> object:
@@ -87,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kvagent serve: error: {exc}", file=sys.stderr)
         return 2
+    if args.ray:
+        from runtime.commands.cluster import run_cluster
+
+        return run_cluster(args, config)
     import uvicorn
 
     from runtime.serve.app import create_app
