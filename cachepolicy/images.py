@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -20,6 +21,18 @@ from PIL import Image, UnidentifiedImageError
 from cachepolicy.errors import ImageError
 
 MAX_IMAGE_SIDE = 16384  # refuse absurd sizes before they allocate gigabytes
+#: What ``decode_png`` reads: formats screen grabbers produce that Pillow decodes itself
+#: (never EPS & co., which Pillow hands to an external program).
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF")
+
+
+def _check_size(width: int, height: int) -> None:
+    if not (1 <= width <= MAX_IMAGE_SIDE and 1 <= height <= MAX_IMAGE_SIDE):
+        raise ImageError(f"image size {width}x{height} outside 1..{MAX_IMAGE_SIDE}")
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit:
+        raise ImageError(f"image of {width}x{height} pixels is over Pillow's "
+                         f"decompression-bomb limit of {limit}")
 
 
 @attrs.frozen
@@ -33,24 +46,27 @@ class DecodedImage:
 
 
 def decode_png(data: bytes) -> DecodedImage:
-    """Decode and fully verify a PNG (or any image pillow reads) into RGB pixels.
+    """Decode and fully verify a PNG (or another screenshot format Pillow decodes itself:
+    ``IMAGE_FORMATS``) into RGB pixels.
 
-    Raises ``ImageError`` for empty, corrupt or truncated input instead of crashing later in
-    the vision encoder.
+    Raises ``ImageError`` for empty, corrupt, truncated or absurdly large input (more than
+    ``MAX_IMAGE_SIDE`` a side, or over Pillow's decompression-bomb pixel limit: refused from
+    the header, before any pixel is allocated) instead of crashing later in the vision
+    encoder.
     """
-    if not data:
+    if not isinstance(data, bytes | bytearray) or not data:
         raise ImageError("empty image data")
     try:
-        with Image.open(io.BytesIO(data)) as probe:
+        with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as probe:
+            _check_size(*probe.size)
             probe.verify()  # checks chunk CRCs without decoding the pixels
-        with Image.open(io.BytesIO(data)) as img:
-            if max(img.size) > MAX_IMAGE_SIDE:
-                raise ImageError(f"image too large: {img.size[0]}x{img.size[1]}")
+        with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as img:
             rgb_img = img.convert("RGB")
             rgb_img.load()
     except ImageError:
         raise
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError,
+            ValueError, EOFError, struct.error) as exc:
         raise ImageError(f"corrupt or truncated image: {exc}") from exc
     rgb = rgb_img.tobytes()
     return DecodedImage(rgb=rgb, width=rgb_img.width, height=rgb_img.height,

@@ -179,3 +179,6 @@ class PolicyManifest:
     quality: str  # "exact" or "approximate"
     bounded: bool
     supports: frozenset[ModelKind]
+    #: may the fallback ladder re-lay a step in terminal layout with fewer screenshots?
+    #: False where the prompt is not the policy's to change (faithful: the client's own)
+    may_degrade: bool = True

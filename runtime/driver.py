@@ -35,6 +35,7 @@ import structlog
 from cachepolicy.context_log import Segment
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
+from runtime.errors import describe_error
 from runtime.metrics import StepMetrics
 from runtime.session import ActStep, AgentSession, Teacher
 from scheduler.scheduler import Scheduler
@@ -95,12 +96,18 @@ class EpisodeDriver:
         return self._prefetch is not None and not self._prefetch.done.is_set()
 
     async def act(self, png: bytes, *, arrived_at: float | None = None,
-                  options: StepOptions | None = None) -> DriverStep:
+                  options: StepOptions | None = None,
+                  screen: tuple[int, int] | None = None) -> DriverStep:
         """Decide the action for ``png`` (critical path); ``options`` override the
         episode's step options for this step.  Raises the scheduler's typed errors (e.g.
         ``AdmissionError``) when the step cannot run; the episode's published cache state is
-        then untouched."""
+        then untouched.  ``screen`` is the screenshot's size: when it changed mid-episode,
+        actions follow it (coordinates refer to the screenshot the model sees), and the
+        change is logged."""
         t0 = time.perf_counter() if arrived_at is None else arrived_at
+        if screen is not None and screen != self.session.screen:
+            self._log.warning("screen_size_changed", old=self.session.screen, new=screen)
+            self.session.resize(screen)
         ahead = _Ahead()
         if self.prefetch_running and self.session.can_encode_ahead:
             async with anyio.create_task_group() as tg:  # both finish before the step
@@ -183,7 +190,7 @@ class EpisodeDriver:
                 job.record = await self.session.prefetch()
         except Exception as exc:  # noqa: BLE001  speculative work: reported with the next
             # step (its segments stay pending for that step); cancellation passes through
-            job.error = f"{type(exc).__name__}: {exc}"
+            job.error = describe_error(exc)
             self._log.warning("prefetch_failed", reason=job.error)
         finally:
             job.seconds = time.perf_counter() - t0

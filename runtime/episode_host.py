@@ -153,11 +153,13 @@ class EpisodeHost:
         return hosted
 
     async def step(self, episode_id: str, png: bytes, *, arrived_at: float,
-                   options: StepOptions | None = None) -> DriverStep:
-        """One step: the driver acts on ``png`` (settling the previous prefetch), then — with
-        overlap — the next step's prefetch starts in the host's task group."""
+                   options: StepOptions | None = None,
+                   screen: tuple[int, int] | None = None) -> DriverStep:
+        """One step: the driver acts on ``png`` (``screen``: its size, when it may have
+        changed), settling the previous prefetch; then — with overlap — the next step's
+        prefetch starts in the host's task group."""
         return await self.decide(episode_id, lambda d: d.act(png, arrived_at=arrived_at,
-                                                             options=options))
+                                                             options=options, screen=screen))
 
     async def decide(self, episode_id: str,
                   decide: Callable[[EpisodeDriver], Awaitable[DriverStep]]) -> DriverStep:

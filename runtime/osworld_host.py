@@ -30,6 +30,7 @@ import attrs
 import structlog
 
 from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.engine.records import MAX_N_BATCH, MAX_N_CTX_PER_SEQ, MAX_THREADS
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.context_budget import (
@@ -78,15 +79,18 @@ class KvAgentConfig:
     model_path: Path | None = attrs.field(converter=attrs.converters.optional(Path))
     mmproj_path: Path | None = attrs.field(converter=attrs.converters.optional(Path))
     agent: AgentConfig = attrs.Factory(AgentConfig)
-    n_threads: int = attrs.field(factory=default_threads, validator=attrs.validators.ge(1))
+    # the engine's bounds (cachepolicy.engine.records), checked before anything loads
+    n_threads: int = attrs.field(factory=default_threads, validator=[
+        attrs.validators.ge(1), attrs.validators.le(MAX_THREADS)])
     #: positions of the episode's sequence; None: what ``max_steps`` steps need on
     #: ``screen_size`` screenshots (``plan_context``)
-    n_ctx: int | None = attrs.field(default=None, validator=attrs.validators.optional(
-        attrs.validators.ge(256)))
+    n_ctx: int | None = attrs.field(default=None, validator=attrs.validators.optional([
+        attrs.validators.ge(256), attrs.validators.le(MAX_N_CTX_PER_SEQ)]))
     #: the steps of one episode the context is sized for (OSWorld's run.py: --max_steps 15)
     max_steps: int = attrs.field(default=15, validator=[attrs.validators.ge(1),
                                                         attrs.validators.le(1000)])
-    n_batch: int = attrs.field(default=512, validator=attrs.validators.ge(2))
+    n_batch: int = attrs.field(default=512, validator=[attrs.validators.ge(2),
+                                                       attrs.validators.le(MAX_N_BATCH)])
     memory_budget: int | None = attrs.field(default=None, converter=_budget)
     #: the VM's screen (pyautogui's pixels); screenshots of another size are scaled onto it
     screen_size: tuple[int, int] = attrs.field(default=(1920, 1080), converter=tuple)

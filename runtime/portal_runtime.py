@@ -27,7 +27,7 @@ from runtime.config import AgentConfig
 from runtime.context_budget import ContextBudgetError, context_need
 from runtime.driver import DriverStep, EpisodeDriver
 from runtime.episode_host import EpisodeHost, HostClosedError
-from scheduler.errors import SchedulerError
+from scheduler.errors import ContextFullAdmissionError, SchedulerError
 from scheduler.ledger import LedgerSnapshot, MemoryLedger
 from scheduler.scheduler import IMAGE_CACHE, Scheduler
 
@@ -130,14 +130,11 @@ class AgentRuntime:
             hosted = await self.host.open(self._episode_id(), self.config, instruction,
                                           screen, seed=self._n_episodes)
             self._episode, driver = hosted.episode_id, hosted.driver
-        elif driver.session.screen != screen:
-            log.warning("screen_size_changed", episode_id=driver.episode_id,
-                        old=driver.session.screen, new=screen)
-            driver.session.resize(screen)  # the model decides in the pixels it sees
         try:
-            return await self.host.step(driver.episode_id, png, arrived_at=arrived_at)
+            return await self.host.step(driver.episode_id, png, arrived_at=arrived_at,
+                                        screen=screen)
         except (SchedulerError, KvagentCacheError) as exc:
-            hint = "" if not isinstance(exc, ContextFullError) else (
+            hint = "" if not isinstance(exc, ContextFullError | ContextFullAdmissionError) else (
                 f" (the context is sized for {self.max_steps} steps: raise n_ctx or "
                 "max_steps, or lower the window or the screenshot size)")
             raise AgentStepError(f"step {driver.session.steps_decided} of "

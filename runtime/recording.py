@@ -115,13 +115,15 @@ class EpisodeRecorder:
     def create(cls, layout: ResultLayout, task_id: str) -> EpisodeRecorder:
         """Validate, create (or reuse) the episode directory and start empty files there.
 
-        A previous run's files in that directory (traj, metrics, result, step PNGs) are
-        removed first, so the directory never mixes two runs."""
+        A previous run's files in that directory (traj, metrics, result, step PNGs, the
+        temporary file of an interrupted atomic write) are removed first, so the directory
+        never mixes two runs; ``runtime.result_dir`` decides whether a rerun may do that."""
         directory = layout.task_dir(task_id)  # raises before anything is written
         directory.mkdir(parents=True, exist_ok=True)
         for old in directory.iterdir():
             if old.is_file() and (old.name in (TRAJ_FILE, METRICS_FILE, RESULT_FILE)
-                                  or (old.name.startswith("step_") and old.suffix == ".png")):
+                                  or (old.name.startswith("step_") and old.suffix == ".png")
+                                  or (old.name.startswith(".") and old.suffix == ".tmp")):
                 old.unlink()
         log.debug("recording_open", path=str(directory))
         return cls(directory)

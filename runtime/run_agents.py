@@ -7,9 +7,15 @@ and the ``MemoryLedger``.  ``kvagent run`` and every ``kvagent bench`` arm run t
 Episodes are recorded in OSWorld's layout as they go (``runtime.recording``, when a layout is
 given) and report ``EpisodeEvent``s to an ``on_event`` callback (progress).
 
-Failure isolation: an exception in one episode is logged, recorded (an ``Error`` traj line)
-and reported as that episode's outcome; the others go on.  Cancellation is never swallowed:
-the per-episode ``finally`` closes the env, the driver and the files, shielded.
+Failure isolation: an exception in one episode is logged, recorded (an ``Error`` traj line
+with its real cause, ``runtime.errors.describe_error``) and reported as that episode's
+outcome; the others go on.  Cancellation is never swallowed: the per-episode ``finally``
+closes the env, the driver and the files, shielded.
+
+``result.txt`` is written only for an episode that ended without error (done, fail or
+max_steps), as OSWorld's runner does: an episode that ended in an error — by exception, a
+failed step or a VM timeout — has none, so a rerun into the same result dir retries it
+(``runtime.result_dir``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.context_budget import ContextNeed, context_need
 from runtime.driver import DriverStep, EpisodeDriver
-from runtime.episode import run_episode
+from runtime.episode import DEFAULT_ENV_TIMEOUT_S, run_episode
+from runtime.errors import describe_error
 from runtime.metrics import EpisodeResult, StepMetrics
 from runtime.progress import EpisodeEvent
 from runtime.recording import EpisodeRecorder, ResultLayout
@@ -61,6 +68,10 @@ class RunConfig:
     vm_seconds: float = attrs.field(default=0.3, validator=attrs.validators.ge(0.0))
     memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=_pos)
     wait_s: float = 2.0  # bound of the scheduler's wait-for-memory rung
+    #: bound of one env step (None: unbounded); see ``runtime.episode``
+    env_timeout_s: float | None = attrs.field(
+        default=DEFAULT_ENV_TIMEOUT_S,
+        validator=attrs.validators.optional(attrs.validators.gt(0.0)))
 
     def context_need(self, image_tokens: int) -> ContextNeed:
         """Positions one episode's sequence may need (the engine's ``n_ctx_per_seq``: see
@@ -222,20 +233,22 @@ class _Runner:
                 teacher=self.teacher(spec) if self.teacher is not None else None)
             self.emit("start", spec)
             result = await run_episode(driver, env, task=spec.task,
-                                       max_steps=config.max_steps, on_step=on_step)
+                                       max_steps=config.max_steps, on_step=on_step,
+                                       env_timeout_s=config.env_timeout_s)
             last = result.steps[-1] if result.steps else None
             if last is not None and last.status == "failed":  # an explained step failure
                 await disk("record_metrics", {"step_num": result.n_steps, **last.as_dict()})
                 await disk("record_error", f"{spec.task_id} - {last.reason}")
-            await disk("finish", result.reward)
+            if result.status != "error":  # an error leaves no result: a rerun retries it
+                await disk("finish", result.reward)
         except Exception as exc:  # noqa: BLE001  this episode only; cancellation passes
-            message = f"{type(exc).__name__}: {exc}"
+            message = describe_error(exc)
             bound.error("episode_error", error=message, steps=len(steps))
             with anyio.CancelScope(shield=True):
                 try:
                     await disk("record_error", f"{spec.task_id} - {message}")
                 except Exception as again:  # noqa: BLE001  e.g. disk full: logged, not raised
-                    bound.error("recording_error", error=f"{type(again).__name__}: {again}")
+                    bound.error("recording_error", error=describe_error(again))
             result = EpisodeResult(spec.episode_id, spec.task, "error", 0.0, tuple(steps),
                                    driver.session.unparsable if driver else 0, message)
         finally:

@@ -2,6 +2,10 @@
 walk the fallback ladder: free idle state (rung 1) → wait for releases (rung 2) → downgrade
 the plan (rung 3) → fail with a typed, explained ``AdmissionError`` (rung 4).
 
+Context is checked like memory: a plan whose prompt and decoded tokens would not fit the
+sequence's share of the context (``n_ctx_per_seq``) is never executed; it goes straight to
+rung 3 (a smaller window fits), the step recorded as degraded with the reason.
+
 Decisions are ``MemoryPressure.decide``'s (synchronous); this module acts on them and keeps
 the FIFO queue of jobs waiting for memory.  Each rung is logged with its reason.
 """
@@ -18,7 +22,7 @@ from cachepolicy.base import CachePolicy
 from cachepolicy.context_log import Segment
 from cachepolicy.engine import Engine
 from cachepolicy.layouts import PromptKit
-from scheduler.errors import AdmissionError
+from scheduler.errors import AdmissionError, ContextFullAdmissionError
 from scheduler.ladder import downgrades
 from scheduler.ledger import MemoryLedger
 from scheduler.pressure import Admit, GiveUp, MemoryPressure, Replan, Wait
@@ -34,7 +38,8 @@ class Admission:
         self.engine, self.ledger, self.kit, self.pressure = engine, ledger, kit, pressure
         self._slots, self._released, self.counters = slots, released, counters
         self.wait_s = wait_s
-        self._mem_queue: deque[object] = deque()  # FIFO tickets of jobs waiting for memory
+        # FIFO of the slots whose job waits for memory (one job per slot at a time)
+        self._mem_queue: deque[Slot] = deque()
         self._log = structlog.get_logger("kvagent.scheduler")
 
     async def begin(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority,
@@ -55,38 +60,67 @@ class Admission:
             if txn.parent is slot.cache.state:
                 return txn
 
+    def context_need(self, txn: Transaction) -> int:
+        """Tokens the plan's sequence holds at its end: the prompt and what it decodes."""
+        plan = txn.plan
+        if plan is None:
+            return 0
+        return plan.context_tokens + (txn.episode.policy.decode_tokens if plan.decode else 0)
+
+    def fits_context(self, txn: Transaction) -> bool:
+        return self.context_need(txn) <= self.engine.config.n_ctx_per_seq
+
     async def admit(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority, *,
-                     degrade: bool) -> Transaction:
+                     degrade: bool, cause: str = "") -> Transaction:
         """reserve, or walk the ladder: free idle state → wait for releases → downgrade →
-        fail.  Each rung is logged with its reason."""
+        fail.  Each rung is logged with its reason.  ``degrade``: straight to rung 3
+        (``cause``: why, e.g. the engine failed the full plan; it prefixes the reason)."""
         ep = slot.cache
         rungs: list[str] = []
         if not degrade:
             txn = await self._under_pressure(slot, segments, priority, rungs)
             if txn is not None:
                 return self._admitted(txn, rungs)
-            rungs[:] = ["evict", "wait"]  # both walked (whether or not they found anything)
+            # both walked (whether or not they found anything), or the context is full
+            rungs[:] = ["context_full"] if "context_full" in rungs else ["evict", "wait"]
         if priority is Priority.PREFETCH:  # speculative: no downgrade, not a failed step
             self.counters["prefetch_no_memory"] += 1
-            raise AdmissionError(f"episode {ep.episode_id}: no memory for a prefetch now",
+            raise AdmissionError(f"episode {ep.episode_id}: no room for a prefetch now",
                                  episode_id=ep.episode_id, rungs=tuple(rungs), need=0,
                                  free=self.ledger.snapshot().free)
-        need = 0
+        n_ctx = self.engine.config.n_ctx_per_seq
+        need, shortest = 0, 0  # shortest: the least context of the plans too long for it
         rungs.append("downgrade")
+        if "context_full" in rungs:
+            cause = f"context full (n_ctx_per_seq {n_ctx})"
         for policy, reason in downgrades(ep.policy, self.kit):
+            reason = f"{cause}: {reason}" if cause else reason  # the step records why
             smaller = await self.begin(slot, segments, priority, policy=policy,
                                         degraded=reason)
+            if not self.fits_context(smaller):
+                shortest = min(shortest or n_ctx << 20, self.context_need(smaller))
+                continue
             need = need or smaller.need_bytes
             if self.pressure.try_admit(slot, smaller):
                 self._fallback(ep, 3, reason, smaller.need_bytes)
                 self.counters["degraded"] += 1
                 return self._admitted(smaller, rungs)
         rungs.append("fail")
+        self.counters["failed"] += 1
         if not need:
-            need = (await self.begin(slot, segments, priority)).need_bytes
+            first = await self.begin(slot, segments, priority)
+            if not self.fits_context(first):  # no plan fits the context at all
+                tokens = min(shortest or n_ctx << 20, self.context_need(first))
+                self._fallback(ep, 4, "no plan fits the context", first.need_bytes)
+                raise ContextFullAdmissionError(
+                    f"episode {ep.episode_id}: context full: the smallest plan needs "
+                    f"{tokens} tokens, a sequence holds {n_ctx} (n_ctx_per_seq), after "
+                    f"{', '.join(rungs)}", episode_id=ep.episode_id, rungs=tuple(rungs),
+                    need=first.need_bytes, free=self.ledger.snapshot().free, tokens=tokens,
+                    n_ctx=n_ctx)
+            need = first.need_bytes
         snap = self.ledger.snapshot()
         self._fallback(ep, 4, "no plan fits the memory budget", need)
-        self.counters["failed"] += 1
         raise AdmissionError(
             f"episode {ep.episode_id}: step needs {need} bytes, {snap.free} free of "
             f"{snap.budget} after {', '.join(rungs)}", episode_id=ep.episode_id,
@@ -95,10 +129,11 @@ class Admission:
     async def _under_pressure(self, slot: Slot, segments: tuple[Segment, ...],
                                     priority: Priority, rungs: list[str]) -> Transaction | None:
         """Rungs 1 and 2: decide (synchronously), act, re-plan — until admitted, out of
-        options, or without progress: ``wait_s`` seconds pass with no release at all.  While
-        others release memory the job keeps its place in the queue (the work serializes)."""
+        options, or without progress: ``wait_s`` seconds pass with no release at all, or (at
+        the head of the queue) no other job could release anything.  While others release
+        memory the job keeps its place in the queue (the work serializes)."""
         ep = slot.cache
-        ticket: object | None = None
+        ticket: Slot | None = None
         try:
             while True:
                 if ticket is not None and self._mem_queue[0] is not ticket:
@@ -108,6 +143,13 @@ class Admission:
                         return None
                     continue
                 txn = await self.begin(slot, segments, priority)
+                if not self.fits_context(txn):  # no memory makes it fit: rung 3
+                    rungs.append("context_full")
+                    self.counters["context_full"] += 1
+                    self._log.warning("fallback", episode_id=ep.episode_id, seq_id=ep.seq,
+                                      rung="context_full", need_tokens=self.context_need(txn),
+                                      n_ctx_per_seq=self.engine.config.n_ctx_per_seq)
+                    return None
                 head = (not self._mem_queue) or self._mem_queue[0] is ticket
                 decision = self.pressure.decide(slot, txn, first_in_queue=head,
                                                 speculative=priority is Priority.PREFETCH)
@@ -119,14 +161,15 @@ class Admission:
                     return None
                 if isinstance(decision, Wait):
                     if ticket is None:  # join the queue: first come, first served
-                        ticket = object()
+                        ticket = slot
                         self._mem_queue.append(ticket)
                         rungs.append("wait")
                         self._fallback(ep, 2, "waiting for in-flight transactions to release",
                                        txn.need_bytes)
+                        # a head waiting on this job re-checks: it may wait in vain now
+                        self._released.notify()
                     released = self._released.current  # the event this wait is for, taken now
-                    others_busy = any(s.jobs for s in self._slots.values() if s is not slot)
-                    if not others_busy and head:
+                    if head and not self._others_may_release(slot):
                         return None  # nothing will be released: waiting cannot help
                     if not await self.pressure.wait_for_release(released, self.wait_s):
                         return None
@@ -140,6 +183,15 @@ class Admission:
             if ticket is not None:
                 self._mem_queue.remove(ticket)
                 self._released.notify()  # the next in line may be first now
+
+    def _others_may_release(self, slot: Slot) -> bool:
+        """Whether another episode may still give memory back: one whose job runs, holds a
+        reservation or is still on its way to admission, or one being closed — not one
+        parked in the memory queue itself (the head already evicts what parked episodes
+        hold).  When every other job waits for memory too, nothing will ever be released:
+        the head goes down the ladder at once instead of timing out after ``wait_s``."""
+        return any((s.jobs and s not in self._mem_queue) or s.closed
+                   for s in self._slots.values() if s is not slot)
 
     def _admitted(self, txn: Transaction, rungs: list[str]) -> Transaction:
         self.counters["admitted"] += 1

@@ -29,6 +29,16 @@ class AdmissionError(SchedulerError):
         self.free = free
 
 
+class ContextFullAdmissionError(AdmissionError):
+    """No plan of the step fits a sequence's context (``n_ctx_per_seq``), however much memory
+    is free: a property of the request (or of the context size), not of the load."""
+
+    def __init__(self, message: str, *, episode_id: str, rungs: tuple[str, ...], need: int,
+                 free: int, tokens: int, n_ctx: int) -> None:
+        super().__init__(message, episode_id=episode_id, rungs=rungs, need=need, free=free)
+        self.tokens, self.n_ctx = tokens, n_ctx
+
+
 class NoFreeSequenceError(SchedulerError):
     """Every sequence of the engine's context is owned by a live episode."""
 

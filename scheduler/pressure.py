@@ -126,7 +126,8 @@ class MemoryPressure:
         cache = self.engine.image_cache
         if cache.max_bytes > self.image_cache_floor and len(cache):
             return Shrink()
-        others_busy = any(s.jobs for s in self.slots.values() if s is not slot)
+        # a job in flight, or an episode being closed, will release what it holds
+        others_busy = any(s.jobs or s.closed for s in self.slots.values() if s is not slot)
         return Wait() if others_busy else GiveUp()
 
     # ------------------------------------------------------------------ act (async)

@@ -19,6 +19,7 @@ import functools
 import itertools
 import os
 import threading
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
@@ -31,7 +32,7 @@ import structlog
 from cachepolicy.base import CachePolicy
 from cachepolicy.context_log import Segment
 from cachepolicy.engine import Engine
-from cachepolicy.errors import DecodeError, Preempted
+from cachepolicy.errors import ContextFullError, DecodeError, Preempted, RestoreError
 from cachepolicy.segments import SegmentFactory
 from scheduler.admission import Admission
 from scheduler.errors import AdmissionError, EpisodeClosedError, NoFreeSequenceError
@@ -220,6 +221,12 @@ class Scheduler:
                     if priority is Priority.PREFETCH:
                         slot.pending = segments  # the next step delivers them
                     raise
+        except BaseException as exc:
+            # The failed job's frames (its unpublished checkpoints, an error it caught) must
+            # not outlive it: the idle integrity check below counts live checkpoints, and a
+            # false alarm there would replace this exception — even a cancellation.
+            traceback.clear_frames(exc.__traceback__)
+            raise
         finally:
             slot.jobs -= 1
             slot.phase, slot.replacing = Phase.IDLE, False
@@ -231,9 +238,11 @@ class Scheduler:
     async def _admit_and_run(self, slot: Slot, segments: tuple[Segment, ...],
                              priority: Priority,
                              options: StepOptions) -> StepRecord | PrefetchRecord | None:
+        cause = ""  # why the previous attempt failed: the degraded step's reason says it
         for attempt in range(3):
             try:
-                txn = await self.admission.admit(slot, segments, priority, degrade=attempt > 0)
+                txn = await self.admission.admit(slot, segments, priority, degrade=attempt > 0,
+                                                 cause=cause)
             except AdmissionError:
                 if priority is Priority.PREFETCH:
                     slot.pending = segments
@@ -252,12 +261,16 @@ class Scheduler:
                     raise
                 self.counters["prefetch_discarded"] += 1
                 return None
-            except DecodeError as exc:
-                # A real allocation failure inside llama.cpp, already rolled back: go down
-                # the ladder again, straight to a smaller plan.
+            except (DecodeError, ContextFullError, RestoreError) as exc:
+                # The engine failed the plan (llama_decode, a context the plan did not
+                # foresee, a checkpoint it cannot restore), already rolled back: go down the
+                # ladder again, straight to a smaller plan that starts from scratch.
+                rung = ("context_full" if isinstance(exc, ContextFullError) else
+                        "restore_failure" if isinstance(exc, RestoreError) else "decode_failure")
                 self._log.warning("fallback", episode_id=slot.cache.episode_id,
-                                  rung="decode_failure", reason=str(exc))
-                self.counters["decode_failure"] += 1
+                                  rung=rung, reason=str(exc))
+                self.counters[rung] += 1
+                cause = f"{rung.replace('_', ' ')} ({exc})"
                 if priority is Priority.PREFETCH:
                     slot.pending = segments
                     return None
@@ -306,6 +319,9 @@ class Scheduler:
                     finished = True
                 except Exception as exc:  # re-raised below, outside the task group, so
                     error = exc           # callers see the error itself, not a group;
+                    # the worker's frames are done: drop what they held (the failed
+                    # execution's unpublished checkpoints), so nothing outlives the job
+                    traceback.clear_frames(exc.__traceback__)
                 finally:                  # cancellation (BaseException) passes through
                     tg.cancel_scope.cancel()
             if error is not None:

@@ -7,12 +7,72 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 STEP_FIELDS = {"step", "new_content_tokens", "prefill_tokens", "reused_tokens", "encode_s",
                "critical_path_prefill_tokens", "prefill_s", "decode_tokens", "decode_s",
                "context_tokens", "kv_bytes", "checkpoint_bytes", "ledger_peak_bytes",
                "rss_bytes", "vm_s", "step_wall_s", "critical_path_s"}
+
+
+def check_analysis(report: dict, stdout: str) -> None:
+    """The report's bound, optimum, latency, decode-fit and ledger fields against the same
+    quantities recomputed here from the step records (numpy for the fit)."""
+    ran = {a["arm"]: a for a in report["arms"] if not a["refused"]}
+    spt = min(sum(s["prefill_s"] for s in a["steps"]) / sum(s["prefill_tokens"] for s in a["steps"])
+              for a in ran.values())
+    assert report["bound"]["prefill_s_per_token"] == pytest.approx(spt)
+    n = report["config"]["steps"]
+    encode = [min(a["steps"][i]["encode_s"] for a in ran.values()) for i in range(n)]
+    evict = ran["evict"]
+    for name, arm in ran.items():
+        s, steps = arm["summary"], arm["steps"]
+        bound = sum(s_["vm_s"] + encode[i] + s_["new_content_tokens"] * spt + s_["decode_s"]
+                    for i, s_ in enumerate(steps))
+        assert s["bound_s"] == pytest.approx(bound) and bound > 0
+        if not arm["overlap"]:  # it prefilled at least the new content, no faster
+            assert bound <= s["wall_s"], name
+        assert s["wall_over_bound"] == pytest.approx(s["wall_s"] / bound)
+        assert s["critical_path_s_over_evict_last"] == pytest.approx(
+            steps[-1]["critical_path_s"] / evict["steps"][-1]["critical_path_s"])
+        x = np.array([s_["context_tokens"] for s_ in steps], dtype=float)
+        y = np.array([s_["decode_s"] / s_["decode_tokens"] for s_ in steps])
+        slope, intercept = np.polyfit(x, y, 1)
+        fit = s["decode_fit"]
+        assert fit["points"] == n
+        assert fit["a_s"] == pytest.approx(intercept, rel=1e-6, abs=1e-9)
+        assert fit["b_s_per_token"] == pytest.approx(slope, rel=1e-6, abs=1e-12)
+        assert fit["r2"] == pytest.approx(np.corrcoef(x, y)[0, 1] ** 2, abs=1e-9)
+        assert s["ledger_last_over_step5"] == pytest.approx(
+            steps[-1]["ledger_peak_bytes"] / steps[4]["ledger_peak_bytes"])
+    best = report["optimum"]
+    assert best["computed_not_run"] is True
+    per_step = [sum(s["prefill_s"] for s in ran[a]["steps"]) / n for a in ("evict", "noevict")]
+    assert best["optimum_s"] == pytest.approx(evict["summary"]["wall_s"]
+                                              - (per_step[0] - per_step[1]) * n)
+    # noevict's context, and with it the ledger, grows every step; terminal-slot's is bounded
+    assert ran["noevict"]["summary"]["ledger_last_over_step5"] > 1.0
+    assert ran["terminal-slot"]["summary"]["ledger_last_over_step5"] <= 1.05
+    for item in report["targets"]["items"]:
+        if item["measured"] is not None:
+            ok = {"<=": item["measured"] <= item["target"], ">": item["measured"] > item["target"],
+                  ">=": item["measured"] >= item["target"]}[item["op"]]
+            assert item["met"] is ok, item
+    assert {"overlap_wall_over_bound", "overlap_latency_last_over_evict",
+            "concurrent_over_sequential"} <= {i["name"] for i in report["targets"]["items"]}
+    for text in ("wall/bound", "crit last/evict", "critical-path latency per step",
+                 "optimum of the study (computed from evict and noevict, not run)",
+                 "targets (issue 13):"):
+        assert text in stdout, text
+
+
+def check_png(path: Path) -> None:
+    """A PNG of the bench plot's size: 10 in × (3 panels × 3.4 in) at 100 dpi."""
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.size == (1000, 1020)
 
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
@@ -52,6 +112,9 @@ def test_bench_json_and_exactness(forged, tmp_path: Path, arch: str) -> None:
     else:
         assert arms["relocate"]["refused"] is None
         assert "drift_kl_mean" in arms["relocate"]["summary"]
+    check_analysis(report, res.stdout)
+    check_png(tmp_path / "bench.png")  # next to --json by default
+    assert report["plot"] == str(tmp_path / "bench.png")
 
 
 def test_bench_rejects_bad_arguments(forged) -> None:
@@ -88,6 +151,9 @@ def test_bench_episodes_under_a_tight_budget(forged, tmp_path: Path) -> None:
     assert '"event": "fallback"' in res.stderr  # memory pressure went down the ladder
     assert report["decode"]["concurrent"]["rows"] == report["decode"]["sequential"]["rows"]
     assert report["decode"]["sequential"]["rows_per_call"] == 1
+    conc = {i["name"]: i for i in report["targets"]["items"]}["concurrent_over_sequential"]
+    assert conc["met"] is None and "overlap" in conc["note"]  # this run had overlap off
+    assert report["plot"] is None  # no arms ran: nothing per arm to draw
     if all(e["status"] == "ok" for e in report["episodes"] + report["sequential_episodes"]):
         assert report["outputs_identical_to_sequential"] is True
 
@@ -106,8 +172,10 @@ def test_overlap_arm_critical_path_is_the_new_screenshot(forged, tmp_path: Path,
     res = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--steps", "7",
                 "--image-tokens", "64", "--decode-tokens", "4", "--vm-seconds", "0.05",
                 "--arms", "terminal-scratch,terminal-slot,terminal-slot+overlap",
-                "--json", str(out))
+                "--json", str(out), "--plot", str(tmp_path / "plots" / "overlap.png"))
     assert res.returncode == 0, res.stderr
+    check_png(tmp_path / "plots" / "overlap.png")
+    assert not (tmp_path / "overlap.png").exists()  # --plot overrides the default place
     arms = {a["arm"]: a for a in json.loads(out.read_text())["arms"]}
     over = arms["terminal-slot+overlap"]
     assert over["overlap"] is True and over["policy"] == "terminal-slot"

@@ -7,11 +7,12 @@ import pytest
 
 from cachepolicy.errors import ContextFullError
 from cachepolicy.segments import SegmentFactory
-from replay_helpers import AGENT, OPTIONS, SCREEN, replay, step_segments
+from replay_helpers import AGENT, OPTIONS, SCREEN, check_accounts, replay, run_step, step_segments
 from runtime.bench.trajectory import trajectory
 from scheduler.errors import IntegrityError
 from scheduler.ledger import MemoryLedger
 from scheduler.scheduler import Scheduler
+from scheduler.transaction import EpisodeCache
 
 
 @pytest.fixture
@@ -84,20 +85,25 @@ async def test_a_holding_left_by_a_closed_episode_fails_the_check(engine) -> Non
         ledger.drop("ghost")
 
 
-async def test_a_context_full_rollback_leaves_the_accounts_right(engine) -> None:
+def test_a_context_full_rollback_leaves_the_accounts_right(engine) -> None:
     """A step that runs out of context after prefilling some pieces rolls back; the
-    sequence is brought back to what the ledger holds for it (not left larger)."""
+    sequence is brought back to what the ledger holds for it (not left larger).  (The
+    scheduler's admission refuses such a plan before it runs — test_faults_engine.py — so the
+    transactions run here directly, as a plan the admission misjudged would.)"""
     factory = SegmentFactory(engine)
     traj = trajectory(40, 384, 256)
     per_shot = engine.image_tokens(traj.frames[0].screenshot)[0]
     assert 40 * per_shot > 1024  # the context cannot hold them all
     grows = AGENT.make_policy(factory, SCREEN, policy="noevict")  # the prompt grows every step
-    async with Scheduler(engine, MemoryLedger(1 << 30), factory,
-                         options=OPTIONS) as sched:
-        ep = sched.open_episode("grows", grows)
-        with pytest.raises(ContextFullError):
-            for i in range(40):
-                await sched.step(ep, lambda i=i: step_segments(factory, traj, i))
-                sched.check_integrity()
-        sched.check_integrity()  # the failed step's partial prefill is accounted for
-        assert sched.ledger.snapshot().reserved == 0
+    ledger = MemoryLedger(1 << 30)
+    ep = EpisodeCache("grows", 0, grows)
+    done = 0
+    with pytest.raises(ContextFullError):
+        for i in range(40):
+            run_step(engine, ep, step_segments(factory, traj, i), ledger, OPTIONS)
+            check_accounts(engine, ep, ledger)
+            done += 1
+    assert done >= 1 and ep.state.generation == done  # the failed step published nothing
+    check_accounts(engine, ep, ledger)  # its partial prefill is accounted for
+    assert ledger.snapshot().reserved == 0
+    engine.clear(0)

@@ -34,9 +34,9 @@ def kvagent_run(cache_dir: Path, *args: str) -> subprocess.CompletedProcess[str]
                           check=False)
 
 
-def _episode_dirs(result_dir: Path) -> dict[str, Path]:
-    domain = result_dir / "pyautogui" / "screenshot" / "forged-qwen35-tiny" / "simdesk"
-    return {d.name: d for d in sorted(domain.iterdir())}
+def _episode_dirs(result_dir: Path, domain: str = "simdesk") -> dict[str, Path]:
+    domain_dir = result_dir / "pyautogui" / "screenshot" / "forged-qwen35-tiny" / domain
+    return {d.name: d for d in sorted(domain_dir.iterdir()) if d.is_dir()}
 
 
 def _traj(d: Path) -> list[dict]:
@@ -179,7 +179,7 @@ def test_replay_env(cache_dir: Path, tmp_path: Path) -> None:
                       "--episodes", "1", "--threads", "1", "--vm-seconds", "0",
                       "--result-dir", str(out))
     assert res.returncode == 0, res.stderr
-    (d,) = (out / "pyautogui" / "screenshot" / "forged-qwen35-tiny" / "replay").iterdir()
+    (d,) = _episode_dirs(out, "replay").values()
     assert d.name == "traj-ep0" and 1 <= len(_traj(d)) <= 4
 
 
@@ -276,7 +276,7 @@ def test_replayed_run_and_the_bench_overlap_arm_are_one_loop(cache_dir: Path,
                       "--episodes", "1", "--threads", "1", "--vm-seconds", "0", *agent,
                       "--result-dir", str(out))
     assert res.returncode == 0, res.stderr
-    (d,) = (out / "pyautogui" / "screenshot" / "forged-qwen35-tiny" / "replay").iterdir()
+    (d,) = _episode_dirs(out, "replay").values()
     rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
     h = hashlib.sha256()
     for row in rows:

@@ -142,3 +142,12 @@ def test_sigterm_mid_episode_closes_everything(forged, tmp_path: Path) -> None:
     text = served.stderr()
     closes = [json.loads(x) for x in text.splitlines() if '"episode_close"' in x]
     assert any(e.get("episode_id") == ep for e in closes)
+
+
+def test_metrics_print_byte_counts_exactly() -> None:
+    from runtime.serve.prometheus import ServeMetrics
+
+    text = ServeMetrics().exposition([("kvagent_ledger_bytes", "The ledger.", {"kind": "held"},
+                                       2147483649), ("kvagent_x", "x", {}, 0.25)])
+    assert 'kvagent_ledger_bytes{kind="held"} 2147483649\n' in text
+    assert "kvagent_x 0.25\n" in text

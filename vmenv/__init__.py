@@ -7,9 +7,9 @@
 
 from vmenv.base import Env, Observation, StepOutcome
 from vmenv.errors import (
-    EnvBusyError, EnvClosedError, EnvStateError, EpisodeOverError, NotResetError,
-    ScreenshotError, TrajectoryError, TrajectoryPathError, UnknownTaskError, UnknownWidgetError,
-    VmEnvError,
+    EnvBusyError, EnvClosedError, EnvStateError, EnvTimeoutError, EpisodeOverError,
+    MissingScreenshotError, NotResetError, ScreenshotError, TrajectoryError, TrajectoryPathError,
+    UnknownTaskError, UnknownWidgetError, VmEnvError,
 )
 from vmenv.png import image_size, png_size, screenshot_png
 from vmenv.replay import ReplayEnv, record_trajectory
@@ -24,8 +24,10 @@ __all__ = [
     "EnvBusyError",
     "EnvClosedError",
     "EnvStateError",
+    "EnvTimeoutError",
     "EpisodeOverError",
     "Frame",
+    "MissingScreenshotError",
     "NotResetError",
     "Observation",
     "ReplayEnv",

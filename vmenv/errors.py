@@ -5,7 +5,9 @@
 * ``UnknownTaskError`` / ``UnknownWidgetError`` — a name the env does not know;
 * ``TrajectoryError`` — a recorded trajectory is corrupt or unreadable;
   ``TrajectoryPathError`` when one of its paths would escape the trajectory directory;
-* ``ScreenshotError`` — bytes that are not a valid screenshot image.
+* ``ScreenshotError`` — bytes that are not a valid screenshot image
+  (``MissingScreenshotError`` when there are none at all);
+* ``EnvTimeoutError`` — an env call did not return within its bound (the VM hangs).
 """
 
 from __future__ import annotations
@@ -51,6 +53,16 @@ class UnknownWidgetError(VmEnvError, KeyError):
 
 class ScreenshotError(VmEnvError):
     """Bytes that are not a valid screenshot (PNG, or a format ``vmenv.png`` converts)."""
+
+
+class MissingScreenshotError(ScreenshotError):
+    """The env returned no screenshot (OSWorld's DesktopEnv gives None after three failed
+    tries)."""
+
+
+class EnvTimeoutError(VmEnvError):
+    """An env call did not return within its bound; the call was abandoned (a VM that hangs
+    or does not answer).  The env's state is unknown afterwards: close it."""
 
 
 class TrajectoryError(VmEnvError):

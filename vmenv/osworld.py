@@ -5,6 +5,13 @@ so every call into it — construction, ``reset``, ``step``, ``_get_obs``, ``eva
 ``close`` — runs in a worker thread (``anyio.to_thread.run_sync``, one at a time through a
 CapacityLimiter of 1: one DesktopEnv is one VM and is not thread-safe).
 
+A VM that hangs blocks its worker thread in an HTTP call that Python cannot interrupt.  So
+the calls are made with ``abandon_on_cancel=True``: when the caller's timeout (or any
+cancellation) fires, the await returns at once and the thread is *abandoned* — it runs on
+until DesktopEnv's own HTTP timeouts end it, and whatever it returns or raises is discarded.
+The env is then ``broken`` (the VM's state is unknown): every later call but ``close``
+raises ``EnvTimeoutError``, and ``close`` itself waits at most ``close_timeout_s``.
+
 Actions cross the boundary as data: ``step`` takes a structured ``Action`` and sends the code
 ``to_pyautogui`` generates for it (or OSWorld's 'DONE' / 'FAIL' / 'WAIT'); model text never
 reaches the VM.  ``desktop_env`` is imported only when this adapter has to build a DesktopEnv
@@ -25,8 +32,8 @@ import structlog
 from vmenv.actions import TERMINAL_ACTIONS, Action, to_pyautogui
 from vmenv.base import Observation, StepOutcome
 from vmenv.errors import (
-    EnvBusyError, EnvClosedError, EpisodeOverError, NotResetError, ScreenshotError,
-    UnknownTaskError, VmEnvError,
+    EnvBusyError, EnvClosedError, EnvTimeoutError, EpisodeOverError, MissingScreenshotError,
+    NotResetError, UnknownTaskError, VmEnvError,
 )
 from vmenv.png import screenshot_png
 
@@ -36,14 +43,12 @@ log = structlog.get_logger("kvagent.osworld_env")
 OSWORLD_SETTLE_S = 60.0
 #: DesktopEnv.step's default pause after an action.
 OSWORLD_PAUSE_S = 2.0
+#: How long ``close`` waits for DesktopEnv.close (stopping a VM) before abandoning it.
+CLOSE_TIMEOUT_S = 120.0
 
 
 class OSWorldUnavailableError(VmEnvError):
     """OSWorld's ``desktop_env`` package is not importable here."""
-
-
-class MissingScreenshotError(ScreenshotError):
-    """The VM returned no screenshot (DesktopEnv gives None after three failed tries)."""
 
 
 class DesktopEnvLike(Protocol):
@@ -100,13 +105,15 @@ class OSWorldEnv:
     def __init__(self, desktop: DesktopEnvLike | None = None, *,
                  desktop_kwargs: Mapping[str, Any] | None = None,
                  tasks: Mapping[str, Mapping[str, Any]] | None = None,
-                 pause: float = OSWORLD_PAUSE_S, settle_s: float = OSWORLD_SETTLE_S) -> None:
-        if pause < 0 or settle_s < 0:
-            raise ValueError("pause and settle_s must be >= 0")
+                 pause: float = OSWORLD_PAUSE_S, settle_s: float = OSWORLD_SETTLE_S,
+                 close_timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        if pause < 0 or settle_s < 0 or close_timeout_s <= 0:
+            raise ValueError("pause and settle_s must be >= 0, close_timeout_s > 0")
         self._desktop = desktop
         self._desktop_kwargs = dict(desktop_kwargs or {})
         self.tasks = dict(tasks or {})
-        self.pause, self.settle_s = pause, settle_s
+        self.pause, self.settle_s, self.close_timeout_s = pause, settle_s, close_timeout_s
+        self.broken = ""  # why the env is unusable (a call was abandoned); "" while usable
         self.last_raw: dict[str, Any] | None = None  # the last obs dict (a11y tree, terminal)
         self._instruction = ""
         self._step = 0
@@ -200,9 +207,16 @@ class OSWorldEnv:
         self._closed = True
         desktop, self._desktop = self._desktop, None
         if desktop is not None:
-            with anyio.CancelScope(shield=True):  # a VM must not be left running
-                await anyio.to_thread.run_sync(desktop.close, limiter=self._get_limiter())
-        log.info("osworld_close")
+            # A VM must not be left running: shielded from the caller's cancellation, but
+            # bounded.  After an abandoned call no limiter: that thread may still be busy
+            # with the VM, and closing it is what ends the hang.
+            limiter = None if self.broken else self._get_limiter()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.close_timeout_s):
+                await anyio.to_thread.run_sync(desktop.close, limiter=limiter,
+                                               abandon_on_cancel=True)
+                log.info("osworld_close")
+                return
+            log.error("osworld_close_timeout", seconds=self.close_timeout_s)
 
     # ------------------------------------------------------------------ internals
 
@@ -226,7 +240,10 @@ class OSWorldEnv:
         return self._limiter
 
     async def _call(self, fn: Any, *args: Any) -> Any:
-        """``fn(desktop, *args)`` in a worker thread (the DesktopEnv is built there first)."""
+        """``fn(desktop, *args)`` in a worker thread (the DesktopEnv is built there first).
+
+        Cancellation abandons the thread (see the module docstring): its result is
+        discarded and the env is marked broken."""
         def run() -> Any:
             if self._desktop is None:
                 desktop = _build_desktop_env(self._desktop_kwargs)
@@ -235,11 +252,21 @@ class OSWorldEnv:
                     raise EnvClosedError("the OSWorld env was closed")
                 self._desktop = desktop
             return fn(self._desktop, *args)
-        return await anyio.to_thread.run_sync(run, limiter=self._get_limiter())
+        try:
+            return await anyio.to_thread.run_sync(run, limiter=self._get_limiter(),
+                                                  abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():
+            # The thread may still be talking to the VM: abandoned, its result discarded.
+            # (An exception raised by ``run`` itself leaves the env usable.)
+            self.broken = "a call was abandoned (timed out or cancelled) while the VM was busy"
+            log.warning("osworld_call_abandoned")
+            raise
 
     def _enter(self) -> None:
         if self._closed:
             raise EnvClosedError("the OSWorld env is closed")
+        if self.broken:
+            raise EnvTimeoutError(f"the OSWorld env is unusable: {self.broken}")
         if self._busy:
             raise EnvBusyError("another call of this env is running")
         self._busy = True

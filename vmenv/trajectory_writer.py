@@ -1,9 +1,10 @@
 """The one writer of ``traj.jsonl`` (OSWorld's per-step trajectory file) and its screenshots.
 
 Used by kvagent's result recorder (``runtime.recording``), by ``record_trajectory`` (replay
-files) and by the OSWorld runner example.  Durability: a step's PNG is written and fsync'd,
-and the directory entry made durable, before the line naming it; every line is flushed and
-fsync'd before the call returns — a crash loses at most the step being written.  Blocking:
+files) and by the OSWorld runner example.  Durability: a step's PNG is written atomically
+(``write_durably``: a temporary file, fsync'd, renamed, the directory fsync'd) before the
+line naming it; every line is flushed and fsync'd before the call returns — a crash loses at
+most the step being written.  Blocking:
 call it from a worker thread inside an event loop.
 """
 
@@ -81,12 +82,13 @@ class TrajectoryWriter:
     def write_step(self, step_num: int, *, screenshot: bytes, screenshot_file: str,
                    **fields: Any) -> str:
         """The screen after the step's action, then its line (``fields``: see
-        ``trajectory_line``).  Returns the screenshot's file name."""
-        with open(self.directory / screenshot_file, "wb") as f:
-            f.write(screenshot)
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_dir(self.directory)  # the PNG's entry exists before a line names it
+        ``trajectory_line``).  Returns the screenshot's file name.  The PNG is written
+        atomically (never a partial or 0-byte file); no bytes at all is a ValueError before
+        anything is written."""
+        if not isinstance(screenshot, bytes | bytearray) or not screenshot:
+            raise ValueError(f"step {step_num}: no screenshot bytes to write")
+        # the PNG's entry is durable before a line names it
+        write_durably(self.directory / screenshot_file, bytes(screenshot))
         self.write_line(trajectory_line(step_num, screenshot_file=screenshot_file, **fields))
         return screenshot_file
 

@@ -43,7 +43,8 @@ log = structlog.get_logger("kvagent.engine")
 
 
 
-def _file_identity(path: Path) -> str:
+def file_identity(path: Path) -> str:
+    """A cheap identity of a model file: its size and a hash of its first and last MiB."""
     h = hashlib.blake2b(digest_size=12)
     size = path.stat().st_size
     h.update(str(size).encode())
@@ -71,7 +72,7 @@ def _load(model_path: Path, config: EngineConfig) -> tuple[Native, EngineConfig]
                     reason=why)
     config = attrs.evolve(config, decode_rows=rows)
     cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = config.n_ctx_per_seq * config.n_seq_total
+    cparams.n_ctx = config.n_ctx  # bounded by EngineConfig's validators
     cparams.n_batch = cparams.n_ubatch = config.n_batch
     cparams.n_seq_max = config.n_seq_total
     cparams.n_threads = cparams.n_threads_batch = config.n_threads
@@ -110,11 +111,9 @@ class Engine:
             raise ModelLoadError(f"model file not found: {model_path}")
         if mmproj_path is not None and not Path(mmproj_path).is_file():
             raise ModelLoadError(f"mmproj file not found: {mmproj_path}")
-        if config.n_batch < 2 or config.n_seq_max < 1 or config.n_ctx_per_seq < config.n_batch:
-            raise ValueError("need n_batch >= 2, n_seq_max >= 1, n_ctx_per_seq >= n_batch")
         init_backend(config.verbose)
         self.model_path = model_path
-        self.model_id = _file_identity(model_path)
+        self.model_id = file_identity(model_path)
         self._native, self.config = _load(model_path, config)
         native, config = self._native, self.config
         if llama_cpp.llama_model_is_hybrid(native.model):

@@ -37,13 +37,37 @@ def chunk_sizes(n: int, n_batch: int) -> list[int]:
     return sizes
 
 
+#: Bounds on the sizes that reach llama.cpp (its context fields are 32-bit; far beyond
+#: these a value is a typo, and llama.cpp fails in odd ways or allocates without limit).
+MAX_N_CTX_PER_SEQ = 1 << 20  # 1M positions, the longest context models are trained for
+MAX_N_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ
+MAX_N_BATCH = 8192
+MAX_THREADS = 256  # libgomp fails far beyond the core count (100000 threads: a segfault)
+
+
+def _within(low: int, high: int) -> object:
+    def check(_inst: object, attr: attrs.Attribute, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{attr.name} must be an integer in {low}..{high}, got {value!r}")
+    return check
+
+
 @attrs.frozen
 class EngineConfig:
-    n_ctx_per_seq: int = 8192  # positions/cells each sequence may hold
-    n_seq_max: int = 4
-    n_batch: int = 512  # also n_ubatch: llama.cpp never re-splits our batches
-    n_threads: int = attrs.field(factory=lambda: max(1, os.cpu_count() or 1))
-    image_cache_bytes: int = 256 * 2**20
+    """The engine's sizes, validated at construction (before anything is loaded):
+    ``n_batch`` 2..8192 (a 1-row batch takes another kernel), ``n_ctx_per_seq`` n_batch..1M,
+    ``n_seq_max`` 1..256, ``n_threads`` 1..256 — so ``n_ctx = n_ctx_per_seq * n_seq_max``
+    stays far inside llama.cpp's 32-bit fields.  What such a context costs in memory is
+    ``cachepolicy.engine.sizing``'s estimate."""
+
+    n_ctx_per_seq: int = attrs.field(default=8192, validator=_within(2, MAX_N_CTX_PER_SEQ))
+    n_seq_max: int = attrs.field(default=4, validator=_within(1, MAX_N_SEQ))
+    #: also n_ubatch: llama.cpp never re-splits our batches
+    n_batch: int = attrs.field(default=512, validator=_within(2, MAX_N_BATCH))
+    n_threads: int = attrs.field(factory=lambda: max(1, os.cpu_count() or 1),
+                                 validator=_within(1, MAX_THREADS))
+    image_cache_bytes: int = attrs.field(default=256 * 2**20,
+                                         validator=_within(0, 1 << 50))
     verbose: bool = False
     # Only for demonstrating what the oracle catches: with flash attention on, a split prefill
     # is no longer bitwise equal to a one-call prefill.
@@ -69,13 +93,25 @@ class EngineConfig:
     decode_rows: int | None = attrs.field(default=None, validator=attrs.validators.optional(
         [attrs.validators.ge(1), attrs.validators.le(16)]))
 
+    def __attrs_post_init__(self) -> None:
+        if self.n_ctx_per_seq < self.n_batch:
+            raise ValueError(f"n_ctx_per_seq ({self.n_ctx_per_seq}) must be at least n_batch "
+                             f"({self.n_batch})")
+        if self.n_seq_total > MAX_N_SEQ:
+            raise ValueError(f"n_seq_max + decode_rows must be at most {MAX_N_SEQ} (llama.cpp's "
+                             f"sequences), got {self.n_seq_total}")
+
     @property
     def n_seq_total(self) -> int:
-        """Sequences the llama context holds: the usable ones and the decode lanes (the
-        engine's config always has ``decode_rows`` resolved)."""
-        if self.decode_rows is None:
-            raise ValueError("decode_rows is resolved when the engine loads the model")
-        return self.n_seq_max + self.decode_rows
+        """Sequences the llama context holds: the usable ones and the decode lanes (before
+        the model is loaded an upper bound: a MoE model may get fewer lanes)."""
+        return self.n_seq_max + (DEFAULT_DECODE_ROWS if self.decode_rows is None
+                                 else self.decode_rows)
+
+    @property
+    def n_ctx(self) -> int:
+        """The whole context llama.cpp allocates: every sequence's share, lanes included."""
+        return self.n_ctx_per_seq * self.n_seq_total
 
 
 #: Decode lanes when ``decode_rows`` is not given: up to this many generations share a call.

@@ -24,12 +24,49 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import llama_cpp
 import numpy as np
 from llama_cpp import mtmd_cpp
 
 from cachepolicy.engine.native import Native
 from cachepolicy.errors import EngineError, ImageError, ModelLoadError, NoVisionError
 from cachepolicy.images import DecodedImage, EmbeddingCache, EncodedImage, decode_png
+
+
+#: Projectors that place image tokens with multi-section RoPE (Qwen2/2.5/3-VL mergers,
+#: GLM-4V) need a text model that uses it, and projectors known to place them on a line
+#: (LLaVA-style and others) need one that does not.  mtmd checks only that the widths
+#: match, so a same-width projector of the other kind loads and then feeds image rows at
+#: positions the text model does not expect.  Types in neither list are left to mtmd.
+MROPE_PROJECTORS = ("qwen2vl_merger", "qwen2.5vl_merger", "qwen3vl_merger", "glm4v")
+LINEAR_PROJECTORS = ("mlp", "mlp_norm", "ldp", "ldpv2", "resampler", "gemma3", "idefics3",
+                     "pixtral", "internvl", "llama4")
+_MROPE_TYPES = (llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_IMROPE)
+
+
+def projector_type(path: Path) -> str | None:
+    """``clip.projector_type`` from an mmproj's GGUF metadata (None if absent / unreadable:
+    mtmd then decides)."""
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(path)).fields.get("clip.projector_type")
+        return str(field.contents()) if field is not None else None
+    except Exception:  # noqa: BLE001  not readable as GGUF here: mtmd reports it properly
+        return None
+
+
+def check_pairing(path: Path, projector: str | None, rope_type: int) -> None:
+    """Refuse a projector of another model family (see ``MROPE_PROJECTORS``)."""
+    model_mrope = rope_type in _MROPE_TYPES
+    if (projector in MROPE_PROJECTORS and not model_mrope
+            or projector in LINEAR_PROJECTORS and model_mrope):
+        raise ModelLoadError(
+            f"mmproj {path} (projector type {projector!r}) is for another model family: it "
+            f"{'places' if projector in MROPE_PROJECTORS else 'does not place'} image tokens "
+            f"with multi-section RoPE, the text model "
+            f"{'does' if model_mrope else 'does not'}; use the mmproj released with this "
+            f"model")
 
 
 class Vision:
@@ -50,12 +87,15 @@ class Vision:
         return self._mtmd is not None
 
     def load(self, path: Path, *, n_threads: int, flash_attn: bool) -> None:
-        """Load the projector for this engine's model (ModelLoadError if mtmd refuses).
+        """Load the projector for this engine's model (ModelLoadError if mtmd refuses, or if
+        the projector belongs to another model family: ``check_pairing``).
 
         ``flash_attn`` picks the encoder's attention kernel (see the module docstring); the
         warmup lets mtmd size its compute buffers at load time instead of on the first
         screenshot's critical path.
         """
+        check_pairing(path, projector_type(path),
+                      llama_cpp.llama_model_rope_type(self._native.model))
         params = mtmd_cpp.mtmd_context_params_default()
         params.use_gpu = False
         params.print_timings = False

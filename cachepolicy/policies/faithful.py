@@ -67,7 +67,7 @@ class FaithfulPolicy(CachePolicy):
         evidence="digests of the sequence's runs and of the checkpoints vs the request's pieces",
         adds_work="re-prefills from the first message that differs",
         omitted_recoverable=True, quality="exact", bounded=False,
-        supports=frozenset(ModelKind))
+        supports=frozenset(ModelKind), may_degrade=False)
 
     def _anchors(self, log: ContextLog, starts: list[int]) -> list[tuple[int, str]]:
         by_message: dict[int, bool] = {}

@@ -8,6 +8,7 @@ concurrency pays: one episode's VM time is another's engine time.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,8 +46,10 @@ async def measure_concurrency(engine: Engine, traj: Trajectory, agent: AgentConf
                                memory_budget=nbytes, wait_s=wait_s)
     phases: dict[str, RunResult] = {}
     decode: dict[str, dict[str, float]] = {}
+    cpu: dict[str, float] = {}  # this process's CPU seconds (all threads) per phase
     for phase in ("concurrent", "sequential"):
         before = engine.batcher.stats()
+        cpu0 = time.process_time()
         last = {"summary": ""}
 
         def on_event(e: Any, last: dict[str, str] = last) -> None:
@@ -63,6 +66,7 @@ async def measure_concurrency(engine: Engine, traj: Trajectory, agent: AgentConf
                                              on_event=on_event)
             tg.cancel_scope.cancel()
         decode[phase] = (engine.batcher.stats() - before).as_dict()
+        cpu[phase] = time.process_time() - cpu0
     conc, seq = phases["concurrent"], phases["sequential"]
     steps = sum(e.n_steps for e in conc.episodes)
     identical = [a.output_sha256 == b.output_sha256 for a, b in zip(conc.episodes, seq.episodes)]
@@ -75,7 +79,12 @@ async def measure_concurrency(engine: Engine, traj: Trajectory, agent: AgentConf
                    "one_episode_peak_bytes": calibration},
         "throughput": {"concurrent_steps_per_s": steps / conc.wall_s,
                        "sequential_steps_per_s": steps / seq.wall_s,
-                       "ratio": seq.wall_s / conc.wall_s},
+                       "ratio": seq.wall_s / conc.wall_s,
+                       # work done, whatever else runs on the machine: the CPU seconds of
+                       # each phase (concurrency may cost more work: re-encoded images, ...)
+                       "concurrent_cpu_s": cpu["concurrent"],
+                       "sequential_cpu_s": cpu["sequential"],
+                       "concurrent_wall_s": conc.wall_s, "sequential_wall_s": seq.wall_s},
         "scheduler": {"concurrent": conc.counters, "sequential": seq.counters},
         # decode calls in each phase: rows per call and tokens per second of llama_decode
         "decode": {**decode, "speedup": (decode["concurrent"]["tokens_per_s"]

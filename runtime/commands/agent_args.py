@@ -13,10 +13,9 @@ import os
 
 import attrs
 
+from cachepolicy.engine.records import MAX_THREADS
 from runtime.config import MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig
 
-#: More threads than this is a typo (libgomp fails in odd ways far beyond the core count).
-MAX_THREADS = 256
 
 
 def default_threads() -> int:

@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--n-batch", type=int, default=512)
     p.add_argument("--json", type=Path, dest="json_out", help="write the full results here")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="draw per-step critical-path prefill, latency and ledger bytes per arm "
+                        "with the bound into this PNG (default: next to --json, as .png)")
     add_agent_arguments(p, defaults=bench_agent_defaults())
     p.set_defaults(policy="terminal-slot", overlap=False)  # arms set their own
 
@@ -121,11 +124,16 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"kvagent bench: error: {problem}", file=sys.stderr)
         return 2
-    from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.engine import Engine
     from cachepolicy.errors import KvagentCacheError
+    from runtime.commands.engine_sizing import engine_config
     from cachepolicy.images import fit_resolution
+    from runtime.bench.analysis import analyze
     from runtime.bench.arms import run_arms
-    from runtime.bench.report import REFERENCE_ARM, summarize, table
+    from runtime.bench.report import (
+        REFERENCE_ARM, bound_text, latency_table, summarize, table, time_table,
+    )
+    from runtime.bench.targets import targets, targets_text
     from runtime.bench.trajectory import screenshot, trajectory
     from runtime.metrics import rss_bytes, rss_peak_bytes
     from vmenv.errors import VmEnvError
@@ -156,11 +164,12 @@ def run(args: argparse.Namespace) -> int:
     decode = args.agent.decode_tokens  # the bench always fixes it (--decode-tokens N)
     assert decode is not None
     per_seq = max(4096, steps * (shot_tokens + decode) * 11 // 10 + 2048)
-    config = EngineConfig(n_ctx_per_seq=per_seq, n_seq_max=max(2, args.episodes + 1),
-                          n_batch=args.n_batch, n_threads=args.threads)
     try:
+        config = engine_config(model, what="--steps, --image-tokens and --episodes",
+                               n_ctx_per_seq=per_seq, n_seq_max=max(2, args.episodes + 1),
+                               n_batch=args.n_batch, n_threads=args.threads)
         engine = Engine(model, mmproj, config)
-    except KvagentCacheError as exc:
+    except (KvagentCacheError, ValueError) as exc:
         print(f"kvagent bench: error: {exc}", file=sys.stderr)
         return 2
     with engine:
@@ -205,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
         ref = next((r.output_sha256 for r in results if r.arm == REFERENCE_ARM), None)
         arms = [{"arm": r.arm, "policy": r.policy, "overlap": r.overlap, "refused": r.refused,
                  "steps": list(r.steps), "summary": summarize(r, ref, args.agent.window),
-                 "output_sha256": r.output_sha256} for r in results]
+                 "output_sha256": r.output_sha256, "bound": None} for r in results]
+        blocks = analyze(arms)
         report = {"config": {
             "model": str(model), "mmproj": str(mmproj), "model_kind": engine.kind.value,
             "n_params": engine.n_params, "steps": steps, "window": args.agent.window,
@@ -217,16 +227,36 @@ def run(args: argparse.Namespace) -> int:
             "threads": args.threads, "n_batch": args.n_batch, "reference_arm": REFERENCE_ARM,
             "rss_after_load_bytes": rss_loaded, "rss_peak_bytes": rss_peak_bytes(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}"},
-            "arms": arms}
+            "arms": arms, **blocks}
         if concurrency is not None:
             report["config"].update(episodes=args.episodes, policy=args.agent.policy,
                                     overlap=args.agent.overlap,
                                     memory_budget=args.memory_budget)
             report.update(concurrency)
+        report["targets"] = targets(report, default_model=args.model is None)
     if arms:
         print(table(arms))
+        print()
+        print(time_table(arms))
+        print()
+        print(latency_table(arms, report["bound"]))
+        print()
+        print(bound_text(report))
     if concurrency is not None:
         print(_concurrency_table(concurrency))
+    print()
+    print(targets_text(report["targets"]))
+    plot = args.plot or (args.json_out.with_suffix(".png") if args.json_out else None)
+    report["plot"] = None
+    if plot is not None and any(not a["refused"] for a in arms):
+        from runtime.bench.plot import plot_bench
+
+        report["plot"] = str(plot_bench(
+            arms, report["bound"], plot,
+            title=f"kvagent bench: {model.parent.name}/{model.name}, {steps} steps, "
+                  f"{tokens}-token screenshots, window {args.agent.window}, "
+                  f"VM {args.vm_seconds:g} s"))
+        print(f"wrote {plot}")
     if args.json_out is not None:
         from vmenv.trajectory_writer import write_durably
 
@@ -263,7 +293,8 @@ def _concurrency_table(c: dict) -> str:
         f"ledger peak {format_bytes(led['peak_bytes'])} of {format_bytes(led['budget_bytes'])}",
         f"sequential: {counts(c['sequential_episodes'])}; {t['sequential_steps_per_s']:.2f} "
         f"steps/s; ledger peak {format_bytes(led['sequential_peak_bytes'])}",
-        f"throughput ratio (concurrent / sequential): {t['ratio']:.2f}; outputs identical to "
+        f"throughput ratio (concurrent / sequential): {t['ratio']:.2f}; CPU seconds "
+        f"{t['concurrent_cpu_s']:.1f} vs {t['sequential_cpu_s']:.1f}; outputs identical to "
         f"the sequential run: {'yes' if c['outputs_identical_to_sequential'] else 'no'}",
         f"decode: {c['decode']['concurrent']['tokens_per_s']:.1f} tokens/s concurrent "
         f"({c['decode']['concurrent']['rows_per_call']:.2f} rows per call) vs "

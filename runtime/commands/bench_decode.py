@@ -27,6 +27,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, dest="json_out")
 
 
+def _config(model: Path, args: argparse.Namespace, rows: int) -> object:
+    from runtime.commands.engine_sizing import engine_config
+
+    per_seq = args.context + args.tokens + 64
+    return engine_config(model, what="--sequences / --context / --tokens / --threads / --rows",
+                         n_ctx_per_seq=per_seq, n_seq_max=args.sequences,
+                         n_batch=min(512, per_seq), n_threads=args.threads, decode_rows=rows)
+
+
 def _generations(model: Path, args: argparse.Namespace, rows: int, *,
                  together: bool) -> tuple[dict[int, list[int]], float, dict]:
     """Every sequence generates ``args.tokens`` tokens through ``Engine.generate`` (the path
@@ -35,13 +44,11 @@ def _generations(model: Path, args: argparse.Namespace, rows: int, *,
     import anyio
     import anyio.to_thread
 
-    from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.engine import Engine
     from cachepolicy.sampling import SamplingParams
 
     n = args.sequences
-    per_seq = args.context + args.tokens + 64
-    config = EngineConfig(n_ctx_per_seq=per_seq, n_seq_max=n, n_batch=min(512, per_seq),
-                          n_threads=args.threads, decode_rows=rows)
+    config = _config(model, args, rows)
     params = SamplingParams(temperature=1.0, seed=11)  # sampled: any logit change shows
     with Engine(model, None, config) as e:
         base = list(e.tokenize("the agent looks at the screen and clicks "))
@@ -88,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
         from cachepolicy.forge import forge_cached
         model = forge_cached("qwen35", "M").model_path
     n, d = args.sequences, args.rows
+    try:
+        _config(model, args, d)  # every size checked before anything loads
+    except ValueError as exc:
+        print(f"kvagent bench-decode: error: {exc}", file=sys.stderr)
+        return 2
     runs = {}
     for name, rows, together in (("batched", d, True), ("one_at_a_time", d, False),
                                  ("unpadded_one_at_a_time", 1, False)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from cachepolicy.errors import KvagentCacheError
@@ -37,19 +38,25 @@ def _rows(rows: list[int]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.engine import Engine
     from cachepolicy.oracle import run_checks, short_piece_rows
     from cachepolicy.oracle_sweeps import PROBE_ROWS, remainder_tokens
+    from runtime.commands.engine_sizing import engine_config
 
-    # the chunk-remainder sweep prefills 16 pieces longer than n_batch into one sequence
-    config = EngineConfig(n_ctx_per_seq=max(4096, remainder_tokens(args.n_batch) + 256), n_seq_max=2,
-                          n_batch=args.n_batch, n_threads=args.threads,
-                          fast_kernels=args.fast_kernels)
     if args.model is None:
         from cachepolicy.forge import forge_cached
 
         forged = forge_cached("qwen35", "tiny", vision=True)
         args.model, args.mmproj = forged.model_path, args.mmproj or forged.mmproj_path
+    try:
+        # the chunk-remainder sweep prefills 16 pieces longer than n_batch into one sequence
+        config = engine_config(
+            args.model, what="--n-batch / --threads",
+            n_ctx_per_seq=max(4096, remainder_tokens(args.n_batch) + 256), n_seq_max=2,
+            n_batch=args.n_batch, n_threads=args.threads, fast_kernels=args.fast_kernels)
+    except ValueError as exc:
+        print(f"kvagent check-exact: error: {exc}", file=sys.stderr)
+        return 2
     try:
         with Engine(args.model, args.mmproj, config) as engine:
             if not args.json:

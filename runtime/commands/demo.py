@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -40,11 +41,17 @@ def _model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
 
 def run(args: argparse.Namespace) -> int:
     from cachepolicy.checkpoint import CheckpointKind
-    from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.engine import Engine
     from cachepolicy.oracle import oracle_screenshot
+    from runtime.commands.engine_sizing import engine_config
 
     model, mmproj = _model_paths(args)
-    config = EngineConfig(n_ctx_per_seq=4096, n_seq_max=2, n_threads=args.threads)
+    try:
+        config = engine_config(model, what="--threads", n_ctx_per_seq=4096, n_seq_max=2,
+                               n_threads=args.threads)
+    except ValueError as exc:
+        print(f"kvagent demo: error: {exc}", file=sys.stderr)
+        return 2
     with Engine(model, mmproj, config) as engine:
         print(f"loaded {model.name}: {engine.kind.value} model, {engine.n_params / 1e6:.2f}M "
               f"params, KV {engine.kv_bytes_per_token} B/token, recurrent state "

@@ -4,10 +4,13 @@ Every episode gets its own simulated desktop (or replayed trajectory) and sequen
 one engine, scheduler and memory budget.  Decoding is grammar-constrained, so every action
 is valid; with the forged random-weight model the actions are aimless — the run shows the
 runtime (overlap, bounded exact caching, admission), not intelligence.  Results go to
-``--result-dir`` in OSWorld's layout, plus ``kvagent_steps.png``.
+``--result-dir`` in OSWorld's layout, plus ``kvagent_steps.png``.  A rerun into the same
+result dir resumes the run (finished episodes kept, the others restarted), refuses to mix in
+a run with other options, or starts fresh with ``--overwrite`` (``runtime.result_dir``).
 
 Exit status: 0 when every episode ran (whether or not it solved its task), 1 when an episode
-failed with an error, 2 for bad arguments or a model that does not load (nothing written).
+failed with an error, 2 for bad arguments, a result dir that cannot take the run, or a model
+that does not load (nothing written).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ HELP = ("run GUI agents concurrently on the simulated desktop through one engine
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from runtime.commands.agent_args import add_agent_arguments, default_threads
+    from runtime.episode import DEFAULT_ENV_TIMEOUT_S
     from vmenv.simdesk_tasks import default_tasks
 
     p.add_argument("--model", type=Path, help="GGUF model (default: forge the tiny qwen35)")
@@ -41,29 +45,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-budget", default=None,
                    help="ledger budget (2GiB, 512MiB; default: the memory available now)")
     p.add_argument("--result-dir", type=Path, default=Path("results"))
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete this run's earlier results in --result-dir and start fresh "
+                        "(default: resume a run with the same options, refuse another)")
     p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--screen", default="640x360", help="simdesk screen WxH (min 320x240)")
     p.add_argument("--vm-seconds", type=float, default=0.3,
                    help="simulated time the VM takes per action (what overlap hides)")
+    p.add_argument("--env-timeout", type=float, default=DEFAULT_ENV_TIMEOUT_S,
+                   help="seconds an env step may take before it is abandoned and recorded "
+                        f"as failed (default {DEFAULT_ENV_TIMEOUT_S:g}: OSWorld's 120 s "
+                        "execute timeout, its pause and a screenshot)")
     add_agent_arguments(p)
 
 
 def _error(message: str) -> int:
     print(f"kvagent run: error: {message}", file=sys.stderr)
     return 2
-
-
-def _default_budget() -> int:
-    from scheduler.sizes import UNLIMITED_BYTES
-
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return UNLIMITED_BYTES
 
 
 #: Steps of one episode at the most (the context is sized from it).
@@ -75,6 +73,7 @@ def _check(args: argparse.Namespace) -> str | None:
     """Validate everything that needs no model; fills ``args.screen_wh`` / ``budget`` /
     ``agent``."""
     from runtime.commands.agent_args import agent_config, check_threads
+    from runtime.commands.engine_sizing import available_memory
     from scheduler.sizes import parse_budget
 
     for name, top in (("episodes", MAX_EPISODES), ("max_steps", MAX_STEPS)):
@@ -85,6 +84,11 @@ def _check(args: argparse.Namespace) -> str | None:
         return problem
     if not 0 <= args.vm_seconds <= 3600:
         return "--vm-seconds must be 0..3600"
+    if not 0 < args.env_timeout <= 3600:
+        return "--env-timeout must be in (0, 3600] seconds"
+    if args.env == "simdesk" and args.vm_seconds >= args.env_timeout:
+        return (f"--vm-seconds {args.vm_seconds:g} would time out every step "
+                f"(--env-timeout {args.env_timeout:g})")
     try:
         args.agent = agent_config(args)
     except ValueError as exc:
@@ -97,7 +101,7 @@ def _check(args: argparse.Namespace) -> str | None:
         budget = parse_budget(args.memory_budget, relative=False)
     except ValueError as exc:
         return f"--memory-budget: {exc}"
-    args.budget = _default_budget() if budget.unlimited else budget.resolve()
+    args.budget = available_memory() if budget.unlimited else budget.resolve()
     if (args.model is None) != (args.mmproj is None):
         return "--model and --mmproj go together (screenshots need a vision projector)"
     if args.env == "replay" and args.trajectory is None:
@@ -106,6 +110,12 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--trajectory is only for --env replay"
     if args.result_dir.exists() and not args.result_dir.is_dir():
         return f"--result-dir {args.result_dir} exists and is not a directory"
+    from runtime.result_dir import ResultDirError, check_writable
+
+    try:
+        check_writable(args.result_dir)  # up front: not after the model has loaded
+    except ResultDirError as exc:
+        return f"--result-dir: {exc}"
     return None
 
 
@@ -116,7 +126,8 @@ def _setup(args: argparse.Namespace) -> Any:
 
     kw: dict[str, Any] = {
         "agent": args.agent, "episodes": args.episodes, "max_steps": args.max_steps,
-        "screen": args.screen_wh, "vm_seconds": args.vm_seconds, "memory_budget": args.budget}
+        "screen": args.screen_wh, "vm_seconds": args.vm_seconds, "memory_budget": args.budget,
+        "env_timeout_s": args.env_timeout}
     if args.task:
         kw["tasks"] = (args.task,)
     if args.env == "simdesk":
@@ -167,7 +178,34 @@ def run(args: argparse.Namespace) -> int:
               f"({forged.model_path.parent}). Its weights are random: actions are valid "
               f"(grammar-constrained) but aimless; this run shows the runtime, not "
               f"intelligence.", flush=True)
-    return _run_loaded(args, config, specs, make_env, teacher, layout, model, mmproj)
+    from runtime.result_dir import plan_resume
+
+    try:  # reads only: a refusal leaves the result dir as it was
+        plan = plan_resume(layout, _manifest(args, config, model, mmproj),
+                           [s.task_id for s in specs], overwrite=args.overwrite)
+    except (RecordingError, OSError) as exc:
+        return _error(str(exc))
+    if plan.resuming or plan.overwrite:
+        print(plan.describe(), flush=True)
+    specs = tuple(s for s in specs if s.task_id in plan.run)
+    if not specs:
+        print("every episode of this run is finished; nothing to do (--overwrite to rerun)")
+        return 0
+    return _run_loaded(args, config, specs, make_env, teacher, layout, model, mmproj, plan)
+
+
+def _manifest(args: argparse.Namespace, config: Any, model: Path, mmproj: Path,
+              ) -> dict[str, Any]:
+    """What makes a rerun the same run (see ``runtime.result_dir``)."""
+    from cachepolicy.engine.core import file_identity
+    from runtime.result_dir import manifest
+
+    return manifest(
+        model={"name": model.name, "identity": file_identity(model)},
+        mmproj={"name": mmproj.name, "identity": file_identity(mmproj)},
+        env=args.env, trajectory=str(args.trajectory.resolve()) if args.trajectory else None,
+        agent=attrs.asdict(config.agent), max_steps=config.max_steps,
+        screen=list(config.screen))
 
 
 def _probe_screenshot(make_env: Any, spec: Any) -> bytes:
@@ -184,18 +222,26 @@ def _probe_screenshot(make_env: Any, spec: Any) -> bytes:
     return anyio.run(first)
 
 
+def _engine_config(model: Path, args: argparse.Namespace, config: Any, n_ctx: int) -> Any:
+    """The engine's config for ``n_ctx`` tokens per sequence; ValueError naming the options
+    when it is out of bounds or would not fit in memory (before anything loads)."""
+    from runtime.commands.engine_sizing import engine_config
+
+    return engine_config(model, what="--max-steps, --episodes, --window and --screen",
+                         n_ctx_per_seq=max(n_ctx, 512), n_seq_max=config.episodes + 1,
+                         n_threads=args.threads)
+
+
 def _load(model: Path, mmproj: Path, args: argparse.Namespace, config: Any,
           probe: bytes) -> Any:
     """Load the engine with each sequence sized for the run (estimated from the projector's
     metadata, then checked with the real screenshot's token count: reloaded once if the
     projector surprised us); the image cache holds every episode's window."""
-    from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.engine import Engine
     from runtime.context_budget import estimate_image_tokens, load_sized
 
     def make(n_ctx: int) -> Engine:
-        return Engine(model, mmproj, EngineConfig(
-            n_ctx_per_seq=max(n_ctx, 512), n_seq_max=config.episodes + 1,
-            n_threads=args.threads))
+        return Engine(model, mmproj, _engine_config(model, args, config, n_ctx))
 
     n_ctx = config.context_need(estimate_image_tokens(mmproj, config.screen)).tokens
     engine = load_sized(make, lambda e: config.context_need(e.image_tokens(probe)[0]),
@@ -211,30 +257,43 @@ def _load(model: Path, mmproj: Path, args: argparse.Namespace, config: Any,
 
 
 def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any,
-                teacher: Any, layout: Any, model: Path, mmproj: Path) -> int:
+                teacher: Any, layout: Any, model: Path, mmproj: Path, plan: Any) -> int:
     import anyio
 
     from cachepolicy.errors import KvagentCacheError
+    from cachepolicy.segments import SegmentFactory
+    from runtime.context_budget import estimate_image_tokens
     from runtime.plot import PLOT_FILE, plot_steps
     from runtime.progress import ProgressDisplay, summary_table
+    from runtime.recording import RecordingError
     from runtime.run_agents import run_agents
     from scheduler.sizes import format_bytes
 
     agent = config.agent
-    try:
+    try:  # every bound before the model loads (the estimate; rechecked when measured)
+        _engine_config(model, args, config,
+                       config.context_need(estimate_image_tokens(mmproj, config.screen)).tokens)
         probe = _probe_screenshot(make_env, specs[0])
         engine = _load(model, mmproj, args, config, probe)
-    except KvagentCacheError as exc:
+    except (KvagentCacheError, ValueError) as exc:
         return _error(str(exc))
     progress = ProgressDisplay(sys.stderr)
     with engine:
         print(f"{engine.kind.value} model {model.name} ({engine.n_params / 1e6:.1f}M params), "
-              f"{config.episodes} episode(s) x {config.max_steps} steps, policy "
+              f"{len(specs)} episode(s) x {config.max_steps} steps, policy "
               f"{agent.policy}, profile {agent.profile}, window {agent.window}, overlap "
               f"{'on' if agent.overlap else 'off'}, screen "
               f"{config.screen[0]}x{config.screen[1]}", flush=True)
         for differs in agent.make_profile().layout.unhonoured:
             print(f"profile {agent.profile}: unlike its training, {differs}", flush=True)
+        try:  # a policy this model cannot run is refused before anything is written
+            agent.make_policy(SegmentFactory(engine), config.screen)
+        except KvagentCacheError as exc:
+            return _error(str(exc))
+        try:
+            plan.apply()
+        except (RecordingError, OSError) as exc:
+            return _error(f"cannot prepare {layout.domain_dir}: {exc}")
         try:
             result = anyio.run(lambda: run_agents(engine, config, layout, specs=specs,
                                                   make_env=make_env, teacher=teacher,
@@ -243,15 +302,18 @@ def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any
             return _error(str(exc))
         finally:
             progress.close()
-    plot = plot_steps({f"{e.episode_id} {e.task}": [s.as_dict() for s in e.steps]
-                       for e in result.episodes},
-                      args.result_dir / PLOT_FILE,
-                      title=f"{args.model_name}: {agent.policy}, overlap "
-                            f"{'on' if agent.overlap else 'off'}")
     print(summary_table(result))
     steps = sum(e.n_steps for e in result.episodes)
     print(f"{steps} steps in {result.wall_s:.1f} s; ledger peak "
           f"{format_bytes(result.ledger_peak_bytes)}; {result.summary}")
-    print(f"plot: {plot}")
+    try:
+        plot = plot_steps({f"{e.episode_id} {e.task}": [s.as_dict() for s in e.steps]
+                           for e in result.episodes},
+                          args.result_dir / PLOT_FILE,
+                          title=f"{args.model_name}: {agent.policy}, overlap "
+                                f"{'on' if agent.overlap else 'off'}")
+        print(f"plot: {plot}")
+    except OSError as exc:  # the results are on disk: a missing plot is not worth a traceback
+        print(f"kvagent run: warning: could not write the plot: {exc}", file=sys.stderr)
     print(f"results: {layout.domain_dir}")
     return 1 if result.errors else 0

@@ -51,11 +51,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace-seconds", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, how long in-flight requests may finish")
     add_agent_arguments(p)
+    from runtime.commands.cluster import add_cluster_arguments
+
+    add_cluster_arguments(p)
 
 
 def _config(args: argparse.Namespace) -> object:
     from runtime.commands.agent_args import agent_config, check_threads
-    from runtime.commands.run import _default_budget
+    from runtime.commands.engine_sizing import available_memory
     from runtime.serve.host import ServeConfig
     from runtime.serve.requests import Limits
     from scheduler.sizes import parse_budget
@@ -76,7 +79,7 @@ def _config(args: argparse.Namespace) -> object:
         model_path=args.model, mmproj_path=args.mmproj, model_name=args.model_name,
         max_episodes=args.max_episodes, n_ctx=args.ctx, n_batch=args.n_batch,
         n_threads=args.threads,
-        memory_budget=_default_budget() if budget.unlimited else budget.resolve(),
+        memory_budget=available_memory() if budget.unlimited else budget.resolve(),
         agent=agent_config(args), mode=args.mode, idle_s=args.idle_seconds,
         limits=Limits(max_tokens=args.max_completion_tokens))
 
@@ -87,6 +90,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kvagent serve: error: {exc}", file=sys.stderr)
         return 2
+    if args.ray:
+        from runtime.commands.cluster import run_cluster
+
+        return run_cluster(args, config)
     import uvicorn
 
     from runtime.serve.app import create_app

@@ -28,7 +28,7 @@ from runtime.serve import episodes
 from runtime.serve.errors import ApiError, bad_request, busy, not_found, too_large, unavailable
 from runtime.serve.host import ModelHost, ServeConfig
 from runtime.serve.requests import parse_json
-from scheduler.errors import AdmissionError
+from scheduler.errors import AdmissionError, ContextFullAdmissionError
 
 log = structlog.get_logger("kvagent.serve")
 
@@ -45,6 +45,9 @@ def api_error(exc: BaseException) -> ApiError:
         return ApiError(409, str(exc), "invalid_request_error", None, "episode_busy")
     if isinstance(exc, HostFullError):
         return busy(f"{exc}; retry later or end an episode")
+    if isinstance(exc, ContextFullAdmissionError):  # the request, not the load
+        return bad_request(f"the prompt does not fit the context: {exc}",
+                           code="context_length_exceeded")
     if isinstance(exc, AdmissionError):
         return unavailable(f"the memory budget cannot take this step now: {exc}")
     if isinstance(exc, ContextFullError):

@@ -4,8 +4,8 @@
                                          → 201 {"episode_id", "config"}
     POST   /v1/episodes/{id}/step       {"screenshot": base64 PNG/JPEG/...}
                                          → {"episode_id", "step", "action", "parsed", "code",
-                                            "response", "terminal", "screenshot_size",
-                                            "screen_size", "info"}
+                                            "response", "history", "terminal",
+                                            "screenshot_size", "screen_size", "info"}
     GET    /v1/episodes/{id}            → the episode and its recent steps' measurements
     DELETE /v1/episodes/{id}            → 204
 
@@ -18,7 +18,9 @@ A step returns the decided action as data: its text in kvagent's action language
 acts as 'WAIT') and, for convenience, ``code``: the pyautogui code generated from that
 record with its points scaled onto ``screen``.  ``KvAgent(server=URL)`` does not run the
 server's text: it parses ``action`` into a record and generates the code itself, exactly as
-the in-process agent does.  Overlap happens here: after answering, the host prefetches the
+the in-process agent does.  ``history`` is the text the step leaves in the episode's
+history (what a replay forces to rebuild the episode on another host: ``runtime/cluster``).
+Overlap happens here: after answering, the host prefetches the
 next step while the client's VM executes the action.
 
 Episodes idle longer than ``ServeConfig.idle_s`` give their slot to a new episode when every
@@ -74,7 +76,10 @@ def episode_config(base: AgentConfig, options: Any) -> AgentConfig:
         raise bad_request(f"options: {exc}", param="options") from None
 
 
-async def create(host: ModelHost, body: Mapping[str, Any]) -> dict[str, Any]:
+async def create(host: ModelHost, body: Mapping[str, Any], *,
+                 number: int | None = None) -> dict[str, Any]:
+    """Open an episode; ``number`` (a cluster's front door numbering episodes across its
+    hosts) replaces the host's own count as the id and the sampling seed."""
     instruction = body.get("instruction")
     if not isinstance(instruction, str) or not instruction.strip():
         raise bad_request("'instruction' must be a non-empty string", param="instruction")
@@ -88,7 +93,7 @@ async def create(host: ModelHost, body: Mapping[str, Any]) -> dict[str, Any]:
             raise bad_request("'screen' must be [width, height] in pixels", param="screen")
         screen = (screen[0], screen[1])
     config = episode_config(host.config.agent, body.get("options"))
-    episode_id, n = host.new_id("ep")
+    episode_id, n = host.new_id("ep") if number is None else (f"ep-{number}", number)
     # the prompt's screen size until the first screenshot says otherwise (the model decides
     # in the pixels of the screenshot it sees)
     hosted = await host.episodes.open(episode_id, config, instruction, screen or (1920, 1080),
@@ -126,6 +131,7 @@ async def step(host: ModelHost, episode_id: str, body: Mapping[str, Any]) -> dic
             "parsed": metrics.parsed, "code": to_pyautogui(rescale(result.act.action, size,
                                                                     screen)),
             "response": result.act.response,
+            "history": hosted.driver.session.history_text,
             "terminal": isinstance(result.act.action, TERMINAL_ACTIONS),
             "screenshot_size": list(size), "screen_size": list(screen), "info": info}
 

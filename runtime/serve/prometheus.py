@@ -91,5 +91,13 @@ class ServeMetrics:
             if name not in seen:
                 family(name, "gauge", help_)
                 seen.add(name)
-            out.append(f"{name}{_labels(labels)} {value:g}")
+            out.append(f"{name}{_labels(labels)} {_number(value)}")
         return "\n".join(out) + "\n"
+
+
+def _number(value: float) -> str:
+    """A sample value as Prometheus text: integers exactly (byte counts run past 2^31), other
+    numbers in repr's shortest round-trip form."""
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return str(int(value))
+    return repr(float(value))

@@ -1,0 +1,87 @@
+"""The front door's HTTP side: one request to a host, answered whole or streamed.
+
+A transport failure (connection refused or reset, the host's process gone) marks the host
+lost through the router's callback and raises ``HostLost``; so does the router cancelling
+the request because Ray saw the host die (``HostHandle.inflight``).  A timeout is a 504 for
+the client, not a loss: a slow step is not a dead host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import attrs
+import httpx
+
+from runtime.cluster.spawn import HostHandle
+from runtime.serve.errors import ApiError
+
+class HostLost(Exception):
+    """The host died (or stopped answering) while serving a request."""
+
+
+@attrs.define
+class Forwarded:
+    """A host's HTTP answer as the front door passes it on."""
+
+    status: int
+    content: bytes
+    headers: dict[str, str]
+    host: str
+
+
+class Forwarder:
+    """An HTTP client to the hosts; ``lost(host, reason)`` is called when one fails."""
+
+    def __init__(self, lost: Callable[[HostHandle, str], None], *,
+                 read_timeout_s: float = 600.0) -> None:
+        self._lost = lost
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(read_timeout_s, connect=10.0),
+                                       limits=httpx.Limits(max_connections=256))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def forward(self, host: HostHandle, method: str, path: str, content: bytes,
+                      headers: dict[str, str] | None = None) -> Forwarded:
+        """One request to ``host``, answered whole.  ``HostLost`` if the host dies or cannot
+        be reached (it is then marked lost)."""
+        scope = anyio.CancelScope()
+        host.inflight.add(scope)
+        try:
+            with scope:
+                r = await self._http.request(method, host.info.url + path, content=content,
+                                             headers=headers or _JSON)
+                return Forwarded(r.status_code, r.content, _passed_headers(r), host.name)
+            raise HostLost(host.name)  # only the host's loss cancels this scope
+        except httpx.TimeoutException:
+            raise ApiError(504, f"host {host.name} did not answer in time", "server_error",
+                           None, "host_timeout", retry_after=5.0) from None
+        except httpx.TransportError as exc:
+            self._lost(host, f"{type(exc).__name__}: {exc}")
+            raise HostLost(host.name) from exc
+        finally:
+            host.inflight.discard(scope)
+
+    async def stream(self, host: HostHandle, path: str, content: bytes,
+                     headers: dict[str, str]) -> httpx.Response:
+        """Open a streamed request to ``host`` (the caller closes the response).  Raises
+        ``HostLost`` if the host cannot be reached."""
+        request = self._http.build_request("POST", host.info.url + path, content=content,
+                                           headers=headers)
+        try:
+            return await self._http.send(request, stream=True)
+        except httpx.TimeoutException:
+            raise ApiError(504, f"host {host.name} did not answer in time", "server_error",
+                           None, "host_timeout", retry_after=5.0) from None
+        except httpx.TransportError as exc:
+            self._lost(host, f"{type(exc).__name__}: {exc}")
+            raise HostLost(host.name) from exc
+
+
+_JSON = {"content-type": "application/json"}
+
+
+def _passed_headers(r: httpx.Response) -> dict[str, str]:
+    return {k: v for k, v in r.headers.items() if k.lower() in ("content-type", "retry-after")}
