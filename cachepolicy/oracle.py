@@ -108,8 +108,9 @@ class _Oracle:
 
     def run(self) -> list[CheckResult]:
         # split_prefill compares a | b with one call of a + b; every edit check compares with
-        # the uninterrupted a | b, so each check tests one thing (on K-quant MoE models a
-        # split prefill differs from one call while restores and truncations stay exact)
+        # the uninterrupted a | b, so each check tests one thing (on K-quant MoE models with
+        # the prefill cap lifted a split prefill differs from one call while restores and
+        # truncations stay exact)
         one_call = self.reference(self.a, self.b)
         ref = self.sweeper.run(None, [self.a, self.b])
         self.results.append(_compare("split_prefill", one_call, ref))

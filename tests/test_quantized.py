@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig, chunk_sizes
-from cachepolicy.engine.records import MIN_CHUNK_ROWS
+from cachepolicy.engine.records import MIN_CHUNK_ROWS, prefill_rows_for
 from cachepolicy.forge import ForgedModel, ForgeError, entry_name, forge, forge_cached
 from cachepolicy.oracle import run_checks
 
@@ -104,7 +104,7 @@ def test_quantizations_that_do_not_fit_are_refused(tmp_path: Path, size: str, qu
 
 @pytest.mark.parametrize(("arch", "quant"), [("llama", "q8_0"), ("llama", "q4_k_m"),
                                              ("qwen35", "q8_0"), ("qwen35", "q4_k_m"),
-                                             ("qwen35moe", "q8_0")])
+                                             ("qwen35moe", "q8_0"), ("qwen35moe", "q4_k_m")])
 def test_every_check_is_bitwise_on_quantized_models(qforged, arch: str, quant: str) -> None:
     with engine_for(qforged(arch, quant)) as e:
         results = run_checks(e)
@@ -119,15 +119,35 @@ def test_every_check_is_bitwise_on_q4_k_m_without_vision(qforged, arch: str) -> 
         assert failed(run_checks(e)) == []
 
 
-def test_moe_k_quant_restores_and_truncates_bitwise(qforged) -> None:
+def test_moe_k_quant_prefill_calls_are_capped_and_the_cap_is_what_makes_splits_exact(
+        qforged, monkeypatch: pytest.MonkeyPatch) -> None:
     """Expert matmuls of K-quant MoE models take another kernel when fewer than 8 rows are
-    routed to an expert, so a split prefill need not be bitwise a one-call one there
-    (check-exact reports it; on this XS model it shows in split_points); every restore,
-    truncation and refusal check compares with the same pieces uninterrupted and passes,
-    which is what terminal-slot against terminal-scratch needs."""
-    with engine_for(qforged("qwen35moe", "q4_k_m")) as e:
+    routed to an expert, which depends on the tokens: the engine caps their prefill calls at
+    7 rows.  Lifted, the split checks see the difference (so they can fail here); restore
+    and truncation compare with the same pieces uninterrupted and pass either way."""
+    import cachepolicy.engine.core as core
+
+    m = qforged("qwen35moe", "q4_k_m")
+    with engine_for(m) as e:
+        assert e.config.n_batch == MIN_CHUNK_ROWS - 1
+    monkeypatch.setattr(core, "prefill_rows_for", lambda _types, n_batch, _fast: (n_batch, ""))
+    with engine_for(m) as e:
+        assert e.config.n_batch == 32
         results = {r.name: r for r in run_checks(e)}
+    assert {n for n in SPLIT_CHECKS if not results[n].bitwise}
     assert failed([results[n] for n in RESTORE_CHECKS | HYBRID_EDIT_CHECKS]) == []
+
+
+@pytest.mark.parametrize(("types", "fast", "rows"), [
+    (frozenset(), False, 32),                        # dense
+    (frozenset({"Q8_0"}), False, 32),                # one kernel for any row count
+    (frozenset({"Q4_K", "Q5_0"}), False, 7),         # a switching type among the experts
+    (frozenset({"BF16"}), False, 7),                 # not measured: treated as switching
+    (frozenset({"Q4_K"}), True, 32),                 # speed asked for
+])
+def test_prefill_rows_follow_the_expert_types(types: frozenset[str], fast: bool,
+                                              rows: int) -> None:
+    assert prefill_rows_for(types, 32, fast)[0] == rows
 
 
 def test_fast_kernels_are_reported_as_not_bitwise(qforged) -> None:
@@ -172,11 +192,12 @@ def test_chunk_sizes_keep_every_chunk_of_a_split_piece_large() -> None:
                 assert sizes == [n]
 
 
-@pytest.mark.parametrize(("arch", "fast"), [("qwen35moe", False), ("qwen35", True)])
+@pytest.mark.parametrize(("arch", "fast"), [("qwen35moe", True), ("qwen35", True)])
 def test_terminal_slot_equals_scratch_where_split_prefill_is_not_exact(qforged, arch: str,
                                                                       fast: bool) -> None:
     """terminal-scratch prefills terminal-slot's piece boundaries, so the two agree even where
-    a split prefill differs from a one-call one (K-quant MoE experts; repacked weights)."""
+    a split prefill differs from a one-call one (repacked weights; uncapped K-quant MoE
+    experts)."""
     import anyio
 
     from runtime.bench.arms import run_arm

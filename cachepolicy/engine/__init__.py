@@ -16,9 +16,10 @@ Numerical contract (see ../shared/notes/llama-cpp.md, and ``kvagent check-exact`
   against the same piece boundaries (policies compared with each other use the same ones);
   a 1-token prefill call is refused unless explicitly allowed;
 * mixture-of-experts models with K-quant experts: an expert's matmul takes the small-batch
-  kernel when fewer than 8 rows are routed to it, which depends on the tokens, so there a
-  split prefill is not bitwise a one-call one (check-exact says so); restore-and-continue
-  with the same piece boundaries is;
+  kernel when fewer than 8 rows are routed to it, which depends on the tokens; so their
+  prefill calls carry at most 7 rows (``prefill_rows_for``: every expert then always takes
+  its small kernel, and a split prefill is bitwise a one-call one again), unless
+  ``fast_kernels`` trades that for prefill speed;
 * each sequence has its own KV stream (``kv_unified=False``), so a sequence's KV cells sit at
   the same indices whether it was prefilled from scratch or restored from a checkpoint;
 * edits that llama.cpp would accept but that silently corrupt a recurrent state (a middle-range

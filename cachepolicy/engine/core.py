@@ -29,7 +29,7 @@ from cachepolicy.engine.batcher import DecodeBatcher
 from cachepolicy.engine.decoder import Decoder
 from cachepolicy.engine.native import Native, locked
 from cachepolicy.engine.records import (
-    EngineConfig, MemoryReport, SeqInfo, decode_lanes_for, encoder_runs_beside,
+    EngineConfig, MemoryReport, SeqInfo, decode_lanes_for, encoder_runs_beside, prefill_rows_for,
 )
 from cachepolicy.engine.sampler import Sampler
 from cachepolicy.engine.sequences import Sequences
@@ -57,7 +57,8 @@ def file_identity(path: Path) -> str:
 
 def _load(model_path: Path, config: EngineConfig) -> tuple[Native, EngineConfig]:
     """Load the model and create the context with the contract's settings; the config comes
-    back with what depends on the model (the decode lanes) resolved."""
+    back with what depends on the model (the decode lanes, the prefill call's rows)
+    resolved."""
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = 0
     # Repacked weight layouts pick a matmul kernel by the batch's row count, which breaks
@@ -66,11 +67,17 @@ def _load(model_path: Path, config: EngineConfig) -> tuple[Native, EngineConfig]
     model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
     if not model:
         raise ModelLoadError(f"llama.cpp could not load {model_path}")
-    rows, why = decode_lanes_for(_expert_count(model), config.decode_rows)
+    experts = _expert_count(model)
+    rows, why = decode_lanes_for(experts, config.decode_rows)
     if config.decode_rows is not None and rows != config.decode_rows:
         log.warning("engine_decode_rows_capped", requested=config.decode_rows, rows=rows,
                     reason=why)
-    config = attrs.evolve(config, decode_rows=rows)
+    n_batch, why = prefill_rows_for(expert_weight_types(model_path) if experts else frozenset(),
+                                    config.n_batch, config.fast_kernels)
+    if n_batch != config.n_batch:
+        log.info("engine_prefill_rows_capped", requested=config.n_batch, rows=n_batch,
+                 reason=why)
+    config = attrs.evolve(config, decode_rows=rows, n_batch=n_batch)
     cparams = llama_cpp.llama_context_default_params()
     cparams.n_ctx = config.n_ctx  # bounded by EngineConfig's validators
     cparams.n_batch = cparams.n_ubatch = config.n_batch
@@ -98,6 +105,15 @@ def _expert_count(model: object) -> int:
     arch = _meta(model, "general.architecture") or ""
     value = _meta(model, f"{arch}.expert_count")
     return int(value) if value and value.isdigit() else 0
+
+
+def expert_weight_types(model_path: Path) -> frozenset[str]:
+    """The GGUF types of a MoE model's expert matrices (``blk.N.ffn_*_exps``), read from
+    the file's tensor table (llama.cpp's API does not say)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(model_path))
+    return frozenset(t.tensor_type.name for t in reader.tensors if "_exps." in t.name)
 
 
 class Engine:

@@ -138,6 +138,34 @@ def decode_lanes_for(expert_count: int, requested: int | None) -> tuple[int, str
     return rows, "every call feeds all lanes: rows do not interact"
 
 
+#: Expert weight types whose matmul takes one kernel however many rows the router sends an
+#: expert (measured on this CPU build, repacking off); every other type (the K-quants, IQ4_XS,
+#: and what was not measured) is treated as switching kernels at ``MIN_CHUNK_ROWS`` rows.
+ROW_INVARIANT_EXPERT_TYPES = frozenset({"F32", "F16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL"})
+
+
+def prefill_rows_for(expert_types: frozenset[str], n_batch: int,
+                     fast_kernels: bool) -> tuple[int, str]:
+    """The most rows a prefill call may carry on a model, and why.
+
+    A dense model's rows take one kernel per batch size class, which ``chunk_sizes`` keeps
+    apart (``MIN_CHUNK_ROWS``).  A mixture-of-experts model's router sends each expert the
+    rows whose tokens chose it: with a full ``n_batch`` call an expert gets 8 rows in one call
+    and 3 in another, and a K-quant expert then computes the same row with another kernel
+    depending on where the prompt was split (measured: split prefill max|diff| 7e-3 on a
+    Q4_K_M qwen35moe XS).  Calls of fewer than ``MIN_CHUNK_ROWS`` rows keep every expert on
+    its small-batch kernel, so a split prefill is bitwise a one-call one again — at a cost in
+    prefill speed (docs/benchmarks.md); ``fast_kernels`` waives it.
+    """
+    switching = sorted(expert_types - ROW_INVARIANT_EXPERT_TYPES)
+    if not switching or fast_kernels or n_batch < MIN_CHUNK_ROWS:
+        return n_batch, "every row takes its kernel by the call's size"
+    return MIN_CHUNK_ROWS - 1, (f"mixture of experts with {', '.join(switching)} experts: a "
+                                f"call of {MIN_CHUNK_ROWS}+ rows would let an expert's kernel "
+                                f"depend on the tokens routed to it; prefill calls capped at "
+                                f"{MIN_CHUNK_ROWS - 1} rows (fast_kernels lifts the cap)")
+
+
 def encoder_runs_beside(config: EngineConfig, cores: int | None = None) -> bool:
     """Whether the vision encoder gets its own lock: as configured, else iff the machine's
     cores hold the encoder's threads and the LLM's (measured on 2 cores with 2 threads each:

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"model: {args.model} ({engine.kind.value}, {engine.n_params / 1e6:.2f}M "
                       f"params{', vision' if engine.has_vision else ''}, "
-                      f"{'fast' if args.fast_kernels else 'exact'} kernels)")
+                      f"{'fast' if args.fast_kernels else 'exact'} kernels, prefill calls of "
+                      f"up to {engine.config.n_batch} rows)")
             results = run_checks(engine)
             short = short_piece_rows(engine)
     except KvagentCacheError as exc:
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"checks": [r.as_dict() for r in results], "bitwise": ok,
                           "fast_kernels": args.fast_kernels,
+                          "prefill_rows": engine.config.n_batch,
                           "short_pieces_not_one_call": short}))
     else:
         width = max(len(r.name) for r in results)
