@@ -113,7 +113,7 @@ def test_every_check_is_bitwise_on_quantized_models(qforged, arch: str, quant: s
     assert failed(results) == []
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+@pytest.mark.parametrize("arch", ["llama", "qwen35", "qwen35moe"])
 def test_every_check_is_bitwise_on_q4_k_m_without_vision(qforged, arch: str) -> None:
     with engine_for(qforged(arch, "q4_k_m", vision=False)) as e:
         assert failed(run_checks(e)) == []
