@@ -24,21 +24,13 @@ import numpy as np
 
 from cachepolicy.engine import Engine
 from runtime.bench.arms import run_arm
+from runtime.bench.order import abba
 from runtime.bench.trajectory import screenshot, trajectory
 from runtime.config import AgentConfig
 
 #: the encoder variants compared, in the order of the first repeat
 VARIANTS = ("flash_off", "flash_on")
 ARM = "terminal-slot+overlap"
-
-
-def _abba(repeats: int) -> list[tuple[int, int]]:
-    """(repeat, variant index) in ABBA order: drifts in the machine's load cancel out."""
-    out = []
-    for r in range(repeats):
-        order = (0, 1) if r % 2 == 0 else (1, 0)
-        out += [(r, v) for v in order]
-    return out
 
 
 @attrs.frozen
@@ -72,7 +64,7 @@ def time_encoders(engines: Sequence[Engine], size: tuple[int, int],
     seconds: list[list[float]] = [[], []]
     first: list[np.ndarray | None] = [None, None]
     same = [True, True]
-    for _, v in _abba(repeats):
+    for _, v in abba(repeats):
         t = time.perf_counter()
         rows = engines[v].encode_image(png, use_cache=False).embeddings
         seconds[v].append(time.perf_counter() - t)
@@ -126,7 +118,7 @@ def encode_ahead_runs(engine: Engine, agent: AgentConfig, size: tuple[int, int],
     """``repeats`` pairs of terminal-slot+overlap episodes (ABBA), encode_ahead off / on."""
     traj = trajectory(steps, *size)
     out = []
-    for r, v in _abba(repeats):
+    for r, v in abba(repeats):
         ahead = bool(v)
         config = attrs.evolve(agent, encode_ahead=ahead)
         res = anyio.run(lambda: run_arm(engine, ARM, traj, config, vm_seconds=vm_seconds))
