@@ -19,8 +19,9 @@ from PIL import Image, ImageDraw
 from cachepolicy.checkpoint import CheckpointKind
 from cachepolicy.engine import Engine
 from cachepolicy.errors import UnsafeEditError
-from cachepolicy.images import EncodedImage
-from cachepolicy.oracle_encoder import encoder_after_eviction, encoder_run_to_run
+from cachepolicy.oracle_encoder import (
+    encoder_after_eviction, encoder_run_to_run, image_prompt,
+)
 from cachepolicy.oracle_lanes import decode_lanes
 from cachepolicy.oracle_sweeps import PROBE_ROWS, SweepResult, Sweeper, remainder_tokens
 
@@ -223,14 +224,7 @@ class _Oracle:
 
     def _encoder_checks(self, head: tuple[int, ...], tail: tuple[int, ...]) -> None:
         e = self.e
-
-        def prompt(seq: int, img: EncodedImage) -> np.ndarray:
-            e.prefill_tokens(seq, head, logits=False)
-            e.prefill_image(seq, img)
-            logits = e.prefill_tokens(seq, tail)
-            assert logits is not None
-            return logits
-
+        prompt = image_prompt(e, head, tail)
         self._fresh()
         shots = [oracle_screenshot(), oracle_screenshot(variant=1), oracle_screenshot(200, 120)]
         self._sweep("encoder_run_to_run", encoder_run_to_run(e, shots))

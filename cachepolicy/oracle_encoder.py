@@ -40,6 +40,20 @@ def engine_encode(engine: Engine) -> Encode:
     return lambda png, use_cache: engine.encode_image(png, use_cache=use_cache)
 
 
+def image_prompt(engine: Engine, head: Sequence[int],
+                 tail: Sequence[int]) -> Callable[[int, EncodedImage], np.ndarray]:
+    """``prompt(seq, image)``: prefill ``head``, the image and ``tail`` into ``seq`` and
+    return the last row's logits (what the image did to the model, for comparing)."""
+    def prompt(seq: int, img: EncodedImage) -> np.ndarray:
+        engine.prefill_tokens(seq, head, logits=False)
+        engine.prefill_image(seq, img)
+        logits = engine.prefill_tokens(seq, tail)
+        assert logits is not None
+        return logits
+
+    return prompt
+
+
 def _differences(ref: EncodedImage, got: EncodedImage) -> tuple[float, list[str]]:
     """max |diff| of the embeddings and the names of every field that is not bitwise equal."""
     bad = [name for name, a, b in (

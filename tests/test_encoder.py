@@ -13,7 +13,7 @@ from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.engine.records import encoder_runs_beside
 from cachepolicy.images import EncodedImage
 from cachepolicy.oracle import oracle_screenshot, run_checks
-from cachepolicy.oracle_encoder import encoder_after_eviction, encoder_run_to_run
+from cachepolicy.oracle_encoder import encoder_after_eviction, encoder_run_to_run, image_prompt
 
 SHOT, OTHER = oracle_screenshot(), oracle_screenshot(variant=1)
 
@@ -38,16 +38,8 @@ def _perturb_call(engine: Engine, n: int):
 
 
 def _prompt(engine: Engine):
-    head, tail = engine.tokenize("Screenshot 0:"), engine.tokenize("\nclick(3, 4)")
-
-    def prompt(seq: int, img: EncodedImage) -> np.ndarray:
-        engine.prefill_tokens(seq, head, logits=False)
-        engine.prefill_image(seq, img)
-        logits = engine.prefill_tokens(seq, tail)
-        assert logits is not None
-        return logits
-
-    return prompt
+    return image_prompt(engine, engine.tokenize("Screenshot 0:"),
+                        engine.tokenize("\nclick(3, 4)"))
 
 
 def test_encoder_checks_pass_and_catch_a_one_ulp_perturbation(engines) -> None:

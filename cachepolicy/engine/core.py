@@ -26,6 +26,7 @@ import structlog
 from cachepolicy.checkpoint import Checkpoint, CheckpointKind, ModelKind
 from cachepolicy.engine.backend import init_backend
 from cachepolicy.engine.batcher import DecodeBatcher
+from cachepolicy.engine.compute_thread import ComputeThread
 from cachepolicy.engine.decoder import Decoder
 from cachepolicy.engine.native import Native, locked
 from cachepolicy.engine.records import (
@@ -55,7 +56,8 @@ def file_identity(path: Path) -> str:
     return h.hexdigest()
 
 
-def _load(model_path: Path, config: EngineConfig) -> tuple[Native, EngineConfig]:
+def _load(model_path: Path, config: EngineConfig,
+          compute: ComputeThread) -> tuple[Native, EngineConfig]:
     """Load the model and create the context with the contract's settings; the config comes
     back with what depends on the model (the decode lanes, the prefill call's rows)
     resolved."""
@@ -91,7 +93,7 @@ def _load(model_path: Path, config: EngineConfig) -> tuple[Native, EngineConfig]
         llama_cpp.llama_model_free(model)
         raise ModelLoadError(f"llama.cpp could not create a context for {model_path}")
     return Native(model=model, ctx=ctx, mem=llama_cpp.llama_get_memory(ctx),
-                  vocab=llama_cpp.llama_model_get_vocab(model)), config
+                  vocab=llama_cpp.llama_model_get_vocab(model), compute=compute), config
 
 
 def _meta(model: object, key: str) -> str | None:
@@ -130,7 +132,13 @@ class Engine:
         init_backend(config.verbose)
         self.model_path = model_path
         self.model_id = file_identity(model_path)
-        self._native, self.config = _load(model_path, config)
+        # the model loads on the thread that will compute with it (a load may compute)
+        compute = ComputeThread("kvagent-engine")
+        try:
+            self._native, self.config = compute.run(_load, model_path, config, compute)
+        except BaseException:
+            compute.close()
+            raise
         native, config = self._native, self.config
         if llama_cpp.llama_model_is_hybrid(native.model):
             self.kind = ModelKind.HYBRID
@@ -175,6 +183,7 @@ class Engine:
                 llama_cpp.llama_free(native.ctx)
                 llama_cpp.llama_model_free(native.model)
                 native.closed = True
+                native.compute.close()
             self.image_cache.clear()
 
     def __enter__(self) -> Engine:

@@ -62,7 +62,7 @@ class Decoder:
         batch.n_seq_id = n_seq_id.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         batch.seq_id = ctypes.cast(seq_ptrs, ctypes.POINTER(ctypes.POINTER(ctypes.c_int32)))
         batch.logits = logits.ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
-        rc = llama_cpp.llama_decode(self._native.ctx, batch)
+        rc = self._native.compute.run(llama_cpp.llama_decode, self._native.ctx, batch)
         if rc != 0:
             raise DecodeError(f"llama_decode returned {rc} on sequence(s) {np.unique(seq_ids)} "
                               f"({m} rows)", rc)

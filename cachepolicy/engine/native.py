@@ -1,8 +1,10 @@
-"""The loaded llama.cpp handles of one engine and the lock that serialises every call on them.
+"""The loaded llama.cpp handles of one engine, the lock that serialises every call on them,
+and the thread its computations run on.
 
 One llama context is not thread-safe: every public method of the engine and of its parts
 (``Decoder``, ``SequenceState``, ``Vision``) holds ``lock`` (re-entrant: an engine method may
-call its parts) and refuses to run once ``closed``.
+call its parts) and refuses to run once ``closed``.  Computing calls (``llama_decode``) go
+through ``compute`` (see ``compute_thread``: one OpenMP pool whatever thread asks).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from cachepolicy.engine.compute_thread import ComputeThread
 from cachepolicy.errors import EngineError
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -25,6 +28,7 @@ class Native:
     ctx: Any
     mem: Any
     vocab: Any
+    compute: ComputeThread
     lock: threading.RLock = attrs.Factory(threading.RLock)
     closed: bool = False
 

@@ -28,6 +28,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import mtmd_cpp
 
+from cachepolicy.engine.compute_thread import ComputeThread
 from cachepolicy.engine.native import Native
 from cachepolicy.errors import EngineError, ImageError, ModelLoadError, NoVisionError
 from cachepolicy.images import DecodedImage, EmbeddingCache, EncodedImage, decode_png
@@ -77,6 +78,8 @@ class Vision:
         # guards the mtmd context (one encode at a time).  Its own lock is never held while
         # taking the engine's, so the order engine lock → vision lock cannot deadlock
         self._lock = threading.Lock() if beside else native.lock
+        # beside: its own OpenMP pool (the cores hold both); else the engine's thread
+        self._compute = ComputeThread("kvagent-encoder") if beside else native.compute
         self._closed = False
         self._mtmd: Any = None
         self._marker = b""
@@ -102,7 +105,8 @@ class Vision:
         params.n_threads = n_threads
         params.warmup = True
         params.flash_attn_type = _FLASH_ATTN_ENABLED if flash_attn else _FLASH_ATTN_DISABLED
-        self._mtmd = mtmd_cpp.mtmd_init_from_file(str(path).encode(), self._native.model, params)
+        self._mtmd = self._compute.run(mtmd_cpp.mtmd_init_from_file, str(path).encode(),
+                                       self._native.model, params)  # warms up: computes
         if not self._mtmd:
             raise ModelLoadError(f"mtmd could not load mmproj {path}")
         self.uses_mrope = bool(mtmd_cpp.mtmd_decode_use_mrope(self._mtmd))
@@ -114,6 +118,8 @@ class Vision:
             if self._mtmd:
                 mtmd_cpp.mtmd_free(self._mtmd)
                 self._mtmd = None
+            if self._compute is not self._native.compute:
+                self._compute.close()
 
     def _check(self) -> None:
         if self._closed or self._native.closed:
@@ -143,7 +149,7 @@ class Vision:
                 if hit is not None:
                     return hit
             with MtmdChunks(self._mtmd, img, self._marker) as chunks:
-                enc = chunks.encode(img, self.n_embd, self.uses_mrope)
+                enc = chunks.encode(img, self.n_embd, self.uses_mrope, self._compute)
             if use_cache:
                 self.cache.put(enc)
         return enc
@@ -224,9 +230,10 @@ class MtmdChunks:
         fields = [name for name, _ in mtmd_cpp.mtmd_decoder_pos._fields_]
         return np.stack([raw[:, fields.index(s)] for s in _SECTION_ORDER]).astype(np.int32)
 
-    def encode(self, img: DecodedImage, n_embd: int, mrope: bool) -> EncodedImage:
+    def encode(self, img: DecodedImage, n_embd: int, mrope: bool,
+               compute: ComputeThread) -> EncodedImage:
         n, n_pos = self.image_counts()
-        if mtmd_cpp.mtmd_encode_chunk(self._mctx, self.image_chunk) != 0:
+        if compute.run(mtmd_cpp.mtmd_encode_chunk, self._mctx, self.image_chunk) != 0:
             raise ImageError("the vision encoder failed on this image")
         ptr = mtmd_cpp.mtmd_get_output_embd(self._mctx)
         rows = np.ctypeslib.as_array(ptr, shape=(n * n_embd,)).reshape(n, n_embd).copy()

@@ -8,7 +8,8 @@ the client, not a loss: a slow step is not a dead host.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import anyio
 import attrs
@@ -50,17 +51,11 @@ class Forwarder:
         scope = anyio.CancelScope()
         host.inflight.add(scope)
         try:
-            with scope:
+            with self._reaching(host), scope:
                 r = await self._http.request(method, host.info.url + path, content=content,
                                              headers=headers or _JSON)
                 return Forwarded(r.status_code, r.content, _passed_headers(r), host.name)
             raise HostLost(host.name)  # only the host's loss cancels this scope
-        except httpx.TimeoutException:
-            raise ApiError(504, f"host {host.name} did not answer in time", "server_error",
-                           None, "host_timeout", retry_after=5.0) from None
-        except httpx.TransportError as exc:
-            self._lost(host, f"{type(exc).__name__}: {exc}")
-            raise HostLost(host.name) from exc
         finally:
             host.inflight.discard(scope)
 
@@ -70,8 +65,15 @@ class Forwarder:
         ``HostLost`` if the host cannot be reached."""
         request = self._http.build_request("POST", host.info.url + path, content=content,
                                            headers=headers)
-        try:
+        with self._reaching(host):
             return await self._http.send(request, stream=True)
+
+    @contextmanager
+    def _reaching(self, host: HostHandle) -> Iterator[None]:
+        """httpx's failures as the front door's: a timeout is a 504 (a slow step is not a
+        dead host), a transport failure marks the host lost and raises ``HostLost``."""
+        try:
+            yield
         except httpx.TimeoutException:
             raise ApiError(504, f"host {host.name} did not answer in time", "server_error",
                            None, "host_timeout", retry_after=5.0) from None
