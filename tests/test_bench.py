@@ -158,6 +158,24 @@ def test_bench_episodes_under_a_tight_budget(forged, tmp_path: Path) -> None:
         assert report["outputs_identical_to_sequential"] is True
 
 
+def test_bench_decode_rows_reach_the_engine(forged, tmp_path: Path) -> None:
+    """--decode-rows 1: one lane, so concurrent episodes' decode rows never share a call
+    (and their outputs stay those of the back-to-back run); out of 1..16 it is refused."""
+    m = forged("qwen35")
+    out = tmp_path / "lanes.json"
+    res = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--steps", "3",
+                "--image-tokens", "48", "--decode-tokens", "4", "--episodes", "3",
+                "--decode-rows", "1", "--json", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["config"]["decode_rows"] == 1
+    assert report["decode"]["concurrent"]["rows_per_call"] == 1
+    assert report["outputs_identical_to_sequential"] is True
+    bad = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--decode-rows",
+                "17")
+    assert bad.returncode == 2 and "--decode-rows must be 1..16" in bad.stderr
+
+
 def test_bench_rejects_a_bad_budget(forged) -> None:
     m = forged("qwen35")
     res = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--episodes", "2",

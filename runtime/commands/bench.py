@@ -22,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from runtime.commands.agent_args import (
         add_agent_arguments, bench_agent_defaults, default_threads,
     )
+    from runtime.commands.engine_sizing import add_decode_rows_argument
 
     p.add_argument("--model", type=Path, help="GGUF model (default: forge the qwen35 M model)")
     p.add_argument("--mmproj", type=Path, help="vision projector for --model (required with it)")
@@ -49,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vm-seconds", type=float, default=0.0, help="simulated VM time per action")
     p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--n-batch", type=int, default=512)
+    add_decode_rows_argument(p)
     p.add_argument("--json", type=Path, dest="json_out", help="write the full results here")
     p.add_argument("--plot", type=Path, default=None,
                    help="draw per-step critical-path prefill, latency and ledger bytes per arm "
@@ -101,7 +103,9 @@ def _check(args: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} must be 1..{top}"
     if not 2 <= args.n_batch <= 8192:
         return "--n-batch must be 2..8192 (a 1-row batch takes another kernel)"
-    problem = check_threads(args.threads)
+    from runtime.commands.engine_sizing import check_decode_rows
+
+    problem = check_threads(args.threads) or check_decode_rows(args.decode_rows)
     if problem:
         return problem
     if not (0 <= args.vm_seconds <= 3600):
@@ -167,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = engine_config(model, what="--steps, --image-tokens and --episodes",
                                n_ctx_per_seq=per_seq, n_seq_max=max(2, args.episodes + 1),
-                               n_batch=args.n_batch, n_threads=args.threads)
+                               n_batch=args.n_batch, n_threads=args.threads,
+                               decode_rows=args.decode_rows)
         engine = Engine(model, mmproj, config)
     except (KvagentCacheError, ValueError) as exc:
         print(f"kvagent bench: error: {exc}", file=sys.stderr)
@@ -224,7 +229,8 @@ def run(args: argparse.Namespace) -> int:
             "screenshot_size": [w, h], "vm_seconds": args.vm_seconds,
             "profile": args.agent.profile, "decode_tokens": decode, "grammar": args.agent.grammar,
             "stop_at_eog": args.agent.stop_at_eog, "temperature": args.agent.temperature,
-            "threads": args.threads, "n_batch": args.n_batch, "reference_arm": REFERENCE_ARM,
+            "threads": args.threads, "n_batch": engine.config.n_batch,
+            "decode_rows": engine.config.decode_rows, "reference_arm": REFERENCE_ARM,
             "rss_after_load_bytes": rss_loaded, "rss_peak_bytes": rss_peak_bytes(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}"},
             "arms": arms, **blocks}

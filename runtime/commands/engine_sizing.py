@@ -44,6 +44,21 @@ def check_memory(model: Path, config: EngineConfig, *, what: str,
             f"{format_bytes(avail)} available")
 
 
+def add_decode_rows_argument(p: Any) -> None:
+    """``--decode-rows``: the engine's decode lanes (``EngineConfig.decode_rows``)."""
+    p.add_argument("--decode-rows", type=int, default=None,
+                   help="decode lanes, 1..16: every decode call feeds this many rows, so up "
+                        "to this many concurrent generations share a call and each pays "
+                        "for all of them (default 4; mixture-of-experts models at most 7; "
+                        "see docs/benchmarks.md section 4)")
+
+
+def check_decode_rows(rows: int | None) -> str | None:
+    if rows is not None and not 1 <= rows <= 16:
+        return f"--decode-rows must be 1..16, got {rows}"
+    return None
+
+
 def engine_config(model: Path, *, what: str, **fields: Any) -> EngineConfig:
     """An ``EngineConfig`` that passes its bounds and ``check_memory``; ValueError (with
     ``what`` in the message) otherwise."""

@@ -29,6 +29,7 @@ HELP = ("run GUI agents concurrently on the simulated desktop through one engine
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from runtime.commands.agent_args import add_agent_arguments, default_threads
+    from runtime.commands.engine_sizing import add_decode_rows_argument
     from runtime.episode import DEFAULT_ENV_TIMEOUT_S
     from vmenv.simdesk_tasks import default_tasks
 
@@ -49,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="delete this run's earlier results in --result-dir and start fresh "
                         "(default: resume a run with the same options, refuse another)")
     p.add_argument("--threads", type=int, default=default_threads())
+    add_decode_rows_argument(p)
     p.add_argument("--screen", default="640x360", help="simdesk screen WxH (min 320x240)")
     p.add_argument("--vm-seconds", type=float, default=0.3,
                    help="simulated time the VM takes per action (what overlap hides)")
@@ -79,7 +81,9 @@ def _check(args: argparse.Namespace) -> str | None:
     for name, top in (("episodes", MAX_EPISODES), ("max_steps", MAX_STEPS)):
         if not 1 <= getattr(args, name) <= top:
             return f"--{name.replace('_', '-')} must be 1..{top}"
-    problem = check_threads(args.threads)
+    from runtime.commands.engine_sizing import check_decode_rows
+
+    problem = check_threads(args.threads) or check_decode_rows(args.decode_rows)
     if problem:
         return problem
     if not 0 <= args.vm_seconds <= 3600:
@@ -229,7 +233,7 @@ def _engine_config(model: Path, args: argparse.Namespace, config: Any, n_ctx: in
 
     return engine_config(model, what="--max-steps, --episodes, --window and --screen",
                          n_ctx_per_seq=max(n_ctx, 512), n_seq_max=config.episodes + 1,
-                         n_threads=args.threads)
+                         n_threads=args.threads, decode_rows=args.decode_rows)
 
 
 def _load(model: Path, mmproj: Path, args: argparse.Namespace, config: Any,

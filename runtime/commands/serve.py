@@ -26,6 +26,7 @@ HELP = ("serve the model to many agents over HTTP: an OpenAI-compatible chat API
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from runtime.commands.agent_args import add_agent_arguments, default_threads
+    from runtime.commands.engine_sizing import add_decode_rows_argument
 
     p.add_argument("--model", type=Path, help="GGUF model (default: the forged tiny qwen35)")
     p.add_argument("--mmproj", type=Path, help="vision projector GGUF (required with --model)")
@@ -45,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=int, default=16384, help="context tokens per episode")
     p.add_argument("--n-batch", type=int, default=512)
     p.add_argument("--threads", type=int, default=default_threads())
+    add_decode_rows_argument(p)
     p.add_argument("--mode", default="terminal", choices=("terminal", "faithful"),
                    help="chat completions: re-lay prompts in kvagent's terminal layout, or "
                         "keep them exactly as sent")
@@ -63,7 +65,9 @@ def _config(args: argparse.Namespace) -> object:
     from runtime.serve.requests import Limits
     from scheduler.sizes import parse_budget
 
-    problem = check_threads(args.threads)
+    from runtime.commands.engine_sizing import check_decode_rows
+
+    problem = check_threads(args.threads) or check_decode_rows(args.decode_rows)
     if problem:
         raise ValueError(problem)
     if not 0 <= args.port <= 65535:
@@ -78,7 +82,7 @@ def _config(args: argparse.Namespace) -> object:
     return ServeConfig(
         model_path=args.model, mmproj_path=args.mmproj, model_name=args.model_name,
         max_episodes=args.max_episodes, n_ctx=args.ctx, n_batch=args.n_batch,
-        n_threads=args.threads,
+        n_threads=args.threads, decode_rows=args.decode_rows,
         memory_budget=available_memory() if budget.unlimited else budget.resolve(),
         agent=agent_config(args), mode=args.mode, idle_s=args.idle_seconds,
         limits=Limits(max_tokens=args.max_completion_tokens))

@@ -53,6 +53,9 @@ class ServeConfig:
                                                        attrs.validators.le(8192)])
     n_threads: int = attrs.field(factory=lambda: os.cpu_count() or 1,
                                  validator=[attrs.validators.ge(1), attrs.validators.le(256)])
+    #: decode lanes (EngineConfig.decode_rows; None: the engine's default)
+    decode_rows: int | None = attrs.field(default=None, validator=attrs.validators.optional(
+        [attrs.validators.ge(1), attrs.validators.le(16)]))
     memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=attrs.validators.ge(1))
     agent: AgentConfig = attrs.Factory(AgentConfig)  # episodes' defaults
     mode: str = attrs.field(default="terminal", validator=attrs.validators.in_(MODES))
@@ -156,7 +159,7 @@ def _load(config: ServeConfig) -> tuple[Engine, str]:
         name = config.model_name or model.stem
     engine = Engine(model, mmproj, EngineConfig(
         n_ctx_per_seq=config.n_ctx, n_seq_max=config.max_episodes, n_batch=config.n_batch,
-        n_threads=config.n_threads))
+        n_threads=config.n_threads, decode_rows=config.decode_rows))
     if not engine.has_vision:
         engine.close()
         raise ValueError(f"{mmproj} gave no vision projector: the server needs one")
