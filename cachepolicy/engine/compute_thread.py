@@ -33,23 +33,20 @@ JOIN_TIMEOUT_S = 600.0
 
 class ComputeThread:
     def __init__(self, name: str) -> None:
-        self._ident: int | None = None
-        ready = threading.Event()
+        self._thread: threading.Thread | None = None
 
         def remember() -> None:
-            self._ident = threading.get_ident()
-            ready.set()
+            self._thread = threading.current_thread()
 
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=name, initializer=remember)
-        self._pool.submit(lambda: None).result()  # the thread exists before any call
-        ready.wait()
+        self._pool.submit(lambda: None).result()  # the thread exists (and is known) now
         self._closed = False
 
     def run(self, fn: Callable[..., _T], *args: object) -> _T:
         """``fn(*args)`` on the compute thread (directly when called from it); its result or
         its exception."""
-        if threading.get_ident() == self._ident:
+        if threading.current_thread() is self._thread:
             return fn(*args)
         if self._closed:
             raise EngineError("compute thread is closed")
@@ -61,6 +58,5 @@ class ComputeThread:
             return
         self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
-        worker = next((t for t in threading.enumerate() if t.ident == self._ident), None)
-        if worker is not None and worker is not threading.current_thread():
-            worker.join(JOIN_TIMEOUT_S)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(JOIN_TIMEOUT_S)
