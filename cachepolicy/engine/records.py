@@ -43,6 +43,7 @@ MAX_N_CTX_PER_SEQ = 1 << 20  # 1M positions, the longest context models are trai
 MAX_N_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ
 MAX_N_BATCH = 8192
 MAX_THREADS = 256  # libgomp fails far beyond the core count (100000 threads: a segfault)
+MAX_DECODE_ROWS = 16  # decode lanes: rows of every decode call
 
 
 def _within(low: int, high: int) -> object:
@@ -91,7 +92,7 @@ class EngineConfig:
     # beside others, and up to this many generations share a call (see DecodeBatcher).
     # None: the engine decides per model (``decode_lanes_for``).
     decode_rows: int | None = attrs.field(default=None, validator=attrs.validators.optional(
-        [attrs.validators.ge(1), attrs.validators.le(16)]))
+        [attrs.validators.ge(1), attrs.validators.le(MAX_DECODE_ROWS)]))
 
     def __attrs_post_init__(self) -> None:
         if self.n_ctx_per_seq < self.n_batch:

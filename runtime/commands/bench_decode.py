@@ -79,6 +79,7 @@ def _generations(model: Path, args: argparse.Namespace, rows: int, *,
 
 
 def run(args: argparse.Namespace) -> int:
+    from cachepolicy.engine.records import MAX_DECODE_ROWS
     from runtime.commands.agent_args import check_threads
 
     if min(args.sequences, args.context, args.tokens) < 2 or args.sequences > 16:
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
               "must be >= 2", file=sys.stderr)
         return 2
     problem = check_threads(args.threads) or (
-        None if 1 <= args.rows <= 16 else "--rows must be 1..16")
+        None if 1 <= args.rows <= MAX_DECODE_ROWS else f"--rows must be 1..{MAX_DECODE_ROWS}")
     if problem:
         print(f"kvagent bench-decode: error: {problem}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cachepolicy.engine import EngineConfig
+from cachepolicy.engine.records import MAX_DECODE_ROWS
 from cachepolicy.engine.sizing import context_cost
 from scheduler.sizes import UNLIMITED_BYTES, format_bytes
 
@@ -47,15 +48,16 @@ def check_memory(model: Path, config: EngineConfig, *, what: str,
 def add_decode_rows_argument(p: Any) -> None:
     """``--decode-rows``: the engine's decode lanes (``EngineConfig.decode_rows``)."""
     p.add_argument("--decode-rows", type=int, default=None,
-                   help="decode lanes, 1..16: every decode call feeds this many rows, so up "
+                   help=f"decode lanes, 1..{MAX_DECODE_ROWS}: every decode call feeds this "
+                        "many rows, so up "
                         "to this many concurrent generations share a call and each pays "
                         "for all of them (default 4; mixture-of-experts models at most 7; "
                         "see docs/benchmarks.md section 4)")
 
 
 def check_decode_rows(rows: int | None) -> str | None:
-    if rows is not None and not 1 <= rows <= 16:
-        return f"--decode-rows must be 1..16, got {rows}"
+    if rows is not None and not 1 <= rows <= MAX_DECODE_ROWS:
+        return f"--decode-rows must be 1..{MAX_DECODE_ROWS}, got {rows}"
     return None
 
 

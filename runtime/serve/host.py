@@ -23,6 +23,7 @@ import attrs
 import structlog
 
 from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.engine.records import MAX_DECODE_ROWS
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.episode_host import EpisodeHost, HostedEpisode
@@ -55,7 +56,7 @@ class ServeConfig:
                                  validator=[attrs.validators.ge(1), attrs.validators.le(256)])
     #: decode lanes (EngineConfig.decode_rows; None: the engine's default)
     decode_rows: int | None = attrs.field(default=None, validator=attrs.validators.optional(
-        [attrs.validators.ge(1), attrs.validators.le(16)]))
+        [attrs.validators.ge(1), attrs.validators.le(MAX_DECODE_ROWS)]))
     memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=attrs.validators.ge(1))
     agent: AgentConfig = attrs.Factory(AgentConfig)  # episodes' defaults
     mode: str = attrs.field(default="terminal", validator=attrs.validators.in_(MODES))
