@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -40,11 +39,9 @@ FULL_STEPS = 2
 
 def parse_screen(text: str) -> tuple[int, int] | None:
     """'1280x720' → (1280, 720); None unless both sides are 32..8192."""
-    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
-    if m is None:
-        return None
-    w, h = int(m.group(1)), int(m.group(2))
-    return (w, h) if 32 <= w <= 8192 and 32 <= h <= 8192 else None
+    from runtime.commands.agent_args import parse_wxh
+
+    return parse_wxh(text, (32, 32), (8192, 8192))
 
 
 def cell_args(args: argparse.Namespace, model: Path, mmproj: Path, screen: tuple[int, int],

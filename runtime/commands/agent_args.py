@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 import attrs
 
@@ -82,3 +83,14 @@ def bench_agent_defaults() -> AgentConfig:
     """What the bench decodes: 16 tokens every step, greedy, no grammar, end-of-generation
     ignored — a fixed amount of decode work per step, so arms compare."""
     return attrs.evolve(AgentConfig(), grammar=False, decode_tokens=16, stop_at_eog=False)
+
+
+def parse_wxh(text: str, low: tuple[int, int],
+              high: tuple[int, int]) -> tuple[int, int] | None:
+    """'1280x720' (spaces and a capital X allowed) → (1280, 720); None unless it is WxH
+    with ``low <= (w, h) <= high`` side by side."""
+    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if m is None:
+        return None
+    w, h = int(m[1]), int(m[2])
+    return (w, h) if low[0] <= w <= high[0] and low[1] <= h <= high[1] else None

@@ -16,7 +16,6 @@ that does not load (nothing written).
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -74,7 +73,7 @@ MAX_EPISODES = 64
 def _check(args: argparse.Namespace) -> str | None:
     """Validate everything that needs no model; fills ``args.screen_wh`` / ``budget`` /
     ``agent``."""
-    from runtime.commands.agent_args import agent_config, check_threads
+    from runtime.commands.agent_args import agent_config, check_threads, parse_wxh
     from runtime.commands.engine_sizing import available_memory
     from scheduler.sizes import parse_budget
 
@@ -97,10 +96,9 @@ def _check(args: argparse.Namespace) -> str | None:
         args.agent = agent_config(args)
     except ValueError as exc:
         return str(exc)
-    m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", args.screen)
-    if not m or not (320 <= int(m[1]) <= 7680 and 240 <= int(m[2]) <= 4320):
+    args.screen_wh = parse_wxh(args.screen, (320, 240), (7680, 4320))
+    if args.screen_wh is None:
         return f"--screen {args.screen!r}: give WxH between 320x240 and 7680x4320"
-    args.screen_wh = (int(m[1]), int(m[2]))
     try:
         budget = parse_budget(args.memory_budget, relative=False)
     except ValueError as exc:
