@@ -130,15 +130,21 @@ class Scheduler:
             return
         with anyio.CancelScope(shield=True):
             slot.closed = True
-            async with slot.job_lock:
-                await self._engine_call(functools.partial(self.engine.clear, episode.seq),
-                                        Priority.CRITICAL)
-                with episode.publish_lock:  # its checkpoints die with it, whoever holds it
-                    episode.state = attrs.evolve(episode.state, checkpoints=(), seq_bytes=0,
-                                                 layout_keys=(), trim_pos=0)
-                    self.ledger.drop(episode.episode_id)
-                del self._slots[episode.episode_id]
-                self._free_seqs.append(episode.seq)
+            # closing is a job of the slot: between the engine's clear and the ledger's drop
+            # the two counts differ, and another job's idle integrity check must not run then
+            slot.jobs += 1
+            try:
+                async with slot.job_lock:
+                    await self._engine_call(functools.partial(self.engine.clear, episode.seq),
+                                            Priority.CRITICAL)
+                    with episode.publish_lock:  # its checkpoints die with it, whoever holds it
+                        episode.state = attrs.evolve(episode.state, checkpoints=(),
+                                                     seq_bytes=0, layout_keys=(), trim_pos=0)
+                        self.ledger.drop(episode.episode_id)
+                    del self._slots[episode.episode_id]
+                    self._free_seqs.append(episode.seq)
+            finally:
+                slot.jobs -= 1
             self._notify_release()
         self._log.info("episode_close", episode_id=episode.episode_id, seq_id=episode.seq)
 

@@ -107,3 +107,27 @@ def test_a_context_full_rollback_leaves_the_accounts_right(engine) -> None:
     check_accounts(engine, ep, ledger)  # its partial prefill is accounted for
     assert ledger.snapshot().reserved == 0
     engine.clear(0)
+
+
+async def test_no_idle_check_runs_while_an_episode_closes(engine, monkeypatch) -> None:
+    """Closing clears the engine's sequence before the ledger drops the episode: in between
+    the two counts differ, so the close counts as a job and an idle check (another episode's
+    job ending then — its decode runs outside the engine gate) does not run.  Seen as a false
+    IntegrityError before."""
+    factory = SegmentFactory(engine)
+    async with Scheduler(engine, MemoryLedger(1 << 30), factory, options=OPTIONS,
+                         debug=False) as sched:
+        ep = await _two_steps(sched, factory, trajectory(3, 96, 64))
+        real_clear, seen = engine.clear, []
+
+        def clear_then_check(seq: int) -> None:
+            real_clear(seq)
+            with pytest.raises(IntegrityError) as err:  # in the window
+                sched.check_integrity()
+            seen.append(str(err.value))
+
+        monkeypatch.setattr(engine, "clear", clear_then_check)
+        await sched.close_episode(ep)
+        monkeypatch.undo()
+        assert seen == ["check_integrity needs an idle scheduler (jobs are running)"]
+        sched.check_integrity()  # after the close both counts agree again
