@@ -3,12 +3,12 @@
 Importing this package does not load llama.cpp; import ``cachepolicy.engine`` for that.
 """
 
-from cachepolicy.checkpoint import Checkpoint, CheckpointKind, ModelKind, Run, RunKind
+from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind, Run, RunKind
 from cachepolicy.errors import (
     ContextFullError, DecodeError, EngineError, ImageError, KvagentCacheError, ModelLoadError,
     NoVisionError, RestoreError, SingleTokenPrefillError, UnsafeEditError,
 )
-from cachepolicy.sampling import SamplingParams
+from cachepolicy.engine.sampling import SamplingParams
 
 __all__ = [
     "Checkpoint", "CheckpointKind", "ContextFullError", "DecodeError", "EngineError",

@@ -10,7 +10,7 @@ import abc
 from collections.abc import Sequence
 from typing import ClassVar
 
-from cachepolicy.checkpoint import CheckpointKind
+from cachepolicy.engine.checkpoint import CheckpointKind
 from cachepolicy.context_log import ContextLog
 from cachepolicy.errors import PolicyError, PolicyRefusedError
 from cachepolicy.layouts import PromptKit

@@ -16,7 +16,7 @@ from cachepolicy.engine import Engine
 from cachepolicy.errors import PolicyError, Preempted
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import NamedCheckpoint, Plan, StartKind
-from cachepolicy.sampling import SamplingParams
+from cachepolicy.engine.sampling import SamplingParams
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 import numpy as np
 
-from cachepolicy.checkpoint import GENESIS, RunKind, chain_digest
+from cachepolicy.engine.checkpoint import GENESIS, RunKind, chain_digest
 from cachepolicy.context_log import Segment
 
 

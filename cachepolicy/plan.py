@@ -9,7 +9,7 @@ import enum
 
 import attrs
 
-from cachepolicy.checkpoint import Checkpoint, CheckpointKind, ModelKind
+from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind
 from cachepolicy.context_log import Segment
 from cachepolicy.engine.records import SeqInfo
 from cachepolicy.pieces import Piece

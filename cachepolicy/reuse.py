@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cachepolicy.checkpoint import CheckpointKind, ModelKind
+from cachepolicy.engine.checkpoint import CheckpointKind, ModelKind
 from cachepolicy.pieces import Piece, digests
 from cachepolicy.plan import CacheView, Start, StartKind
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import attrs
 
 from cachepolicy.base import CachePolicy, register
-from cachepolicy.checkpoint import ModelKind
+from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog, Segment
 from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.forge import forge_cached

@@ -18,10 +18,10 @@ import anyio
 from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.forge import forge_cached
 from runtime.logs import configure_logging
-from runtime.progress import ProgressDisplay, summary_table
-from runtime.recording import ResultLayout
+from runtime.run.progress import ProgressDisplay, summary_table
+from runtime.run.recording import ResultLayout
 from runtime.config import AgentConfig
-from runtime.run_agents import RunConfig, run_agents
+from runtime.run.agents import RunConfig, run_agents
 
 
 def main() -> None:

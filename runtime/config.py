@@ -20,7 +20,7 @@ import math
 import attrs
 
 from cachepolicy.base import CachePolicy, make_policy
-from cachepolicy.sampling import MAX_TEMPERATURE, SamplingParams
+from cachepolicy.engine.sampling import MAX_TEMPERATURE, SamplingParams
 from cachepolicy.segments import SegmentFactory, model_info
 from runtime.actions import CoordConvention, Screen
 from runtime.profiles import Profile, get, names

@@ -29,7 +29,7 @@ from cachepolicy.engine import Engine
 from cachepolicy.errors import StalePublishError
 from cachepolicy.executor import Execution, decode, prefill
 from cachepolicy.plan import CacheState, CacheView, Plan
-from cachepolicy.sampling import SamplingParams
+from cachepolicy.engine.sampling import SamplingParams
 from scheduler.ledger import MemoryLedger, Reservation
 from scheduler.records import StepRecord
 from scheduler.trim import cut_to_reuse_point

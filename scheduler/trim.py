@@ -7,7 +7,7 @@ no more than what the ledger accounts for).  Runs in the engine's worker thread.
 
 from __future__ import annotations
 
-from cachepolicy.checkpoint import CheckpointKind
+from cachepolicy.engine.checkpoint import CheckpointKind
 from cachepolicy.engine import Engine
 from cachepolicy.errors import UnsafeEditError
 from cachepolicy.plan import CacheState

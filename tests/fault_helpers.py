@@ -21,8 +21,8 @@ from runtime.bench.arms import replay_run_config, replay_specs, replay_teacher
 from runtime.bench.trajectory import trajectory
 from runtime.config import AgentConfig
 from runtime.metrics import EpisodeResult
-from runtime.recording import METRICS_FILE, RESULT_FILE, ResultLayout
-from runtime.run_agents import run_on
+from runtime.run.recording import METRICS_FILE, RESULT_FILE, ResultLayout
+from runtime.run.agents import run_on
 from scheduler.ledger import MemoryLedger
 from scheduler.scheduler import Scheduler
 from vmenv.base import Env, StepOutcome

@@ -37,7 +37,7 @@ def worker(tasks: Any, vm_address: str, result_root: str, model: str, mmproj: st
     status = 1
     done: list[str] = []
     try:
-        from runtime.osworld_agent import KvAgent
+        from runtime.osworld.agent import KvAgent
         from vmenv.osworld_vm.desktop_env_import import load_desktop_env
         from vmenv.osworld_vm.provider import LOOPBACK_REGION, PROVIDER_NAME
 

@@ -16,7 +16,7 @@ from runtime.bench.trajectory import INSTRUCTION
 from runtime.commands.agent_args import bench_agent_defaults
 from runtime.config import AgentConfig
 from runtime.metrics import EpisodeResult
-from runtime.run_agents import run_on
+from runtime.run.agents import run_on
 from runtime.session import PromptText
 from scheduler.ledger import MemoryLedger
 from scheduler.records import StepRecord

@@ -8,7 +8,7 @@ import ast
 import pytest
 
 from cachepolicy.engine import Engine
-from cachepolicy.sampling import SamplingParams
+from cachepolicy.engine.sampling import SamplingParams
 from runtime.actions import (
     ACTION_GRAMMAR, MAX_ACTION_CHARS, ActionParseError, Click, CoordConvention, Done, DragTo,
     Fail, Hotkey, InvalidActionError, InvalidKeyError, MoveTo, NoOp, Press, Scroll, TypeText,

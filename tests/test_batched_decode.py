@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
-from cachepolicy.sampling import SamplingParams
+from cachepolicy.engine.sampling import SamplingParams
 
 
 def _engine(forged, arch: str, rows: int) -> Engine:

@@ -13,8 +13,8 @@ from llama_cpp import mtmd_cpp
 from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.engine.compute_thread import ComputeThread
 from cachepolicy.errors import EngineError
-from cachepolicy.oracle import oracle_screenshot
-from cachepolicy.sampling import SamplingParams
+from cachepolicy.oracle.checks import oracle_screenshot
+from cachepolicy.engine.sampling import SamplingParams
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> set[int]:

@@ -11,9 +11,9 @@ import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.engine.records import encoder_runs_beside
-from cachepolicy.images import EncodedImage
-from cachepolicy.oracle import oracle_screenshot, run_checks
-from cachepolicy.oracle_encoder import encoder_after_eviction, encoder_run_to_run, image_prompt
+from cachepolicy.engine.images import EncodedImage
+from cachepolicy.oracle.checks import oracle_screenshot, run_checks
+from cachepolicy.oracle.encoder import encoder_after_eviction, encoder_run_to_run, image_prompt
 
 SHOT, OTHER = oracle_screenshot(), oracle_screenshot(variant=1)
 

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from cachepolicy.checkpoint import CheckpointKind
+from cachepolicy.engine.checkpoint import CheckpointKind
 
 TEXT = "a screenshot of a desktop with a terminal window and a browser showing a form"
 
@@ -57,7 +57,7 @@ def test_memory_report_counts_live_checkpoints_and_returns_to_zero(engines) -> N
 
 
 def test_image_cache_bytes_are_counted(engines) -> None:
-    from cachepolicy.oracle import oracle_screenshot
+    from cachepolicy.oracle.checks import oracle_screenshot
 
     e = engines("qwen35")
     before = e.memory().image_cache_bytes

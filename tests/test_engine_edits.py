@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cachepolicy.checkpoint import CheckpointKind, ModelKind
+from cachepolicy.engine.checkpoint import CheckpointKind, ModelKind
 from cachepolicy.errors import (
     ContextFullError, RestoreError, SingleTokenPrefillError, UnsafeEditError,
 )
@@ -97,7 +97,7 @@ def test_attention_model_middle_removal_shifts_positions(engines) -> None:
 
 
 def test_truncate_inside_an_image_is_refused(engines) -> None:
-    from cachepolicy.oracle import oracle_screenshot
+    from cachepolicy.oracle.checks import oracle_screenshot
 
     e = engines("llama")
     img = e.encode_image(oracle_screenshot())

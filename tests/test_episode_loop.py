@@ -11,11 +11,11 @@ from cachepolicy.segments import SegmentFactory
 from runtime.actions import NoOp
 from runtime.config import AgentConfig
 from runtime.driver import EpisodeDriver
-from runtime.episode import run_episode
+from runtime.env_loop import run_episode
 from runtime.profiles.kvagent import NOOP_TEXT
 from scheduler.ledger import MemoryLedger
 from scheduler.scheduler import Scheduler
-from vmenv.simdesk import SimDesk, SimDeskConfig
+from vmenv.simdesk.env import SimDesk, SimDeskConfig
 
 GRAMMAR = AgentConfig(decode_tokens=48, temperature=1.0, seed=3)
 

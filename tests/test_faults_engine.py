@@ -27,10 +27,10 @@ from runtime.bench.arms import replay_run_config, replay_specs, replay_teacher
 from runtime.bench.trajectory import trajectory
 from runtime.config import AgentConfig
 from runtime.driver import EpisodeDriver
-from runtime.episode import run_episode
+from runtime.env_loop import run_episode
 from runtime.metrics import EpisodeResult
-from runtime.recording import METRICS_FILE, ResultLayout
-from runtime.run_agents import run_on
+from runtime.run.recording import METRICS_FILE, ResultLayout
+from runtime.run.agents import run_on
 from scheduler.ledger import MemoryLedger
 from scheduler.scheduler import Scheduler
 from vmenv.replay import ReplayEnv

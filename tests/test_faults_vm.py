@@ -21,9 +21,9 @@ from structlog.testing import capture_logs
 from bad_images import bomb_png, corrupt_png, header_only_png, jpeg_of, png_of_size
 from fault_helpers import FAULT_AT, STEPS, TRAJ, FaultyEnv, engine, failed_at, run_three, shot  # noqa: F401
 from runtime.errors import describe_error
-from runtime.progress import summary_table
-from runtime.recording import METRICS_FILE
-from runtime.run_agents import RunResult
+from runtime.run.progress import summary_table
+from runtime.run.recording import METRICS_FILE
+from runtime.run.agents import RunResult
 from vmenv.base import Env
 from vmenv.osworld import OSWorldEnv
 from vmenv.osworld_fake import FakeDesktopEnv

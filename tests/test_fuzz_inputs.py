@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from bad_images import SIGNATURE, bomb_png, corrupt_png, header_only_png, jpeg_of, png_of_size
 from cachepolicy.errors import ImageError
-from cachepolicy.images import decode_png
-from runtime.episode import checked_observation
-from runtime.recording import EpisodeRecorder, ResultLayout, UnsafePathError
-from runtime.result_dir import plan_resume
+from cachepolicy.engine.images import decode_png
+from runtime.env_loop import checked_observation
+from runtime.run.recording import EpisodeRecorder, ResultLayout, UnsafePathError
+from runtime.run.result_dir import plan_resume
 from vmenv.base import Observation
 from vmenv.errors import ScreenshotError
 from vmenv.png import image_size, png_size, screenshot_png

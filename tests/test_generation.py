@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from cachepolicy.sampling import SamplingParams, choose_token
+from cachepolicy.engine.sampling import SamplingParams, choose_token
 
 CLICK_GRAMMAR = r'''
 root ::= "click(" num ", " num ")"

@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from cachepolicy.errors import ImageError, NoVisionError
-from cachepolicy.images import EmbeddingCache, decode_png, resolution_for_tokens
-from cachepolicy.oracle import oracle_screenshot
+from cachepolicy.engine.images import EmbeddingCache, decode_png, resolution_for_tokens
+from cachepolicy.oracle.checks import oracle_screenshot
 
 
 def _png(img: Image.Image, **kw: object) -> bytes:

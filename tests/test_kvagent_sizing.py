@@ -17,8 +17,8 @@ from PIL import Image
 
 from runtime.actions import Click, DragTo, MoveTo, Scroll, TypeText, parse_action, to_pyautogui
 from runtime.context_budget import ContextBudgetError, blank_png, estimate_image_tokens
-from runtime.osworld_agent import AgentStepError
-from runtime.osworld_host import THREADS_ENV, KvAgentConfig, default_threads
+from runtime.osworld.agent import AgentStepError
+from runtime.osworld.local_host import THREADS_ENV, KvAgentConfig, default_threads
 from vmenv.actions.rescale import rescale, rescale_axis
 
 SCREEN = (320, 240)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
-from cachepolicy.oracle import run_checks
+from cachepolicy.oracle.checks import run_checks
 
 ARCHES = ["llama", "qwen35", "qwen35moe"]
 

@@ -27,13 +27,13 @@ from cachepolicy.errors import PolicyRefusedError
 from runtime.actions import (
     Click, Done, DragTo, Hotkey, MoveTo, Press, Scroll, TypeText, to_pyautogui,
 )
-from runtime.osworld_agent import (
+from runtime.osworld.agent import (
     PORTAL_THREAD_PREFIX, AgentClosedError, AgentStepError, KvAgent,
 )
 from vmenv.errors import EnvClosedError, EpisodeOverError
 from vmenv.osworld import MissingScreenshotError, OSWorldEnv, OSWorldUnavailableError
 from vmenv.png import png_size
-from vmenv.simdesk_widgets import locate
+from vmenv.simdesk.widgets import locate
 
 SCREEN = (320, 240)
 @pytest.fixture
@@ -176,7 +176,7 @@ def test_forgotten_agents_are_closed_by_gc_and_at_exit(forged: Any) -> None:
     assert not any(t.name.startswith(PORTAL_THREAD_PREFIX) for t in threading.enumerate())
     script = (
         "import sys\n"
-        "from runtime.osworld_agent import KvAgent\n"
+        "from runtime.osworld.agent import KvAgent\n"
         "from vmenv.osworld_fake import FakeDesktopEnv\n"
         "a = KvAgent(sys.argv[1], sys.argv[2], n_threads=1, screen_size=(320, 240))\n"
         "print(a.predict('open the terminal', FakeDesktopEnv().reset())[1])\n")
@@ -272,7 +272,7 @@ async def test_async_episode_loop_on_osworld_env(engines: Any) -> None:
     from cachepolicy.segments import SegmentFactory
     from runtime.config import AgentConfig
     from runtime.driver import EpisodeDriver
-    from runtime.episode import run_episode
+    from runtime.env_loop import run_episode
     from scheduler.ledger import MemoryLedger
     from scheduler.scheduler import Scheduler
 

@@ -26,8 +26,8 @@ from vmenv.osworld_vm import VmServer, simdesk_example, vm_server
 from vmenv.osworld_vm.desktop_env_import import DESKTOP_ENV_INSTALL, load_desktop_env
 from vmenv.osworld_vm.machine import action_record
 from vmenv.png import image_size, png_size, screenshot_png
-from vmenv.simdesk_tasks import default_tasks
-from vmenv.simdesk_widgets import locate
+from vmenv.simdesk.tasks import default_tasks
+from vmenv.simdesk.widgets import locate
 
 try:
     DesktopEnv = load_desktop_env().DesktopEnv

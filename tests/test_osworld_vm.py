@@ -24,7 +24,7 @@ from vmenv.osworld_vm import (
 from vmenv.osworld_vm.machine import action_record
 from vmenv.png import image_size, png_size, screenshot_png
 from vmenv.pyautogui_parse import OSWORLD_PRELUDE
-from vmenv.simdesk_tasks import default_tasks
+from vmenv.simdesk.tasks import default_tasks
 
 SCREEN = (320, 240)
 

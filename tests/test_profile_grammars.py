@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from cachepolicy.engine import Engine
-from cachepolicy.sampling import SamplingParams
+from cachepolicy.engine.sampling import SamplingParams
 from runtime.profiles import get, names
 
 SEQ = 2  # the conftest engines hold 3 sequences; 2 keeps away from other tests

@@ -17,7 +17,7 @@ import pytest
 from cachepolicy.engine import Engine, EngineConfig, chunk_sizes
 from cachepolicy.engine.records import MIN_CHUNK_ROWS, prefill_rows_for
 from cachepolicy.forge import ForgedModel, ForgeError, entry_name, forge, forge_cached
-from cachepolicy.oracle import run_checks
+from cachepolicy.oracle.checks import run_checks
 
 SPLIT_CHECKS = {"split_prefill", "split_points", "chunk_remainders", "image_split_points"}
 RESTORE_CHECKS = {"restore_same_seq", "restore_other_seq", "restore_points",

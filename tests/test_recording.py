@@ -9,13 +9,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from runtime.recording import (
+from runtime.run.recording import (
     METRICS_FILE, RESULT_FILE, TRAJ_FILE, EpisodeRecorder, ResultLayout, UnsafePathError,
 )
 from runtime.config import AgentConfig
-from runtime.run_agents import EpisodeSpec, RunConfig, run_agents, simdesk_specs
+from runtime.run.agents import EpisodeSpec, RunConfig, run_agents, simdesk_specs
 from vmenv.errors import EnvClosedError
-from vmenv.simdesk import SimDesk, SimDeskConfig
+from vmenv.simdesk.env import SimDesk, SimDeskConfig
 
 PNG = b"\x89PNG\r\n\x1a\n fake"
 

@@ -1,4 +1,4 @@
-"""Result directories across reruns (``runtime.result_dir``): resume like OSWorld's runner,
+"""Result directories across reruns (``runtime.run.result_dir``): resume like OSWorld's runner,
 refuse to mix two runs, start fresh on request — unit tests of the decision, then
 ``kvagent run`` killed with SIGKILL between steps and rerun."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.recording import RESULT_FILE, EpisodeRecorder, ResultLayout
-from runtime.result_dir import (
+from runtime.run.recording import RESULT_FILE, EpisodeRecorder, ResultLayout
+from runtime.run.result_dir import (
     MANIFEST_FILE, ResultDirError, check_writable, manifest, plan_resume,
 )
 from test_run_command import _env, _episode_dirs, _traj, cache_dir, kvagent_run  # noqa: F401

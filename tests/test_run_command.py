@@ -109,7 +109,7 @@ def test_choices_come_from_the_registries() -> None:
     from cachepolicy.policies.terminal_scratch import TerminalScratchPolicy
     from runtime.cli import build_parser
     from runtime.profiles import names as profile_names
-    from vmenv.simdesk_tasks import default_tasks
+    from vmenv.simdesk.tasks import default_tasks
 
     @register
     class Mine(TerminalScratchPolicy):
@@ -166,7 +166,7 @@ def test_replay_env(cache_dir: Path, tmp_path: Path) -> None:
     import anyio
 
     from vmenv.replay import record_trajectory
-    from vmenv.simdesk import SimDesk, SimDeskConfig
+    from vmenv.simdesk.env import SimDesk, SimDeskConfig
 
     async def record() -> None:
         env = SimDesk(SimDeskConfig(width=320, height=240, done_on_success=False))
@@ -197,8 +197,8 @@ def test_examples_run(cache_dir: Path, tmp_path: Path, example: str) -> None:
 
 def _events():
     from runtime.metrics import StepMetrics
-    from runtime.progress import EpisodeEvent
-    from runtime.run_agents import EpisodeSpec
+    from runtime.run.progress import EpisodeEvent
+    from runtime.run.agents import EpisodeSpec
 
     spec = EpisodeSpec(0, "ep0", "click-ok", "click-ok-ep0", "Click OK.")
     line = "episodes: 1 running, 0 waiting | budget: 120.0 MiB of 2.0 GiB, peak 120.0 MiB | checkpoints: 1"
@@ -212,7 +212,7 @@ def _events():
 def test_progress_plain_lines_without_a_tty() -> None:
     import io
 
-    from runtime.progress import ProgressDisplay
+    from runtime.run.progress import ProgressDisplay
 
     out = io.StringIO()
     show = ProgressDisplay(out, tty=False)
@@ -228,7 +228,7 @@ def test_progress_plain_lines_without_a_tty() -> None:
 def test_progress_redraws_in_place_on_a_tty() -> None:
     import io
 
-    from runtime.progress import ProgressDisplay
+    from runtime.run.progress import ProgressDisplay
 
     out = io.StringIO()
     show = ProgressDisplay(out, tty=True)
@@ -261,7 +261,7 @@ def test_replayed_run_and_the_bench_overlap_arm_are_one_loop(cache_dir: Path,
 
     from cachepolicy.forge import forge_cached
     from vmenv.replay import record_trajectory
-    from vmenv.simdesk import SimDesk, SimDeskConfig
+    from vmenv.simdesk.env import SimDesk, SimDeskConfig
 
     async def record() -> None:
         env = SimDesk(SimDeskConfig(width=320, height=240, done_on_success=False))

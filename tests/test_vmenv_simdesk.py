@@ -16,7 +16,7 @@ from vmenv import (
     EnvBusyError, EnvClosedError, Env, EpisodeOverError, NotResetError, SimDesk, SimDeskConfig,
     UnknownTaskError, UnknownWidgetError,
 )
-from vmenv.simdesk_widgets import hit
+from vmenv.simdesk.widgets import hit
 
 TASKS = ["open-terminal", "type-in-field", "click-ok", "save-note"]
 

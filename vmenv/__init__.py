@@ -13,9 +13,9 @@ from vmenv.errors import (
 )
 from vmenv.png import image_size, png_size, screenshot_png
 from vmenv.replay import ReplayEnv, record_trajectory
-from vmenv.simdesk import SimDesk, SimDeskConfig
-from vmenv.simdesk_state import DeskState
-from vmenv.simdesk_tasks import Task, default_tasks
+from vmenv.simdesk.env import SimDesk, SimDeskConfig
+from vmenv.simdesk.state import DeskState
+from vmenv.simdesk.tasks import Task, default_tasks
 from vmenv.trajectory import Frame, Trajectory, load_trajectory
 
 __all__ = [

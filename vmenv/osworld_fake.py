@@ -30,9 +30,9 @@ from vmenv.osworld_vm.protocol import example_task, simdesk_example
 from vmenv.pyautogui_parse import (
     PyAutoGuiCall, UnsupportedCodeError, apply_code, read_pyautogui,
 )
-from vmenv.simdesk_render import render_png
-from vmenv.simdesk_state import DeskState
-from vmenv.simdesk_tasks import Task, default_tasks
+from vmenv.simdesk.render import render_png
+from vmenv.simdesk.state import DeskState
+from vmenv.simdesk.tasks import Task, default_tasks
 
 __all__ = ["SPECIAL_ACTIONS", "FakeController", "FakeDesktopEnv",
            "PyAutoGuiCall", "UnsupportedCodeError", "apply_code", "read_pyautogui",

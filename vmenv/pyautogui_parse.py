@@ -23,8 +23,8 @@ from vmenv.actions import (
     Action, ActionError, Click, DragTo, Hotkey, MoveTo, Press, Scroll, TypeText,
 )
 from vmenv.errors import VmEnvError
-from vmenv.simdesk_apply import apply_action
-from vmenv.simdesk_state import DeskState
+from vmenv.simdesk.apply import apply_action
+from vmenv.simdesk.state import DeskState
 
 #: What OSWorld's PythonController prepends to every pyautogui command before sending
 #: ``["python", "-c", prelude + "; " + code]`` to the VM's /execute.

@@ -1,6 +1,6 @@
 """The one writer of ``traj.jsonl`` (OSWorld's per-step trajectory file) and its screenshots.
 
-Used by kvagent's result recorder (``runtime.recording``), by ``record_trajectory`` (replay
+Used by kvagent's result recorder (``runtime.run.recording``), by ``record_trajectory`` (replay
 files) and by the OSWorld runner example.  Durability: a step's PNG is written atomically
 (``write_durably``: a temporary file, fsync'd, renamed, the directory fsync'd) before the
 line naming it; every line is flushed and fsync'd before the call returns — a crash loses at

@@ -23,7 +23,7 @@ import llama_cpp
 import numpy as np
 import structlog
 
-from cachepolicy.checkpoint import Checkpoint, CheckpointKind, ModelKind
+from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind
 from cachepolicy.engine.backend import init_backend
 from cachepolicy.engine.batcher import DecodeBatcher
 from cachepolicy.engine.compute_thread import ComputeThread
@@ -37,8 +37,8 @@ from cachepolicy.engine.sequences import Sequences
 from cachepolicy.engine.state import SequenceState
 from cachepolicy.engine.vision import Vision
 from cachepolicy.errors import EngineError, ModelLoadError, Preempted
-from cachepolicy.images import DecodedImage, EmbeddingCache, EncodedImage
-from cachepolicy.sampling import SamplingParams
+from cachepolicy.engine.images import DecodedImage, EmbeddingCache, EncodedImage
+from cachepolicy.engine.sampling import SamplingParams
 
 log = structlog.get_logger("kvagent.engine")
 

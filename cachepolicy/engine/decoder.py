@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 import llama_cpp
 import numpy as np
 
-from cachepolicy.checkpoint import ModelKind, Run, RunKind, chain_digest, history_digest
+from cachepolicy.engine.checkpoint import ModelKind, Run, RunKind, chain_digest, history_digest
 from cachepolicy.engine.native import Native, locked
 from cachepolicy.engine.records import chunk_sizes
 from cachepolicy.engine.sequences import Sequences
 from cachepolicy.errors import ContextFullError, DecodeError, ImageError, SingleTokenPrefillError
-from cachepolicy.images import EncodedImage
+from cachepolicy.engine.images import EncodedImage
 
 _PAD_TOKEN = 0  # what a pad row feeds (any valid id: its logits are thrown away)
 

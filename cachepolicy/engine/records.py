@@ -7,7 +7,7 @@ import os
 import attrs
 import numpy as np
 
-from cachepolicy.checkpoint import GENESIS, Run, RunKind, chain_digest
+from cachepolicy.engine.checkpoint import GENESIS, Run, RunKind, chain_digest
 from cachepolicy.errors import UnsafeEditError
 
 

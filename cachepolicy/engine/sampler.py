@@ -9,7 +9,7 @@ import llama_cpp
 import numpy as np
 
 from cachepolicy.errors import EngineError
-from cachepolicy.sampling import SamplingParams, choose_token
+from cachepolicy.engine.sampling import SamplingParams, choose_token
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
 

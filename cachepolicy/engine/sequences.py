@@ -7,7 +7,7 @@ scheduler's published cache states are a separate account that must agree with i
 
 from __future__ import annotations
 
-from cachepolicy.checkpoint import Run, history_digest
+from cachepolicy.engine.checkpoint import Run, history_digest
 from cachepolicy.engine.records import SeqInfo
 
 

@@ -15,7 +15,7 @@ import weakref
 import attrs
 import llama_cpp
 
-from cachepolicy.checkpoint import (
+from cachepolicy.engine.checkpoint import (
     GENESIS, Checkpoint, CheckpointKind, ModelKind, Run, chain_digest,
 )
 from cachepolicy.engine.native import Native, locked

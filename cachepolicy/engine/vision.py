@@ -14,7 +14,7 @@ LLM keeps it off because a prefill split into calls must equal one call bitwise;
 always encoded in ONE call, so that rule has nothing to protect here.  What the encoder must
 be is deterministic — the same pixels give the same bits run after run, whether the
 embedding came from the cache or was encoded again after an eviction — and ``kvagent
-check-exact``'s ``encoder_*`` checks verify exactly that (``cachepolicy.oracle_encoder``).
+check-exact``'s ``encoder_*`` checks verify exactly that (``cachepolicy.oracle.encoder``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from llama_cpp import mtmd_cpp
 from cachepolicy.engine.compute_thread import ComputeThread
 from cachepolicy.engine.native import Native
 from cachepolicy.errors import EngineError, ImageError, ModelLoadError, NoVisionError
-from cachepolicy.images import DecodedImage, EmbeddingCache, EncodedImage, decode_png
+from cachepolicy.engine.images import DecodedImage, EmbeddingCache, EncodedImage, decode_png
 
 
 #: Projectors that place image tokens with multi-section RoPE (Qwen2/2.5/3-VL mergers,

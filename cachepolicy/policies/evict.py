@@ -4,7 +4,7 @@ steps folded into text in the first user turn; the whole prompt re-prefilled eve
 from __future__ import annotations
 
 from cachepolicy.base import CachePolicy, register
-from cachepolicy.checkpoint import ModelKind
+from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
 from cachepolicy.layouts import interleaved
 from cachepolicy.pieces import merge_text

@@ -15,7 +15,7 @@ appended after the prompt (the predicted next turn).
 from __future__ import annotations
 
 from cachepolicy.base import CachePolicy, register
-from cachepolicy.checkpoint import ModelKind
+from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog, Segment, SegmentKind
 from cachepolicy.pieces import Piece, image_piece, merge_text, text_piece
 from cachepolicy.plan import CacheView, Plan, PolicyManifest

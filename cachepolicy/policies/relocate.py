@@ -8,7 +8,7 @@ KL and top-1 agreement) against an exact from-scratch terminal prefill."""
 from __future__ import annotations
 
 from cachepolicy.base import CachePolicy, register
-from cachepolicy.checkpoint import ModelKind
+from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
 from cachepolicy.layouts import chronological, terminal
 from cachepolicy.pieces import merge_text

@@ -8,7 +8,7 @@ models, take other kernels than inside a longer one-call prefill (see ``cachepol
 from __future__ import annotations
 
 from cachepolicy.base import CachePolicy, register
-from cachepolicy.checkpoint import ModelKind
+from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
 from cachepolicy.layouts import terminal_steps
 from cachepolicy.plan import CacheView, Plan, PolicyManifest

@@ -7,7 +7,7 @@ same pieces, and split prefill equals one-call prefill (see the engine's contrac
 from __future__ import annotations
 
 from cachepolicy.base import CachePolicy, register
-from cachepolicy.checkpoint import ModelKind
+from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
 from cachepolicy.layouts import terminal_steps
 from cachepolicy.pieces import Piece

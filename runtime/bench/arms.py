@@ -19,8 +19,8 @@ from cachepolicy.engine import Engine
 from cachepolicy.errors import PolicyRefusedError
 from runtime.config import AgentConfig
 from runtime.metrics import EpisodeResult
-from runtime.progress import EpisodeEvent
-from runtime.run_agents import EpisodeSpec, RunConfig, RunResult, run_agents
+from runtime.run.progress import EpisodeEvent
+from runtime.run.agents import EpisodeSpec, RunConfig, RunResult, run_agents
 from scheduler.sizes import UNLIMITED_BYTES
 from vmenv.replay import ReplayEnv
 from vmenv.trajectory import Trajectory

@@ -17,7 +17,7 @@ import anyio
 from cachepolicy.engine import Engine
 from runtime.bench.arms import replay_run_config, run_replay
 from runtime.config import AgentConfig
-from runtime.run_agents import RunResult
+from runtime.run.agents import RunResult
 from scheduler.sizes import Budget, format_bytes
 from vmenv.trajectory import Trajectory
 

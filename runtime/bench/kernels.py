@@ -22,7 +22,7 @@ import attrs
 import numpy as np
 
 from cachepolicy.engine import Engine
-from cachepolicy.sampling import SamplingParams
+from cachepolicy.engine.sampling import SamplingParams
 from runtime.bench.order import abba
 
 #: the compared engines, in the order of the first pair

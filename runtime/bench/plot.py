@@ -2,7 +2,7 @@
 and the ledger's peak bytes, with the bound drawn as a black dashed line (new-content tokens
 in the first panel, the critical-path bound in the second; ``runtime.bench.bound``).
 
-Drawn in the house style of ``runtime.plot`` (its helpers).
+Drawn in the house style of ``runtime.run.plot`` (its helpers).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.bench.bound import lowest
-from runtime.plot import figure, finish_axis, save_png, series
+from runtime.run.plot import figure, finish_axis, save_png, series
 
 MIB = 1 / (1 << 20)
 BOUND_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.6}

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     from cachepolicy.engine import Engine
     from cachepolicy.errors import KvagentCacheError
     from runtime.commands.engine_sizing import engine_config
-    from cachepolicy.images import fit_resolution
+    from cachepolicy.engine.images import fit_resolution
     from runtime.bench.analysis import analyze
     from runtime.bench.arms import run_arms
     from runtime.bench.report import (

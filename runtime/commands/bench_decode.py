@@ -45,7 +45,7 @@ def _generations(model: Path, args: argparse.Namespace, rows: int, *,
     import anyio.to_thread
 
     from cachepolicy.engine import Engine
-    from cachepolicy.sampling import SamplingParams
+    from cachepolicy.engine.sampling import SamplingParams
 
     n = args.sequences
     config = _config(model, args, rows)

@@ -186,7 +186,7 @@ class _Bench:
         return steps
 
     def _agent(self, url: str | None) -> list[dict[str, Any]]:
-        from runtime.osworld_agent import KvAgent
+        from runtime.osworld.agent import KvAgent
 
         a = self.args
         common: dict[str, Any] = {"profile": "qwen3vl", "window": a.screenshots,

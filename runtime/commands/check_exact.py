@@ -39,8 +39,8 @@ def _rows(rows: list[int]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from cachepolicy.engine import Engine
-    from cachepolicy.oracle import run_checks, short_piece_rows
-    from cachepolicy.oracle_sweeps import PROBE_ROWS, remainder_tokens
+    from cachepolicy.oracle.checks import run_checks, short_piece_rows
+    from cachepolicy.oracle.sweeps import PROBE_ROWS, remainder_tokens
     from runtime.commands.engine_sizing import engine_config
 
     if args.model is None:

@@ -40,9 +40,9 @@ def _model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cachepolicy.checkpoint import CheckpointKind
+    from cachepolicy.engine.checkpoint import CheckpointKind
     from cachepolicy.engine import Engine
-    from cachepolicy.oracle import oracle_screenshot
+    from cachepolicy.oracle.checks import oracle_screenshot
     from runtime.commands.engine_sizing import engine_config
 
     model, mmproj = _model_paths(args)

@@ -6,7 +6,7 @@ is valid; with the forged random-weight model the actions are aimless — the ru
 runtime (overlap, bounded exact caching, admission), not intelligence.  Results go to
 ``--result-dir`` in OSWorld's layout, plus ``kvagent_steps.png``.  A rerun into the same
 result dir resumes the run (finished episodes kept, the others restarted), refuses to mix in
-a run with other options, or starts fresh with ``--overwrite`` (``runtime.result_dir``).
+a run with other options, or starts fresh with ``--overwrite`` (``runtime.run.result_dir``).
 
 Exit status: 0 when every episode ran (whether or not it solved its task), 1 when an episode
 failed with an error, 2 for bad arguments, a result dir that cannot take the run, or a model
@@ -29,8 +29,8 @@ HELP = ("run GUI agents concurrently on the simulated desktop through one engine
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from runtime.commands.agent_args import add_agent_arguments, default_threads
     from runtime.commands.engine_sizing import add_decode_rows_argument
-    from runtime.episode import DEFAULT_ENV_TIMEOUT_S
-    from vmenv.simdesk_tasks import default_tasks
+    from runtime.env_loop import DEFAULT_ENV_TIMEOUT_S
+    from vmenv.simdesk.tasks import default_tasks
 
     p.add_argument("--model", type=Path, help="GGUF model (default: forge the tiny qwen35)")
     p.add_argument("--mmproj", type=Path, help="vision projector GGUF (required with --model)")
@@ -112,7 +112,7 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--trajectory is only for --env replay"
     if args.result_dir.exists() and not args.result_dir.is_dir():
         return f"--result-dir {args.result_dir} exists and is not a directory"
-    from runtime.result_dir import ResultDirError, check_writable
+    from runtime.run.result_dir import ResultDirError, check_writable
 
     try:
         check_writable(args.result_dir)  # up front: not after the model has loaded
@@ -123,8 +123,8 @@ def _check(args: argparse.Namespace) -> str | None:
 
 def _setup(args: argparse.Namespace) -> Any:
     """(config, specs, make_env, teacher, layout) for the chosen env; raises on bad input."""
-    from runtime.recording import ResultLayout
-    from runtime.run_agents import RunConfig, simdesk_env, simdesk_specs
+    from runtime.run.recording import ResultLayout
+    from runtime.run.agents import RunConfig, simdesk_env, simdesk_specs
 
     kw: dict[str, Any] = {
         "agent": args.agent, "episodes": args.episodes, "max_steps": args.max_steps,
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         return _error(problem)
     model, mmproj = args.model, args.mmproj
     args.model_name = model.stem if model is not None else "forged-qwen35-tiny"
-    from runtime.recording import RecordingError
+    from runtime.run.recording import RecordingError
     from vmenv.errors import VmEnvError
 
     try:
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
               f"({forged.model_path.parent}). Its weights are random: actions are valid "
               f"(grammar-constrained) but aimless; this run shows the runtime, not "
               f"intelligence.", flush=True)
-    from runtime.result_dir import plan_resume
+    from runtime.run.result_dir import plan_resume
 
     try:  # reads only: a refusal leaves the result dir as it was
         plan = plan_resume(layout, _manifest(args, config, model, mmproj),
@@ -198,9 +198,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _manifest(args: argparse.Namespace, config: Any, model: Path, mmproj: Path,
               ) -> dict[str, Any]:
-    """What makes a rerun the same run (see ``runtime.result_dir``)."""
+    """What makes a rerun the same run (see ``runtime.run.result_dir``)."""
     from cachepolicy.engine.core import file_identity
-    from runtime.result_dir import manifest
+    from runtime.run.result_dir import manifest
 
     return manifest(
         model={"name": model.name, "identity": file_identity(model)},
@@ -265,10 +265,10 @@ def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any
     from cachepolicy.errors import KvagentCacheError
     from cachepolicy.segments import SegmentFactory
     from runtime.context_budget import estimate_image_tokens
-    from runtime.plot import PLOT_FILE, plot_steps
-    from runtime.progress import ProgressDisplay, summary_table
-    from runtime.recording import RecordingError
-    from runtime.run_agents import run_agents
+    from runtime.run.plot import PLOT_FILE, plot_steps
+    from runtime.run.progress import ProgressDisplay, summary_table
+    from runtime.run.recording import RecordingError
+    from runtime.run.agents import run_agents
     from scheduler.sizes import format_bytes
 
     agent = config.agent

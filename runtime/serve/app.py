@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from cachepolicy.errors import ContextFullError, ImageError, KvagentCacheError
-from runtime.episode_host import EpisodeBusyError, HostFullError, UnknownEpisodeError
+from runtime.pool import EpisodeBusyError, PoolFullError, UnknownEpisodeError
 from runtime.serve import episodes
 from runtime.serve.errors import ApiError, bad_request, busy, not_found, too_large, unavailable
 from runtime.serve.host import ModelHost, ServeConfig
@@ -43,7 +43,7 @@ def api_error(exc: BaseException) -> ApiError:
         return not_found(str(exc), param="episode_id", code="episode_not_found")
     if isinstance(exc, EpisodeBusyError):
         return ApiError(409, str(exc), "invalid_request_error", None, "episode_busy")
-    if isinstance(exc, HostFullError):
+    if isinstance(exc, PoolFullError):
         return busy(f"{exc}; retry later or end an episode")
     if isinstance(exc, ContextFullAdmissionError):  # the request, not the load
         return bad_request(f"the prompt does not fit the context: {exc}",

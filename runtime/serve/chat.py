@@ -35,9 +35,9 @@ import anyio.to_thread
 import attrs
 import structlog
 
-from cachepolicy.sampling import SamplingParams
+from cachepolicy.engine.sampling import SamplingParams
 from runtime.driver import DriverStep
-from runtime.episode_host import HostedEpisode
+from runtime.pool import PooledEpisode
 from runtime.profiles import get as get_profile
 from runtime.serve.host import ModelHost
 from runtime.serve.requests import ChatRequest, ImagePart, Message
@@ -121,7 +121,7 @@ class ChatService:
         self.host = host
         self.conversations: dict[str, Conversation] = {}
 
-    def _evictable(self, hosted: HostedEpisode) -> bool:
+    def _evictable(self, hosted: PooledEpisode) -> bool:
         """Chat conversations have no end: an idle one gives its slot to a new one."""
         return hosted.episode_id in self.conversations
 

@@ -40,7 +40,7 @@ import anyio.to_thread
 import attrs
 
 from runtime.config import AgentConfig
-from runtime.episode_host import HostedEpisode
+from runtime.pool import PooledEpisode
 from runtime.profiles import names as profile_names
 from runtime.serve.errors import bad_request, too_large
 from runtime.serve.host import ModelHost
@@ -136,7 +136,7 @@ async def step(host: ModelHost, episode_id: str, body: Mapping[str, Any]) -> dic
             "screenshot_size": list(size), "screen_size": list(screen), "info": info}
 
 
-def _screen(hosted: HostedEpisode, size: tuple[int, int]) -> tuple[int, int]:
+def _screen(hosted: PooledEpisode, size: tuple[int, int]) -> tuple[int, int]:
     return hosted.screen if hosted.screen is not None else size
 
 

@@ -1,7 +1,7 @@
 """The model host behind ``kvagent serve``: one engine, one scheduler, one memory ledger and
 the episodes of every client.
 
-``ModelHost.running(config)`` loads the engine (off the event loop), runs an ``EpisodeHost``
+``ModelHost.running(config)`` loads the engine (off the event loop), runs an ``EpisodePool``
 in a task group it owns, and on the way out stops it (prefetches cancelled, episodes closed,
 the ledger back to zero) and frees the engine.  The HTTP layer (``app.py``) calls
 ``episode_*`` / the chat service and reads ``status`` / ``gauges``.
@@ -26,7 +26,7 @@ from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.engine.records import MAX_DECODE_ROWS
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
-from runtime.episode_host import EpisodeHost, HostedEpisode
+from runtime.pool import EpisodePool, PooledEpisode
 from runtime.serve.prometheus import ServeMetrics
 from runtime.serve.requests import Limits
 from scheduler.ledger import MemoryLedger
@@ -77,7 +77,7 @@ class ModelHost:
         self.config, self.engine, self.model_name = config, engine, model_name
         self.factory = SegmentFactory(engine)
         self.ledger = MemoryLedger(config.memory_budget)
-        self.episodes = EpisodeHost(self.factory, self.ledger,
+        self.episodes = EpisodePool(self.factory, self.ledger,
                                     max_episodes=config.max_episodes,
                                     options=config.agent.step_options((1920, 1080)),
                                     wait_s=config.wait_s)
@@ -105,7 +105,7 @@ class ModelHost:
             engine.close()
             log.info("serve_host_closed")
 
-    def idle_too_long(self, hosted: HostedEpisode) -> bool:
+    def idle_too_long(self, hosted: PooledEpisode) -> bool:
         """May ``hosted`` give its slot to a new episode?  (Idle longer than ``idle_s``.)"""
         return time.monotonic() - hosted.last_used > self.config.idle_s
 

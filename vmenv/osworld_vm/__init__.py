@@ -2,7 +2,7 @@
 
 OSWorld's ``DesktopEnv`` talks to its VM through a small HTTP server inside the VM
 (``PythonController`` / ``SetupController`` are its clients).  ``python -m vmenv.osworld_vm``
-serves that API on 127.0.0.1 over a ``vmenv.simdesk`` desktop — another process, as a VM is
+serves that API on 127.0.0.1 over a ``vmenv.simdesk.env`` desktop — another process, as a VM is
 another machine — so OSWorld's real DesktopEnv runs here without a VM:
 
 * ``protocol`` — the simulated VM's own commands and the OSWorld example that uses them;

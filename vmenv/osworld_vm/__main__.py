@@ -25,7 +25,7 @@ import uvicorn
 from vmenv.osworld_vm.app import make_app
 from vmenv.osworld_vm.machine import SimMachine
 from vmenv.osworld_vm.screens import ScreenshotSpec
-from vmenv.simdesk_tasks import default_tasks
+from vmenv.simdesk.tasks import default_tasks
 
 from vmenv.osworld_vm.process import READY_EVENT
 #: Seconds uvicorn may take to start accepting on the bound socket.

@@ -31,8 +31,8 @@ from vmenv.osworld_vm.protocol import (
     CHECK_FAIL, CHECK_PASS, SIMDESK_COMMAND, VM_PLATFORM,
 )
 from vmenv.pyautogui_parse import UnsupportedCodeError, apply_code, parse_program
-from vmenv.simdesk_state import DeskState
-from vmenv.simdesk_tasks import Task, default_tasks
+from vmenv.simdesk.state import DeskState
+from vmenv.simdesk.tasks import Task, default_tasks
 
 log = structlog.get_logger("kvagent.osworld_vm")
 

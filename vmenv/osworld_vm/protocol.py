@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vmenv.errors import UnknownTaskError
-from vmenv.simdesk_tasks import Task, default_tasks
+from vmenv.simdesk.tasks import Task, default_tasks
 
 #: The program name of the simulated VM's own commands.
 SIMDESK_COMMAND = "simdesk"

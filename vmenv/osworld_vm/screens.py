@@ -19,9 +19,9 @@ from xml.etree import ElementTree
 import attrs
 from PIL import Image
 
-from vmenv.simdesk_render import render, render_png
-from vmenv.simdesk_state import DeskState
-from vmenv.simdesk_widgets import widgets
+from vmenv.simdesk.render import render, render_png
+from vmenv.simdesk.state import DeskState
+from vmenv.simdesk.widgets import widgets
 
 ImageFormat = Literal["png", "jpeg"]
 MEDIA_TYPES: dict[str, str] = {"png": "image/png", "jpeg": "image/jpeg"}

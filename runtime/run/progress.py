@@ -1,6 +1,6 @@
 """Live progress of ``kvagent run`` on stderr, and the end-of-run summary table.
 
-``ProgressDisplay`` is an ``on_event`` callback for ``runtime.run_agents``: one line per
+``ProgressDisplay`` is an ``on_event`` callback for ``runtime.run.agents``: one line per
 episode (id, task, step k/max, last action, cache hit of the last step, last critical-path
 seconds) plus the scheduler's summary line.  On a terminal the block is redrawn in place
 with ANSI cursor movement; otherwise (CI, pipes, files) each event prints one plain line.
@@ -17,7 +17,7 @@ import attrs
 
 if TYPE_CHECKING:
     from runtime.metrics import StepMetrics
-    from runtime.run_agents import EpisodeSpec, RunResult
+    from runtime.run.agents import EpisodeSpec, RunResult
 
 
 @attrs.frozen

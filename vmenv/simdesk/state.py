@@ -13,7 +13,7 @@ from typing import Literal
 
 import attrs
 
-from vmenv.simdesk_geometry import App, Metrics, Rect
+from vmenv.simdesk.geometry import App, Metrics, Rect
 
 MAX_FIELD_CHARS = 64
 MAX_LINES = 40

@@ -1,7 +1,7 @@
 """Episodes hosted by id on one scheduler: what ``KvAgent``'s in-process runtime and
 ``kvagent serve`` both run.
 
-``EpisodeHost.run`` owns the ``Scheduler`` and one task group (where every episode's
+``EpisodePool.run`` owns the ``Scheduler`` and one task group (where every episode's
 overlapped prefetch runs) until ``stop``; episodes are opened, stepped and closed by id, each
 through its own ``EpisodeDriver``.  One step of an episode runs at a time (a second
 concurrent one is refused with ``EpisodeBusyError``: it is a client bug, not load).  When the
@@ -29,29 +29,29 @@ from scheduler.ledger import MemoryLedger
 from scheduler.scheduler import Scheduler
 from scheduler.transaction import StepOptions
 
-log = structlog.get_logger("kvagent.host")
+log = structlog.get_logger("kvagent.pool")
 
 
-class HostError(Exception):
-    """Base class of the episode host's errors."""
+class PoolError(Exception):
+    """Base class of the episode pool's errors."""
 
 
-class HostClosedError(HostError):
+class PoolClosedError(PoolError):
     """The host is not running."""
 
 
-class UnknownEpisodeError(HostError, KeyError):
+class UnknownEpisodeError(PoolError, KeyError):
     """No open episode has this id."""
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
 
 
-class EpisodeBusyError(HostError):
+class EpisodeBusyError(PoolError):
     """A step of this episode is already running."""
 
 
-class HostFullError(HostError):
+class PoolFullError(PoolError):
     """Every episode slot is taken (and none is idle enough to give back)."""
 
 
@@ -60,7 +60,7 @@ RECENT_STEPS = 64
 
 
 @attrs.define(eq=False)
-class HostedEpisode:
+class PooledEpisode:
     driver: EpisodeDriver
     config: AgentConfig
     busy: bool = False  # a step is running
@@ -74,7 +74,7 @@ class HostedEpisode:
         return self.driver.episode_id
 
 
-class EpisodeHost:
+class EpisodePool:
     def __init__(self, factory: SegmentFactory, ledger: MemoryLedger, *, max_episodes: int,
                  options: StepOptions = StepOptions(), wait_s: float = 30.0) -> None:
         self.factory, self.ledger, self.max_episodes = factory, ledger, max_episodes
@@ -82,7 +82,7 @@ class EpisodeHost:
         self._scheduler: Scheduler | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._stopping: anyio.Event | None = None
-        self.episodes: dict[str, HostedEpisode] = {}
+        self.episodes: dict[str, PooledEpisode] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -114,17 +114,17 @@ class EpisodeHost:
     @property
     def scheduler(self) -> Scheduler:
         if self._scheduler is None or self._tg is None:
-            raise HostClosedError("the episode host is not running")
+            raise PoolClosedError("the episode pool is not running")
         return self._scheduler
 
     # ------------------------------------------------------------------ episodes
 
     async def open(self, episode_id: str, config: AgentConfig, instruction: str,
                    screen: tuple[int, int], *, seed: int = 0, teacher: Teacher | None = None,
-                   evictable: Callable[[HostedEpisode], bool] | None = None) -> HostedEpisode:
+                   evictable: Callable[[PooledEpisode], bool] | None = None) -> PooledEpisode:
         """Open an episode (its own sequence).  When every slot is taken, the least
         recently used idle episode that ``evictable`` allows is closed first (its next
-        request starts from scratch); with none, ``HostFullError``."""
+        request starts from scratch); with none, ``PoolFullError``."""
         if episode_id in self.episodes:
             raise ValueError(f"episode {episode_id} is already open")
         while len(self.episodes) >= self.max_episodes:
@@ -132,21 +132,21 @@ class EpisodeHost:
                            if not h.busy and evictable is not None and evictable(h)),
                           key=lambda h: h.last_used)
             if not idle:
-                raise HostFullError(f"all {self.max_episodes} episode slots are in use")
-            log.info("host_episode_evicted", episode_id=idle[0].episode_id,
+                raise PoolFullError(f"all {self.max_episodes} episode slots are in use")
+            log.info("pool_episode_evicted", episode_id=idle[0].episode_id,
                      reason="slots full: the least recently used idle episode")
             await self.close(idle[0].episode_id)
         try:  # no await from the check above to here: the slot is still free
             driver = EpisodeDriver.open(self.scheduler, self.factory, config, episode_id,
                                         instruction, screen, seed=seed, teacher=teacher)
         except NoFreeSequenceError as exc:
-            raise HostFullError(str(exc)) from exc
-        hosted = self.episodes[episode_id] = HostedEpisode(driver, config)
-        log.info("host_episode_open", episode_id=episode_id, policy=config.policy,
+            raise PoolFullError(str(exc)) from exc
+        hosted = self.episodes[episode_id] = PooledEpisode(driver, config)
+        log.info("pool_episode_open", episode_id=episode_id, policy=config.policy,
                  open=len(self.episodes))
         return hosted
 
-    def get(self, episode_id: str) -> HostedEpisode:
+    def get(self, episode_id: str) -> PooledEpisode:
         hosted = self.episodes.get(episode_id)
         if hosted is None:
             raise UnknownEpisodeError(f"no open episode {episode_id!r}")
@@ -183,5 +183,5 @@ class EpisodeHost:
         hosted = self.episodes.pop(episode_id, None)
         if hosted is not None:
             await hosted.driver.aclose()
-            log.info("host_episode_close", episode_id=episode_id, open=len(self.episodes))
+            log.info("pool_episode_close", episode_id=episode_id, open=len(self.episodes))
 

@@ -1,4 +1,4 @@
-"""The async half of an in-process ``KvAgent``: an ``EpisodeHost`` with one episode slot (the
+"""The async half of an in-process ``KvAgent``: an ``EpisodePool`` with one episode slot (the
 scheduler, the task group the prefetch runs in, the episode's ``EpisodeDriver``), living in
 the event loop of a blocking portal (a background thread).  ``KvAgent`` drives it from
 OSWorld's synchronous runner with ``portal.call``.
@@ -26,7 +26,7 @@ from runtime.actions import Screen
 from runtime.config import AgentConfig
 from runtime.context_budget import ContextBudgetError, context_need
 from runtime.driver import DriverStep, EpisodeDriver
-from runtime.episode_host import EpisodeHost, HostClosedError
+from runtime.pool import EpisodePool, PoolClosedError
 from scheduler.errors import ContextFullAdmissionError, SchedulerError
 from scheduler.ledger import LedgerSnapshot, MemoryLedger
 from scheduler.scheduler import IMAGE_CACHE, Scheduler
@@ -75,7 +75,7 @@ class AgentRuntime:
         self._sized: set[Screen] = {screen}  # screenshot sizes the context is known to hold
         self.engine: Engine = factory.engine
         self.ledger = MemoryLedger(budget_bytes)
-        self.host = EpisodeHost(factory, self.ledger, max_episodes=1,
+        self.host = EpisodePool(factory, self.ledger, max_episodes=1,
                                 options=config.step_options(screen))
         self._episode: str | None = None  # the open episode's id (its driver is the host's)
         self._n_episodes = 0
@@ -196,5 +196,5 @@ class AgentRuntime:
     def _running(self) -> Scheduler:
         try:
             return self.host.scheduler
-        except HostClosedError:
+        except PoolClosedError:
             raise AgentClosedError("the agent's runtime is not running") from None

@@ -26,13 +26,13 @@ Construction checks that the context holds the window's screenshots, the history
 ``max_steps`` steps and a response (``ContextBudgetError`` names the knob to turn), or
 derives ``n_ctx`` from them.  ``close`` frees everything early; OSWorld's runners never call
 it and end workers with ``os._exit``, which is fine: nothing an agent holds outlives its
-process (see ``runtime.osworld_host``).
+process (see ``runtime.osworld.local_host``).
 
 ``KvAgent(server="http://host:8000")`` is the same agent as a thin client of ``kvagent
 serve``: no model in this process, the episode (cache, overlapped prefetch, memory budget)
 lives on the server, shared with every other worker's agent.  It decides like the in-process
 agent with the same options — the server sends the action as data, this side parses it and
-generates the code (``runtime.remote_backend``).  The model's sizes (``model_path``,
+generates the code (``runtime.osworld.remote``).  The model's sizes (``model_path``,
 ``n_ctx``, ``n_threads``, ``memory_budget``) are then the server's flags.
 """
 
@@ -47,15 +47,15 @@ from typing import Any, Self
 
 import structlog
 
-from runtime.agent_backend import AgentBackend, Decision, LocalBackend
+from runtime.osworld.backend import AgentBackend, Decision, LocalBackend
 from runtime.config import AgentConfig
 from runtime.context_budget import ContextBudgetError
-from runtime.episode_client import EpisodeClient
-from runtime.osworld_host import PORTAL_THREAD_PREFIX, KvAgentConfig, plan_context
-from runtime.portal_runtime import (
+from runtime.osworld.episode_client import EpisodeClient
+from runtime.osworld.local_host import PORTAL_THREAD_PREFIX, KvAgentConfig, plan_context
+from runtime.osworld.local_runtime import (
     AgentClosedError, AgentStepError, KvAgentError, RuntimeStatus,
 )
-from runtime.remote_backend import RemoteBackend, remote_options
+from runtime.osworld.remote import RemoteBackend, remote_options
 from vmenv.actions import WAIT, CoordConvention, rescale, to_pyautogui
 from vmenv.errors import ScreenshotError
 from vmenv.png import screenshot_png

@@ -22,9 +22,9 @@ from collections.abc import Callable
 import attrs
 
 from vmenv.actions import Action, Click, TypeText
-from vmenv.simdesk_apply import apply_action
-from vmenv.simdesk_state import DeskState, Dialog
-from vmenv.simdesk_widgets import locate
+from vmenv.simdesk.apply import apply_action
+from vmenv.simdesk.state import DeskState, Dialog
+from vmenv.simdesk.widgets import locate
 
 
 @attrs.frozen

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import attrs
 
-from vmenv import simdesk_geometry as geo
+from vmenv.simdesk import geometry as geo
 from vmenv.errors import UnknownWidgetError
-from vmenv.simdesk_geometry import Rect
-from vmenv.simdesk_state import DeskState
+from vmenv.simdesk.geometry import Rect
+from vmenv.simdesk.state import DeskState
 
 
 @attrs.frozen

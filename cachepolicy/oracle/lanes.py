@@ -17,7 +17,7 @@ import anyio.to_thread
 import numpy as np
 
 from cachepolicy.engine import Engine
-from cachepolicy.oracle_sweeps import SweepResult
+from cachepolicy.oracle.sweeps import SweepResult
 
 #: Seconds a generation may wait for the other to take its lane.
 JOIN_TIMEOUT_S = 120.0

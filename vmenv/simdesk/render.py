@@ -13,9 +13,9 @@ import io
 
 from PIL import Image, ImageDraw, ImageFont
 
-from vmenv import simdesk_geometry as geo
-from vmenv.simdesk_geometry import Metrics, Rect
-from vmenv.simdesk_state import DeskState, Window
+from vmenv.simdesk import geometry as geo
+from vmenv.simdesk.geometry import Metrics, Rect
+from vmenv.simdesk.state import DeskState, Window
 
 Color = tuple[int, int, int]
 DESKTOP: Color = (46, 84, 126)

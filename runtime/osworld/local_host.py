@@ -36,7 +36,7 @@ from runtime.config import AgentConfig
 from runtime.context_budget import (
     ContextNeed, blank_png, context_need, estimate_image_tokens, load_sized,
 )
-from runtime.portal_runtime import AgentClosedError, AgentRuntime, KvAgentError
+from runtime.osworld.local_runtime import AgentClosedError, AgentRuntime, KvAgentError
 from scheduler.sizes import UNLIMITED_BYTES, parse_budget
 
 log = structlog.get_logger("kvagent.osworld")

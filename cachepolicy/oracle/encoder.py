@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cachepolicy.engine import Engine
-from cachepolicy.images import EncodedImage, decode_png
-from cachepolicy.oracle_sweeps import SweepResult
+from cachepolicy.engine.images import EncodedImage, decode_png
+from cachepolicy.oracle.sweeps import SweepResult
 
 #: (png, use_cache) → the encoded image
 Encode = Callable[[bytes, bool], EncodedImage]

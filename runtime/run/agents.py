@@ -4,7 +4,7 @@ after another (``sequential``) in the same scheduler.
 Each episode owns an env and an ``EpisodeDriver`` (its session and cache sequence); they share
 the engine, the ``Scheduler`` (critical path before prefetch, admission against one budget)
 and the ``MemoryLedger``.  ``kvagent run`` and every ``kvagent bench`` arm run through here.
-Episodes are recorded in OSWorld's layout as they go (``runtime.recording``, when a layout is
+Episodes are recorded in OSWorld's layout as they go (``runtime.run.recording``, when a layout is
 given) and report ``EpisodeEvent``s to an ``on_event`` callback (progress).
 
 Failure isolation: an exception in one episode is logged, recorded (an ``Error`` traj line
@@ -15,7 +15,7 @@ closes the env, the driver and the files, shielded.
 ``result.txt`` is written only for an episode that ended without error (done, fail or
 max_steps), as OSWorld's runner does: an episode that ended in an error — by exception, a
 failed step or a VM timeout — has none, so a rerun into the same result dir retries it
-(``runtime.result_dir``).
+(``runtime.run.result_dir``).
 """
 
 from __future__ import annotations
@@ -37,19 +37,19 @@ from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.context_budget import ContextNeed, context_need
 from runtime.driver import DriverStep, EpisodeDriver
-from runtime.episode import DEFAULT_ENV_TIMEOUT_S, run_episode
+from runtime.env_loop import DEFAULT_ENV_TIMEOUT_S, run_episode
 from runtime.errors import describe_error
 from runtime.metrics import EpisodeResult, StepMetrics
-from runtime.progress import EpisodeEvent
-from runtime.recording import EpisodeRecorder, ResultLayout
+from runtime.run.progress import EpisodeEvent
+from runtime.run.recording import EpisodeRecorder, ResultLayout
 from runtime.session import Teacher
 from scheduler.ledger import MemoryLedger
 from scheduler.scheduler import Scheduler
 from scheduler.sizes import UNLIMITED_BYTES
 from vmenv.actions import to_pyautogui
 from vmenv.base import Env, Observation, StepOutcome
-from vmenv.simdesk import SimDesk, SimDeskConfig
-from vmenv.simdesk_tasks import default_tasks
+from vmenv.simdesk.env import SimDesk, SimDeskConfig
+from vmenv.simdesk.tasks import default_tasks
 
 log = structlog.get_logger("kvagent.run")
 _pos = attrs.validators.ge(1)
@@ -68,7 +68,7 @@ class RunConfig:
     vm_seconds: float = attrs.field(default=0.3, validator=attrs.validators.ge(0.0))
     memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=_pos)
     wait_s: float = 2.0  # bound of the scheduler's wait-for-memory rung
-    #: bound of one env step (None: unbounded); see ``runtime.episode``
+    #: bound of one env step (None: unbounded); see ``runtime.env_loop``
     env_timeout_s: float | None = attrs.field(
         default=DEFAULT_ENV_TIMEOUT_S,
         validator=attrs.validators.optional(attrs.validators.gt(0.0)))

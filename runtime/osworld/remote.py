@@ -21,10 +21,10 @@ from typing import Any
 import structlog
 
 from runtime.actions import parse_action_strict
-from runtime.agent_backend import Decision
+from runtime.osworld.backend import Decision
 from runtime.config import AgentConfig
-from runtime.episode_client import EpisodeApiError, EpisodeClient
-from runtime.portal_runtime import AgentClosedError, AgentStepError
+from runtime.osworld.episode_client import EpisodeApiError, EpisodeClient
+from runtime.osworld.local_runtime import AgentClosedError, AgentStepError
 from vmenv.actions import ActionError, NoOp
 
 log = structlog.get_logger("kvagent.osworld")

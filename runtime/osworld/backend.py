@@ -1,5 +1,5 @@
 """Where a ``KvAgent`` decides: in this process (``LocalBackend``: its own engine, scheduler
-and event-loop thread) or on a ``kvagent serve`` host (``runtime.remote_backend``).
+and event-loop thread) or on a ``kvagent serve`` host (``runtime.osworld.remote``).
 
 Both answer ``decide`` with a ``Decision``: the action as a parsed record in pixels of the
 screenshot the model saw, and the step's measurements.  What ``KvAgent`` does with it — scale
@@ -14,8 +14,8 @@ from typing import Any, Protocol
 import attrs
 import structlog
 
-from runtime.osworld_host import AgentHost, ContextPlan, KvAgentConfig
-from runtime.portal_runtime import AgentClosedError, RuntimeStatus
+from runtime.osworld.local_host import AgentHost, ContextPlan, KvAgentConfig
+from runtime.osworld.local_runtime import AgentClosedError, RuntimeStatus
 from vmenv.actions import Action
 
 log = structlog.get_logger("kvagent.osworld")

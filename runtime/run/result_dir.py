@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 import structlog
 
-from runtime.recording import METRICS_FILE, RESULT_FILE, RecordingError, ResultLayout
+from runtime.run.recording import METRICS_FILE, RESULT_FILE, RecordingError, ResultLayout
 from vmenv.trajectory_writer import TRAJ_FILE, write_durably
 
 MANIFEST_FILE = "kvagent_run.json"

@@ -117,7 +117,7 @@ class EpisodeRecorder:
 
         A previous run's files in that directory (traj, metrics, result, step PNGs, the
         temporary file of an interrupted atomic write) are removed first, so the directory
-        never mixes two runs; ``runtime.result_dir`` decides whether a rerun may do that."""
+        never mixes two runs; ``runtime.run.result_dir`` decides whether a rerun may do that."""
         directory = layout.task_dir(task_id)  # raises before anything is written
         directory.mkdir(parents=True, exist_ok=True)
         for old in directory.iterdir():

@@ -16,14 +16,14 @@ import attrs
 import numpy as np
 from PIL import Image, ImageDraw
 
-from cachepolicy.checkpoint import CheckpointKind
+from cachepolicy.engine.checkpoint import CheckpointKind
 from cachepolicy.engine import Engine
 from cachepolicy.errors import UnsafeEditError
-from cachepolicy.oracle_encoder import (
+from cachepolicy.oracle.encoder import (
     encoder_after_eviction, encoder_run_to_run, image_prompt,
 )
-from cachepolicy.oracle_lanes import decode_lanes
-from cachepolicy.oracle_sweeps import PROBE_ROWS, SweepResult, Sweeper, remainder_tokens
+from cachepolicy.oracle.lanes import decode_lanes
+from cachepolicy.oracle.sweeps import PROBE_ROWS, SweepResult, Sweeper, remainder_tokens
 
 TEXT_A = ("You are a GUI agent. The screen shows a desktop with a file manager, a terminal and "
           "a browser. Step 1: click(120, 340). Step 2: type('report.txt'). ")

@@ -20,12 +20,12 @@ from __future__ import annotations
 import attrs
 
 from vmenv.actions import Action, Click, DragTo, Hotkey, MoveTo, Press, Scroll, TypeText
-from vmenv import simdesk_geometry as geo
-from vmenv.simdesk_geometry import App
-from vmenv.simdesk_state import (
+from vmenv.simdesk import geometry as geo
+from vmenv.simdesk.geometry import App
+from vmenv.simdesk.state import (
     MAX_FIELD_CHARS, MAX_LINES, DeskState, NotesState, TerminalState, Window,
 )
-from vmenv.simdesk_widgets import hit
+from vmenv.simdesk.widgets import hit
 
 _PRINTABLE_KEYS = {"space": " "}
 

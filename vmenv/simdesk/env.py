@@ -26,11 +26,11 @@ from vmenv.base import Observation, StepOutcome
 from vmenv.errors import (
     EnvBusyError, EnvClosedError, EpisodeOverError, NotResetError, UnknownTaskError,
 )
-from vmenv.simdesk_apply import apply_action
-from vmenv.simdesk_render import render_png
-from vmenv.simdesk_state import DeskState
-from vmenv.simdesk_tasks import Task, default_tasks
-from vmenv.simdesk_widgets import locate
+from vmenv.simdesk.apply import apply_action
+from vmenv.simdesk.render import render_png
+from vmenv.simdesk.state import DeskState
+from vmenv.simdesk.tasks import Task, default_tasks
+from vmenv.simdesk.widgets import locate
 
 log = structlog.get_logger(__name__)
 
