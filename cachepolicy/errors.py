@@ -22,6 +22,10 @@ class ModelLoadError(EngineError):
     """A GGUF model or mmproj file could not be loaded."""
 
 
+class FastKernelsUnavailableError(ModelLoadError):
+    """``fast_kernels`` was asked for on a host where llama.cpp's repacked kernels crash."""
+
+
 class DecodeError(EngineError):
     """``llama_decode`` failed.  ``code`` is llama.cpp's return value (1: no KV slot)."""
 

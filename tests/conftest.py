@@ -82,3 +82,15 @@ def kv_agents(forged: Callable[..., ForgedModel]) -> Iterator[Callable[..., obje
     yield make
     for agent in made:
         agent.close()
+
+
+def skip_without_fast_kernels(model_path: object) -> None:
+    """Skip the calling test where llama.cpp's repacked kernels crash (``fast_kernels``
+    engines are then refused with the reason: ``cachepolicy.engine.fast_kernels``)."""
+    from pathlib import Path
+
+    from cachepolicy.engine.fast_kernels import fast_kernels_problem
+
+    why = fast_kernels_problem(Path(str(model_path)).resolve())
+    if why is not None:
+        pytest.skip(f"fast_kernels unavailable here: {why}")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cachepolicy.forge import forge_cached
+from conftest import skip_without_fast_kernels
 from runtime.cli import build_parser
 
 SMALL = ("--prompt-tokens", "64", "--decode-tokens", "4", "--repeats", "1", "--threads", "1")
@@ -26,6 +27,7 @@ def test_exact_and_fast_engines_side_by_side(tmp_path: Path, capsys) -> None:
     # K-quant (no cap: both engines take n_batch rows)
     moe = forge_cached("qwen35moe", "XS", vision=False, quant="q4_k_m", cache_dir=tmp_path)
     dense = forge_cached("qwen35", "XS", vision=False, quant="q4_k_m", cache_dir=tmp_path)
+    skip_without_fast_kernels(dense.model_path)
     out = tmp_path / "kernels.json"
     rc = _run(["--model", f"{moe.model_path},{dense.model_path}", "--n-batch", "32", *SMALL,
                "--json", str(out)])

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cachepolicy.engine.fast_kernels import fast_kernels_problem
+
 
 def kvagent(*args: str, env_cache: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = None
@@ -50,9 +52,14 @@ def test_forge_quantized_then_check_exact_with_and_without_fast_kernels(tmp_path
     exact = kvagent(*args)
     assert exact.returncode == 0 and exact.stdout.strip().endswith("bitwise: true"), exact.stdout
     assert "exact kernels" in exact.stdout
-    fast = json.loads(kvagent(*args, "--fast-kernels", "--json").stdout)
-    assert fast["bitwise"] is False and fast["fast_kernels"] is True
-    assert {c["name"] for c in fast["checks"] if not c["bitwise"]} >= {"split_points"}
+    unavailable = fast_kernels_problem((out / "model.gguf").resolve())
+    ran = kvagent(*args, "--fast-kernels", "--json")
+    if unavailable is None:
+        fast = json.loads(ran.stdout)
+        assert fast["bitwise"] is False and fast["fast_kernels"] is True
+        assert {c["name"] for c in fast["checks"] if not c["bitwise"]} >= {"split_points"}
+    else:  # refused before loading, with the reason, instead of a crash
+        assert ran.returncode == 2 and "fast_kernels:" in ran.stdout, ran.stdout + ran.stderr
     refused = kvagent("forge", "--arch", "qwen35", "--size", "tiny", "--quant", "q4_k_m",
                       "--out", str(tmp_path / "t"))
     assert refused.returncode == 2 and "blocks of 256" in refused.stdout

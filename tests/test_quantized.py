@@ -18,6 +18,7 @@ from cachepolicy.engine import Engine, EngineConfig, chunk_sizes
 from cachepolicy.engine.records import MIN_CHUNK_ROWS, prefill_rows_for
 from cachepolicy.forge import ForgedModel, ForgeError, entry_name, forge, forge_cached
 from cachepolicy.oracle.checks import run_checks
+from conftest import skip_without_fast_kernels
 
 SPLIT_CHECKS = {"split_prefill", "split_points", "chunk_remainders", "image_split_points"}
 RESTORE_CHECKS = {"restore_same_seq", "restore_other_seq", "restore_points",
@@ -152,6 +153,7 @@ def test_prefill_rows_follow_the_expert_types(types: frozenset[str], fast: bool,
 
 def test_fast_kernels_are_reported_as_not_bitwise(qforged) -> None:
     m = qforged("qwen35", "q4_k_m")
+    skip_without_fast_kernels(m.model_path)
     with engine_for(m, fast=True) as e:
         results = {r.name: r for r in run_checks(e)}
     assert not results["split_points"].bitwise and results["split_points"].max_abs_diff > 0
@@ -208,6 +210,8 @@ def test_terminal_slot_equals_scratch_where_split_prefill_is_not_exact(qforged, 
     agent = AgentConfig(window=3, decode_tokens=4, grammar=False, stop_at_eog=False,
                         overlap=False)
     outs, runs = [], []
+    if fast:
+        skip_without_fast_kernels(qforged(arch, "q4_k_m").model_path)
     with engine_for(qforged(arch, "q4_k_m"), fast=fast) as e:
         for name in ("terminal-slot", "terminal-scratch"):
             seen: list = []  # after each step, the runs the sequence was fed: one per call

@@ -36,7 +36,10 @@ from cachepolicy.engine.sampler import Sampler
 from cachepolicy.engine.sequences import Sequences
 from cachepolicy.engine.state import SequenceState
 from cachepolicy.engine.vision import Vision
-from cachepolicy.errors import EngineError, ModelLoadError, Preempted
+from cachepolicy.engine.fast_kernels import fast_kernels_problem
+from cachepolicy.errors import (
+    EngineError, FastKernelsUnavailableError, ModelLoadError, Preempted,
+)
 from cachepolicy.engine.images import DecodedImage, EmbeddingCache, EncodedImage
 from cachepolicy.engine.sampling import SamplingParams
 
@@ -129,6 +132,9 @@ class Engine:
             raise ModelLoadError(f"model file not found: {model_path}")
         if mmproj_path is not None and not Path(mmproj_path).is_file():
             raise ModelLoadError(f"mmproj file not found: {mmproj_path}")
+        if config.fast_kernels and (why := fast_kernels_problem(model_path.resolve())):
+            raise FastKernelsUnavailableError(f"fast_kernels: {why}; load with the exact "
+                                              "kernels (the default) instead")
         init_backend(config.verbose)
         self.model_path = model_path
         self.model_id = file_identity(model_path)
