@@ -8,11 +8,15 @@ Each piece of text is tokenized on its own, once, so every layout reuses the sam
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cachepolicy.chat_format import ChatFormat
 from cachepolicy.context_log import Segment, SegmentKind
-from cachepolicy.engine import Engine
 from cachepolicy.layouts import PromptKit
 from cachepolicy.plan import ModelInfo
+
+if TYPE_CHECKING:  # the engine's type only: building segments needs no libllama import
+    from cachepolicy.engine import Engine
 
 
 class SegmentFactory:

@@ -136,9 +136,9 @@ def main() -> None:
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--json", type=Path, help="write the results here too")
     args = p.parse_args()
-    from cachepolicy.forge import forge_cached
+    from runtime.engine_setup import DefaultModel, resolve_model
 
-    forged = forge_cached("qwen35", args.size, vision=True)
+    files = resolve_model(None, None, default=DefaultModel("qwen35", args.size))
     rows: list[dict[str, Any]] = []
     reference: list[list[str]] | None = None
     for name in args.arms.split(","):
@@ -146,7 +146,7 @@ def main() -> None:
         hosts = int(extra[extra.index("--hosts") + 1]) if "--hosts" in extra else 1
         slots = -(-args.episodes // hosts)
         err = Path(f"/tmp/cluster-bench-{name}-{os.getpid()}.err")
-        proc, url = start(forged.model_path, forged.mmproj_path, extra, slots, err)
+        proc, url = start(files.model, files.mmproj, extra, slots, err)
         try:
             engines, tree = host_pids(url, proc.pid), process_tree(proc.pid)
             before = {p: cpu_seconds(p) for p in tree}

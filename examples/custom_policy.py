@@ -21,13 +21,13 @@ import attrs
 from cachepolicy.base import CachePolicy, register
 from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog, Segment
-from cachepolicy.engine import Engine, EngineConfig
-from cachepolicy.forge import forge_cached
+from cachepolicy.engine import EngineConfig
 from cachepolicy.pieces import Piece, image_piece, merge_text, text_piece
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
 from runtime.bench.arms import run_arms
 from runtime.bench.trajectory import trajectory
-from runtime.commands.agent_args import bench_agent_defaults
+from runtime.commands.options import bench_agent_defaults
+from runtime.engine_setup import load_engine, resolve_model
 from runtime.logs import configure_logging
 
 
@@ -82,11 +82,11 @@ class PinnedFirstScratchPolicy(PinnedFirstPolicy):
 
 def main() -> None:
     configure_logging("warning")
-    forged = forge_cached("qwen35", "tiny", vision=True)
-    print(f"forged tiny qwen35 (random weights) in {forged.model_path.parent}")
+    files = resolve_model(None, None)  # the default model
+    print(f"model: {files.model}")
     config = EngineConfig(n_ctx_per_seq=4096, n_seq_max=2, n_threads=2)
     agent = attrs.evolve(bench_agent_defaults(), decode_tokens=8)  # fixed decode, greedy
-    with Engine(forged.model_path, forged.mmproj_path, config) as engine:
+    with load_engine(files, config) as engine:
         arms = ("pinned-first-scratch", "pinned-first")
         runs = dict(zip(arms, run_arms(engine, arms, trajectory(8, 320, 240), agent)))
     for name, res in runs.items():

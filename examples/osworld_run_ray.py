@@ -53,7 +53,7 @@ def parse_args() -> argparse.Namespace:
 def make_agent(url: str, screen: tuple[int, int], temperature: float) -> Any:
     """The runner's agent: KvAgent as a client of the front door (the model is the
     cluster's; each worker holds one episode at a time)."""
-    from runtime.osworld.agent import KvAgent
+    from runtime.osworld import KvAgent
 
     return KvAgent(server=url, screen_size=screen, temperature=temperature)
 

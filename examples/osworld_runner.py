@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.logs import configure_logging
-from runtime.osworld.agent import KvAgent
+from runtime.osworld import KvAgent
 from runtime.profiles import names as profile_names
 
 

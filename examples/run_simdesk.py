@@ -15,27 +15,27 @@ from pathlib import Path
 
 import anyio
 
-from cachepolicy.engine import Engine, EngineConfig
-from cachepolicy.forge import forge_cached
+from cachepolicy.engine import EngineConfig
+from runtime.config import AgentConfig
+from runtime.engine_setup import load_engine, resolve_model
 from runtime.logs import configure_logging
+from runtime.run.agents import RunConfig, run_agents
 from runtime.run.progress import ProgressDisplay, summary_table
 from runtime.run.recording import ResultLayout
-from runtime.config import AgentConfig
-from runtime.run.agents import RunConfig, run_agents
 
 
 def main() -> None:
     configure_logging("warning")
-    forged = forge_cached("qwen35", "tiny", vision=True)
+    files = resolve_model(None, None)  # the default model
     config = RunConfig(agent=AgentConfig(temperature=1.0), episodes=2,
                        tasks=("open-terminal", "click-ok"), max_steps=4, screen=(320, 240),
                        vm_seconds=0.05, memory_budget=1 << 30)
     # A 320x240 screenshot costs 80 tokens on this projector; size each sequence for that.
     engine_config = EngineConfig(n_ctx_per_seq=config.context_need(80).tokens,
                                  n_seq_max=config.episodes + 1, n_threads=2)
-    layout = ResultLayout(Path("results-example"), model="forged-qwen35-tiny")
+    layout = ResultLayout(Path("results-example"), model=files.name)
     progress = ProgressDisplay()
-    with Engine(forged.model_path, forged.mmproj_path, engine_config) as engine:
+    with load_engine(files, engine_config) as engine:
         result = anyio.run(partial(run_agents, engine, config, layout, on_event=progress))
     progress.close()
     print(summary_table(result))

@@ -16,7 +16,6 @@ in characters, and a token holds at least one character), images in tokens.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,25 +128,3 @@ def blank_png(screen: Screen) -> bytes:
     out = io.BytesIO()
     Image.new("RGB", screen).save(out, format="PNG")
     return out.getvalue()
-
-
-def load_sized(make: Callable[[int], Any], need: Callable[[Any], ContextNeed], n_ctx: int, *,
-               derived: bool) -> Any:
-    """An engine made by ``make(n_ctx)`` whose context holds ``need(engine)`` (measured with
-    the loaded projector).  If it does not: with a ``derived`` size (estimated before
-    loading) load once more at the measured size; with a size the user gave, raise
-    ``ContextBudgetError``.  The engines that are not returned are closed."""
-    for _ in range(2):
-        engine = make(n_ctx)
-        try:
-            measured = need(engine)
-        except BaseException:
-            engine.close()
-            raise
-        if measured.tokens <= n_ctx:
-            return engine
-        engine.close()
-        if not derived:
-            measured.check(n_ctx)
-        n_ctx = measured.tokens
-    raise AssertionError("unreachable: the second load is sized from the measured count")

@@ -1,18 +1,23 @@
-"""Episodes hosted by id on one scheduler: what ``KvAgent``'s in-process runtime and
-``kvagent serve`` both run.
+"""A pool of episodes by key on one scheduler: what ``KvAgent``'s in-process backend and
+``kvagent serve`` both run (httpcore's connection pool is the model: open / use / close by
+key, a maximum, the least recently used idle one given back when a new one needs its slot).
 
 ``EpisodePool.run`` owns the ``Scheduler`` and one task group (where every episode's
 overlapped prefetch runs) until ``stop``; episodes are opened, stepped and closed by id, each
 through its own ``EpisodeDriver``.  One step of an episode runs at a time (a second
 concurrent one is refused with ``EpisodeBusyError``: it is a client bug, not load).  When the
-host stops, prefetches are cancelled and every episode is closed: the ledger returns to zero.
+pool stops, prefetches are cancelled and every episode is closed: the ledger returns to zero.
+
+Invariants: at most ``max_episodes`` are open; only this class adds to or removes from the
+open episodes (``episodes`` is a read-only view); a busy episode is never given back.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 
 import anyio
 import anyio.abc
@@ -37,7 +42,7 @@ class PoolError(Exception):
 
 
 class PoolClosedError(PoolError):
-    """The host is not running."""
+    """The pool is not running."""
 
 
 class UnknownEpisodeError(PoolError, KeyError):
@@ -55,7 +60,7 @@ class PoolFullError(PoolError):
     """Every episode slot is taken (and none is idle enough to give back)."""
 
 
-#: Step records kept per hosted episode for inspection (``GET /v1/episodes/{id}``).
+#: Step records kept per pooled episode for inspection (``GET /v1/episodes/{id}``).
 RECENT_STEPS = 64
 
 
@@ -82,7 +87,21 @@ class EpisodePool:
         self._scheduler: Scheduler | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._stopping: anyio.Event | None = None
-        self.episodes: dict[str, PooledEpisode] = {}
+        self._episodes: dict[str, PooledEpisode] = {}
+
+    @property
+    def episodes(self) -> Mapping[str, PooledEpisode]:
+        """The open episodes by id (a read-only view)."""
+        return MappingProxyType(self._episodes)
+
+    def summary(self) -> str:
+        """One line for logs and tests: ``Episodes: 2 open (1 busy, 1 idle) of 4``."""
+        busy = sum(1 for e in self._episodes.values() if e.busy)
+        return (f"Episodes: {len(self._episodes)} open ({busy} busy, "
+                f"{len(self._episodes) - busy} idle) of {self.max_episodes}")
+
+    def __repr__(self) -> str:
+        return f"<EpisodePool {self.summary()}>"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -102,9 +121,9 @@ class EpisodePool:
             finally:
                 self._tg = None
                 with anyio.CancelScope(shield=True):
-                    for hosted in list(self.episodes.values()):
-                        await hosted.driver.aclose()
-                    self.episodes.clear()
+                    for pooled in list(self._episodes.values()):
+                        await pooled.driver.aclose()
+                    self._episodes.clear()
                 self._scheduler = None
 
     def stop(self) -> None:
@@ -125,10 +144,10 @@ class EpisodePool:
         """Open an episode (its own sequence).  When every slot is taken, the least
         recently used idle episode that ``evictable`` allows is closed first (its next
         request starts from scratch); with none, ``PoolFullError``."""
-        if episode_id in self.episodes:
+        if episode_id in self._episodes:
             raise ValueError(f"episode {episode_id} is already open")
-        while len(self.episodes) >= self.max_episodes:
-            idle = sorted((h for h in self.episodes.values()
+        while len(self._episodes) >= self.max_episodes:
+            idle = sorted((h for h in self._episodes.values()
                            if not h.busy and evictable is not None and evictable(h)),
                           key=lambda h: h.last_used)
             if not idle:
@@ -141,47 +160,47 @@ class EpisodePool:
                                         instruction, screen, seed=seed, teacher=teacher)
         except NoFreeSequenceError as exc:
             raise PoolFullError(str(exc)) from exc
-        hosted = self.episodes[episode_id] = PooledEpisode(driver, config)
+        pooled = self._episodes[episode_id] = PooledEpisode(driver, config)
         log.info("pool_episode_open", episode_id=episode_id, policy=config.policy,
-                 open=len(self.episodes))
-        return hosted
+                 open=len(self._episodes))
+        return pooled
 
     def get(self, episode_id: str) -> PooledEpisode:
-        hosted = self.episodes.get(episode_id)
-        if hosted is None:
+        pooled = self._episodes.get(episode_id)
+        if pooled is None:
             raise UnknownEpisodeError(f"no open episode {episode_id!r}")
-        return hosted
+        return pooled
 
     async def step(self, episode_id: str, png: bytes, *, arrived_at: float,
                    options: StepOptions | None = None,
                    screen: tuple[int, int] | None = None) -> DriverStep:
         """One step: the driver acts on ``png`` (``screen``: its size, when it may have
         changed), settling the previous prefetch; then — with overlap — the next step's
-        prefetch starts in the host's task group."""
+        prefetch starts in the pool's task group."""
         return await self.decide(episode_id, lambda d: d.act(png, arrived_at=arrived_at,
                                                              options=options, screen=screen))
 
     async def decide(self, episode_id: str,
                   decide: Callable[[EpisodeDriver], Awaitable[DriverStep]]) -> DriverStep:
         """One step of an episode through ``decide(driver)`` (``act``, ``respond``), one at
-        a time per episode, then its overlapped prefetch in the host's task group."""
-        hosted = self.get(episode_id)
-        if hosted.busy:
+        a time per episode, then its overlapped prefetch in the pool's task group."""
+        pooled = self.get(episode_id)
+        if pooled.busy:
             raise EpisodeBusyError(f"a step of episode {episode_id} is already running")
-        hosted.busy = True
+        pooled.busy = True
         try:
-            step = await decide(hosted.driver)
-            hosted.recent.append(step.metrics)
+            step = await decide(pooled.driver)
+            pooled.recent.append(step.metrics)
             if self._tg is not None:
-                hosted.driver.start_prefetch(self._tg, step)
+                pooled.driver.start_prefetch(self._tg, step)
             return step
         finally:
-            hosted.busy = False
-            hosted.last_used = time.monotonic()
+            pooled.busy = False
+            pooled.last_used = time.monotonic()
 
     async def close(self, episode_id: str) -> None:
-        hosted = self.episodes.pop(episode_id, None)
-        if hosted is not None:
-            await hosted.driver.aclose()
-            log.info("pool_episode_close", episode_id=episode_id, open=len(self.episodes))
+        pooled = self._episodes.pop(episode_id, None)
+        if pooled is not None:
+            await pooled.driver.aclose()
+            log.info("pool_episode_close", episode_id=episode_id, open=len(self._episodes))
 

@@ -66,7 +66,7 @@ def _integrity_checks_everywhere() -> Iterator[None]:
 def kv_agents(forged: Callable[..., ForgedModel]) -> Iterator[Callable[..., object]]:
     """``kv_agents(**options)`` → a ``KvAgent`` on the forged tiny qwen35, with one thread,
     n_batch 64 and a 320x240 screen unless ``options`` say otherwise; closed after the test."""
-    from runtime.osworld.agent import KvAgent
+    from runtime.osworld import KvAgent
 
     m = forged("qwen35")
     made: list[KvAgent] = []

@@ -17,7 +17,7 @@ from PIL import Image
 
 from cachepolicy.segments import SegmentFactory
 from replay_helpers import AGENT, SCREEN
-from runtime.bench.arms import replay_run_config, replay_specs, replay_teacher
+from runtime.run.replay import replay_run_config, replay_specs, replay_teacher
 from runtime.bench.trajectory import trajectory
 from runtime.config import AgentConfig
 from runtime.metrics import EpisodeResult

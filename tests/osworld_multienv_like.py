@@ -37,7 +37,7 @@ def worker(tasks: Any, vm_address: str, result_root: str, model: str, mmproj: st
     status = 1
     done: list[str] = []
     try:
-        from runtime.osworld.agent import KvAgent
+        from runtime.osworld import KvAgent
         from vmenv.osworld_vm.desktop_env_import import load_desktop_env
         from vmenv.osworld_vm.provider import LOOPBACK_REGION, PROVIDER_NAME
 
@@ -60,7 +60,7 @@ def worker(tasks: Any, vm_address: str, result_root: str, model: str, mmproj: st
                 run_single_example_like(agent, env, example, 2, example["instruction"], ARGS,
                                         str(out), [])
                 done.append(example["id"])
-            n_threads = agent.config.n_threads
+            n_threads = agent.config.engine.n_threads
         finally:
             env.close()
         Path(report).write_text(json.dumps({

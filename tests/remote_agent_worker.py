@@ -11,7 +11,7 @@ import os
 import sys
 
 from runtime.bench.trajectory import screenshot
-from runtime.osworld.agent import KvAgent
+from runtime.osworld import KvAgent
 
 
 def main(url: str, instruction: str, steps: int, width: int, height: int) -> None:

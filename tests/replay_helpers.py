@@ -11,9 +11,9 @@ import attrs
 from cachepolicy.context_log import Segment
 from cachepolicy.engine import Engine
 from cachepolicy.segments import SegmentFactory
-from runtime.bench.arms import replay_run_config, replay_specs, replay_teacher
+from runtime.run.replay import replay_run_config, replay_specs, replay_teacher
 from runtime.bench.trajectory import INSTRUCTION
-from runtime.commands.agent_args import bench_agent_defaults
+from runtime.commands.options import bench_agent_defaults
 from runtime.config import AgentConfig
 from runtime.metrics import EpisodeResult
 from runtime.run.agents import run_on

@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from runtime.bench.study import parse_screen, run_study
 from runtime.cli import build_parser
+from runtime.engine_setup import ModelFiles
 from runtime.commands import bench
 
 
@@ -18,8 +21,9 @@ def test_study_cells_run_the_bench_at_each_screen_and_window(forged, tmp_path: P
                                       "--decode-tokens", "4", "--vm-seconds", "0.01",
                                       "--arms", "evict,terminal-slot,terminal-slot+overlap",
                                       "--json", str(out)])
-    rc = run_study(args, bench.run, forged=forged("qwen35"), screens=[(128, 96), (192, 96)],
-                   windows=[2])
+    m = forged("qwen35")
+    rc = run_study(args, bench.run, files=ModelFiles(m.model_path, m.mmproj_path),
+                   screens=[(128, 96), (192, 96)], windows=[2])
     assert rc == 0
     grid = json.loads(out.read_text())
     cells = grid["cells"]
@@ -42,4 +46,6 @@ def test_study_refuses_what_the_preset_fixes(tmp_path: Path) -> None:
     args = build_parser().parse_args(["bench", "--scenario", "study", "--screen", "640x360"])
     assert bench.run(args) == 2
     assert parse_screen("1280x720") == (1280, 720)
-    assert parse_screen("12x720") is None and parse_screen("wide") is None
+    for bad in ("12x720", "wide"):
+        with pytest.raises(ValueError, match="--screen"):
+            parse_screen(bad)

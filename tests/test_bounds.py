@@ -14,7 +14,7 @@ from bad_images import bomb_png
 from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.engine.sizing import context_cost
 from cachepolicy.errors import ModelLoadError
-from runtime.commands.engine_sizing import check_memory
+from runtime.engine_setup import check_memory
 from test_run_command import cache_dir, kvagent_run  # noqa: F401
 
 
@@ -74,10 +74,10 @@ def test_a_context_that_cannot_fit_in_memory_is_refused(forged) -> None:
 @pytest.mark.parametrize("field, value", [("n_threads", 100_000), ("n_ctx", 1 << 30),
                                           ("n_batch", 1), ("n_batch", 65_536)])
 def test_kvagent_config_bounds(field, value) -> None:
-    from runtime.osworld.local_host import KvAgentConfig
+    from runtime.osworld import KvAgent
 
-    with pytest.raises(ValueError, match=field):
-        KvAgentConfig(None, None, **{field: value})
+    with pytest.raises(ValueError, match=field):  # before anything is resolved or loaded
+        KvAgent(None, None, **{field: value})
 
 
 def test_a_projector_of_another_family_is_refused(forged) -> None:
@@ -154,7 +154,7 @@ def test_other_commands_refuse_sizes_before_loading(cache_dir: Path, command, ar
 def test_kvagent_answers_wait_to_a_bomb(forged) -> None:
     """OSWorld's loop hands the agent whatever the VM sent: a decompression bomb is a WAIT
     with the reason, not a DecompressionBombError escaping ``predict``."""
-    from runtime.osworld.agent import KvAgent
+    from runtime.osworld import KvAgent
 
     m = forged("qwen35")
     agent = KvAgent(m.model_path, m.mmproj_path, n_threads=1, n_ctx=4096, n_batch=64,

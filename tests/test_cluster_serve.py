@@ -195,7 +195,7 @@ def test_parallel_osworld_run_over_the_cluster(cluster, ray_address, tmp_path) -
     import ray
 
     import osworld_runner_like
-    from runtime.osworld.agent import KvAgent
+    from runtime.osworld import KvAgent
     from runtime.cluster.osworld_run import OsworldTask, result_dir, run_parallel
     from vmenv.osworld_fake import FakeDesktopEnv, simdesk_example
 

@@ -23,7 +23,7 @@ from cachepolicy.errors import DecodeError
 from cachepolicy.segments import SegmentFactory
 from fault_helpers import STEPS, TRAJ, assert_on_disk, engine, failed_at, run_three  # noqa: F401
 from replay_helpers import AGENT, SCREEN
-from runtime.bench.arms import replay_run_config, replay_specs, replay_teacher
+from runtime.run.replay import replay_run_config, replay_specs, replay_teacher
 from runtime.bench.trajectory import trajectory
 from runtime.config import AgentConfig
 from runtime.driver import EpisodeDriver

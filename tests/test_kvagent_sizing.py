@@ -15,10 +15,11 @@ import pytest
 from fake_desktop_env import CheckingDesktopEnv, assert_action_contract
 from PIL import Image
 
+from cachepolicy.engine.records import THREADS_ENV, default_threads
 from runtime.actions import Click, DragTo, MoveTo, Scroll, TypeText, parse_action, to_pyautogui
 from runtime.context_budget import ContextBudgetError, blank_png, estimate_image_tokens
-from runtime.osworld.agent import AgentStepError
-from runtime.osworld.local_host import THREADS_ENV, KvAgentConfig, default_threads
+from runtime.osworld import AgentStepError, KvAgent
+from runtime.osworld.config import KvAgentConfig
 from vmenv.actions.rescale import rescale, rescale_axis
 
 SCREEN = (320, 240)
@@ -181,10 +182,12 @@ def test_clamped_and_refused_outputs_are_noted_in_last_info(agent_of: Any) -> No
 def test_default_threads_do_not_take_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(THREADS_ENV, raising=False)
     cores = len(os.sched_getaffinity(0))
-    assert default_threads() == min(4, cores)
+    assert default_threads(shared=True) == min(4, cores)
+    assert KvAgentConfig(None, None).engine.n_threads == min(4, cores)
+    assert default_threads() == cores  # a command that owns the machine takes every core
     monkeypatch.setenv(THREADS_ENV, "3")  # e.g. 12 cores // 4 run_multienv workers
-    assert default_threads() == 3 and KvAgentConfig(None, None).n_threads == 3
-    assert KvAgentConfig(None, None, n_threads=2).n_threads == 2  # an explicit choice wins
+    assert default_threads() == 3 and KvAgentConfig(None, None).engine.n_threads == 3
+    assert KvAgent(None, None, n_threads=2).config.engine.n_threads == 2  # explicit wins
     for bad in ("0", "two", "-1"):
         monkeypatch.setenv(THREADS_ENV, bad)
         with pytest.raises(ValueError, match=THREADS_ENV):

@@ -27,9 +27,8 @@ from cachepolicy.errors import PolicyRefusedError
 from runtime.actions import (
     Click, Done, DragTo, Hotkey, MoveTo, Press, Scroll, TypeText, to_pyautogui,
 )
-from runtime.osworld.agent import (
-    PORTAL_THREAD_PREFIX, AgentClosedError, AgentStepError, KvAgent,
-)
+from runtime.osworld import AgentClosedError, AgentStepError, KvAgent
+from runtime.osworld.local import PORTAL_THREAD_PREFIX
 from vmenv.errors import EnvClosedError, EpisodeOverError
 from vmenv.osworld import MissingScreenshotError, OSWorldEnv, OSWorldUnavailableError
 from vmenv.png import png_size
@@ -176,7 +175,7 @@ def test_forgotten_agents_are_closed_by_gc_and_at_exit(forged: Any) -> None:
     assert not any(t.name.startswith(PORTAL_THREAD_PREFIX) for t in threading.enumerate())
     script = (
         "import sys\n"
-        "from runtime.osworld.agent import KvAgent\n"
+        "from runtime.osworld import KvAgent\n"
         "from vmenv.osworld_fake import FakeDesktopEnv\n"
         "a = KvAgent(sys.argv[1], sys.argv[2], n_threads=1, screen_size=(320, 240))\n"
         "print(a.predict('open the terminal', FakeDesktopEnv().reset())[1])\n")

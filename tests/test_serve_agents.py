@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from runtime.bench.trajectory import screenshot
-from runtime.osworld.agent import AgentStepError, KvAgent
+from runtime.osworld import AgentStepError, KvAgent
 from serve_helpers import kvagent_serve
 
 W, H = 320, 240  # the screenshots

@@ -36,8 +36,28 @@ screenshot can be encoded while the llama context prefills.  The class is synchr
 scheduler runs its calls in worker threads (``anyio.to_thread``).
 """
 
-from cachepolicy.engine.core import Engine
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from cachepolicy.engine.records import EngineConfig, MemoryReport, SeqInfo, chunk_sizes
-from cachepolicy.engine.sampler import Sampler
+
+if TYPE_CHECKING:
+    from cachepolicy.engine.core import Engine
+    from cachepolicy.engine.sampler import Sampler
 
 __all__ = ["Engine", "EngineConfig", "MemoryReport", "Sampler", "SeqInfo", "chunk_sizes"]
+
+#: Names whose modules load libllama, imported on first use (PEP 562).  The engine's plain
+#: records (checkpoints, images, sampling parameters, errors, ``EngineConfig``) are imported
+#: by every layer, including clients that never load a model — ``KvAgent(server=URL)``,
+#: ``kvagent --help`` — and importing ``cachepolicy.engine.checkpoint`` runs this file
+#: first; so loading libllama waits until ``Engine`` or ``Sampler`` is asked for.
+_LOADS_LLAMA = {"Engine": "cachepolicy.engine.core", "Sampler": "cachepolicy.engine.sampler"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LOADS_LLAMA:
+        return getattr(importlib.import_module(_LOADS_LLAMA[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -44,6 +44,30 @@ MAX_N_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ
 MAX_N_BATCH = 8192
 MAX_THREADS = 256  # libgomp fails far beyond the core count (100000 threads: a segfault)
 MAX_DECODE_ROWS = 16  # decode lanes: rows of every decode call
+#: Overrides the default thread count of every engine (``default_threads``).
+THREADS_ENV = "KVAGENT_THREADS"
+#: Without ``$KVAGENT_THREADS`` an engine embedded in someone else's process takes at most
+#: this many cores (``default_threads(shared=True)``).
+SHARED_MAX_THREADS = 4
+
+
+def default_threads(*, shared: bool = False) -> int:
+    """The one rule for an engine's thread count: ``$KVAGENT_THREADS`` if set, else the
+    cores this process may run on — capped at ``SHARED_MAX_THREADS`` when ``shared``.
+
+    ``shared`` is for an agent inside another program's process (``KvAgent`` in OSWorld's
+    ``run_multienv.py`` workers, one agent per worker and none knowing how many there are):
+    N agents taking every core would start N x cores OpenMP threads, and libgomp then sleeps
+    at every barrier.  A command that owns the machine (``kvagent run``, ``serve``, the
+    benches) takes every core.  ValueError for a ``$KVAGENT_THREADS`` that is not 1..256."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if value:
+        if not value.isdigit() or not 1 <= int(value) <= MAX_THREADS:
+            raise ValueError(f"${THREADS_ENV} must be an integer 1..{MAX_THREADS}, got {value!r}")
+        return int(value)
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else os.cpu_count() or 1)
+    return max(1, min(SHARED_MAX_THREADS, cores) if shared else cores)
 
 
 def _within(low: int, high: int) -> object:
@@ -65,8 +89,7 @@ class EngineConfig:
     n_seq_max: int = attrs.field(default=4, validator=_within(1, MAX_N_SEQ))
     #: also n_ubatch: llama.cpp never re-splits our batches
     n_batch: int = attrs.field(default=512, validator=_within(2, MAX_N_BATCH))
-    n_threads: int = attrs.field(factory=lambda: max(1, os.cpu_count() or 1),
-                                 validator=_within(1, MAX_THREADS))
+    n_threads: int = attrs.field(factory=default_threads, validator=_within(1, MAX_THREADS))
     image_cache_bytes: int = attrs.field(default=256 * 2**20,
                                          validator=_within(0, 1 << 50))
     verbose: bool = False

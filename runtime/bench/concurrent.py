@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from cachepolicy.engine import Engine
-from runtime.bench.arms import replay_run_config, run_replay
+from runtime.run.replay import replay_run_config, run_replay
 from runtime.config import AgentConfig
 from runtime.run.agents import RunResult
 from scheduler.sizes import Budget, format_bytes

@@ -23,12 +23,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cachepolicy.forge import ForgedModel
+from runtime.arg_parsers import parse_wxh
+from runtime.engine_setup import DefaultModel, ModelFiles, resolve_model
 
 SCREENS = ((1280, 720), (1920, 1080))
 WINDOWS = (3, 5)
 #: the model every cell runs: the largest forged hybrid, quantized as the study's was
-MODEL = ("qwen35", "L", "q4_k_m")
+MODEL = DefaultModel("qwen35", "L", quant="q4_k_m")
 #: evict (the study's baseline) against terminal-slot with overlap; --arms adds others
 DEFAULT_ARMS = "evict,terminal-slot+overlap"
 #: VM seconds per action when --vm-seconds is not given (the issue's default scenario's)
@@ -37,11 +38,10 @@ VM_SECONDS = 1.5
 FULL_STEPS = 2
 
 
-def parse_screen(text: str) -> tuple[int, int] | None:
-    """'1280x720' → (1280, 720); None unless both sides are 32..8192."""
-    from runtime.commands.agent_args import parse_wxh
-
-    return parse_wxh(text, (32, 32), (8192, 8192))
+def parse_screen(text: str) -> tuple[int, int]:
+    """A bench screenshot size: '1280x720' → (1280, 720), both sides 32..8192 (ValueError
+    naming ``--screen`` otherwise)."""
+    return parse_wxh(text, option="--screen", low=(32, 32), high=(8192, 8192))
 
 
 def cell_args(args: argparse.Namespace, model: Path, mmproj: Path, screen: tuple[int, int],
@@ -59,11 +59,11 @@ def cell_args(args: argparse.Namespace, model: Path, mmproj: Path, screen: tuple
 
 
 def run_study(args: argparse.Namespace, bench_run: Callable[[argparse.Namespace], int], *,
-              forged: ForgedModel | None = None,
+              files: ModelFiles | None = None,
               screens: Sequence[tuple[int, int]] = SCREENS,
               windows: Sequence[int] = WINDOWS) -> int:
     """Run every cell through ``bench_run`` (``kvagent bench``'s own ``run``), then print
-    and write the grid.  ``forged``, ``screens``, ``windows``: the preset's unless given
+    and write the grid.  ``files``, ``screens``, ``windows``: the preset's unless given
     (tests run the same path on a tiny model)."""
     fixed = [flag for flag, given in (("--model", args.model), ("--mmproj", args.mmproj),
                                       ("--trajectory", args.trajectory),
@@ -73,11 +73,8 @@ def run_study(args: argparse.Namespace, bench_run: Callable[[argparse.Namespace]
         print(f"kvagent bench: error: --scenario study fixes the model, screens and steps; "
               f"drop {', '.join(fixed)}", file=sys.stderr)
         return 2
-    if forged is None:
-        from cachepolicy.forge import forge_cached
-
-        arch, size, quant = MODEL
-        forged = forge_cached(arch, size, vision=True, quant=quant)
+    if files is None:
+        files = resolve_model(None, None, default=MODEL)
     base = args.json_out or Path(tempfile.mkdtemp(prefix="kvagent-study-")) / "study.json"
     cells = []
     for screen in screens:
@@ -85,8 +82,8 @@ def run_study(args: argparse.Namespace, bench_run: Callable[[argparse.Namespace]
             out = base.with_name(f"{base.stem}-{screen[0]}x{screen[1]}-k{window}.json")
             print(f"== study cell {screen[0]}x{screen[1]}, K={window}: {out}", file=sys.stderr,
                   flush=True)
-            rc = bench_run(cell_args(args, forged.model_path, forged.mmproj_path, screen,
-                                     window, out))
+            assert files.mmproj is not None
+            rc = bench_run(cell_args(args, files.model, files.mmproj, screen, window, out))
             if rc != 0:
                 return rc
             cells.append(grid_cell(json.loads(out.read_text())))
@@ -95,7 +92,7 @@ def run_study(args: argparse.Namespace, bench_run: Callable[[argparse.Namespace]
         from vmenv.trajectory_writer import write_durably
 
         write_durably(args.json_out, json.dumps(
-            {"scenario": "study", "model": str(forged.model_path), "threads": args.threads,
+            {"scenario": "study", "model": str(files.model), "threads": args.threads,
              "vm_seconds": args.vm_seconds or VM_SECONDS, "cells": cells}, indent=1).encode())
         print(f"wrote {args.json_out}")
     return 0

@@ -30,8 +30,10 @@ import attrs
 import structlog
 
 from runtime.cluster.resume import RecordedStep, open_episode
+from runtime.engine_setup import available_memory, default_threads
 from runtime.serve.host import ModelHost, ServeConfig
 from runtime.serve.prometheus import ServeMetrics
+from scheduler.sizes import UNLIMITED_BYTES
 
 log = structlog.get_logger("kvagent.cluster")
 
@@ -72,8 +74,11 @@ class HostActor:
         configure_logging(log_level)
         if auto_budget or auto_threads:
             budget, threads = node_share()
-            config = attrs.evolve(config, **({"memory_budget": budget} if auto_budget else {}),
-                                  **({"n_threads": threads} if auto_threads else {}))
+            if auto_budget:
+                config = attrs.evolve(config, memory_budget=budget)
+            if auto_threads:
+                config = attrs.evolve(config, engine=attrs.evolve(config.engine,
+                                                                  n_threads=threads))
         self.name, self.config = name, config
         self.bind = bind or _node_ip()
         self._host: ModelHost | None = None
@@ -183,8 +188,6 @@ def _node_ip() -> str:
 def node_share() -> tuple[int, int]:
     """(memory budget, threads) of one host on this node: the memory available now and the
     CPUs, split evenly between the ``kvagent_host`` units the node offers."""
-    from runtime.commands.engine_sizing import available_memory
-    from scheduler.sizes import UNLIMITED_BYTES
 
     units = 1
     try:
@@ -198,4 +201,4 @@ def node_share() -> tuple[int, int]:
         pass
     budget = available_memory()
     budget = budget if budget >= UNLIMITED_BYTES else max(1, budget // units)
-    return budget, max(1, (os.cpu_count() or 1) // units)
+    return budget, max(1, default_threads() // units)

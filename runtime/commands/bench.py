@@ -19,13 +19,12 @@ HELP = "compare cache policies on one replayed screenshot trajectory (prefill, r
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from runtime.commands.agent_args import (
-        add_agent_arguments, bench_agent_defaults, default_threads,
+    from runtime.commands.options import (
+        add_agent_arguments, add_engine_arguments, add_model_arguments, bench_agent_defaults,
     )
-    from runtime.commands.engine_sizing import add_decode_rows_argument
+    from runtime.engine_setup import BENCH_MODEL
 
-    p.add_argument("--model", type=Path, help="GGUF model (default: forge the qwen35 M model)")
-    p.add_argument("--mmproj", type=Path, help="vision projector for --model (required with it)")
+    add_model_arguments(p, BENCH_MODEL)
     p.add_argument("--arms", default=None,
                    help=f"comma-separated arms: policies, or <policy>{OVERLAP} (default: "
                         f"{','.join(default_arms())}; none when --episodes > 1)")
@@ -48,9 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a preset run instead (study: the forged qwen35 L Q4_K_M with vision, "
                         "1280x720 and 1920x1080 screenshots x K = 3 and 5; see docs/benchmarks.md)")
     p.add_argument("--vm-seconds", type=float, default=0.0, help="simulated VM time per action")
-    p.add_argument("--threads", type=int, default=default_threads())
-    p.add_argument("--n-batch", type=int, default=512)
-    add_decode_rows_argument(p)
+    add_engine_arguments(p, n_batch=True)
     p.add_argument("--json", type=Path, dest="json_out", help="write the full results here")
     p.add_argument("--plot", type=Path, default=None,
                    help="draw per-step critical-path prefill, latency and ledger bytes per arm "
@@ -69,9 +66,10 @@ def default_arms() -> tuple[str, ...]:
 
 
 def _check(args: argparse.Namespace) -> str | None:
+    from runtime.bench.study import parse_screen
     from cachepolicy.policies import names
-    from runtime.commands.agent_args import agent_config, check_threads
-    from scheduler.sizes import parse_budget
+    from runtime.arg_parsers import check_range, parse_memory_budget
+    from runtime.commands.options import agent_config, engine_fields
 
     if args.arms is None:
         arms = [] if args.episodes > 1 else list(default_arms())
@@ -84,16 +82,19 @@ def _check(args: argparse.Namespace) -> str | None:
     if not 1 <= args.episodes <= 64:
         return "--episodes must be 1..64"
     try:
-        args.budget = parse_budget(args.memory_budget)
+        args.budget = parse_memory_budget(args.memory_budget, relative=True)
+        if args.screen is not None:
+            args.screen = parse_screen(args.screen)
+        args.engine_fields = engine_fields(args)
+        check_range(args.vm_seconds, option="--vm-seconds", low=0, high=3600)
+        check_range(args.wait_seconds, option="--wait-seconds", low=0, high=3600,
+                    low_open=True)
+        args.agent = agent_config(args)
     except ValueError as exc:
-        return f"--memory-budget: {exc}"
+        return str(exc)
     if args.model is not None and args.mmproj is None:
         return "--model needs --mmproj: the bench replays screenshots"
     if args.screen is not None:
-        from runtime.bench.study import parse_screen
-        args.screen = parse_screen(args.screen)
-        if args.screen is None:
-            return "--screen: give WxH, each 32..8192"
         if args.trajectory is not None:
             return "--screen and --trajectory: a recorded trajectory has its own screenshots"
     if args.trajectory is not None and not args.trajectory.is_dir():
@@ -101,21 +102,6 @@ def _check(args: argparse.Namespace) -> str | None:
     for name, top in (("steps", 1000), ("image_tokens", 16384)):
         if not 1 <= getattr(args, name) <= top:
             return f"--{name.replace('_', '-')} must be 1..{top}"
-    if not 2 <= args.n_batch <= 8192:
-        return "--n-batch must be 2..8192 (a 1-row batch takes another kernel)"
-    from runtime.commands.engine_sizing import check_decode_rows
-
-    problem = check_threads(args.threads) or check_decode_rows(args.decode_rows)
-    if problem:
-        return problem
-    if not (0 <= args.vm_seconds <= 3600):
-        return "--vm-seconds must be 0..3600"
-    if not (0 < args.wait_seconds <= 3600):
-        return "--wait-seconds must be in (0, 3600]"
-    try:
-        args.agent = agent_config(args)
-    except ValueError as exc:
-        return str(exc)
     args.arm_list = arms
     return None
 
@@ -128,10 +114,10 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"kvagent bench: error: {problem}", file=sys.stderr)
         return 2
-    from cachepolicy.engine import Engine
-    from cachepolicy.errors import KvagentCacheError
-    from runtime.commands.engine_sizing import engine_config
     from cachepolicy.engine.images import fit_resolution
+    from cachepolicy.errors import KvagentCacheError
+    from runtime.commands.options import model_files
+    from runtime.engine_setup import BENCH_MODEL, engine_config, load_engine
     from runtime.bench.analysis import analyze
     from runtime.bench.arms import run_arms
     from runtime.bench.report import (
@@ -154,12 +140,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvagent bench: error: {args.trajectory} needs at least two screenshots",
                   file=sys.stderr)
             return 2
-    model, mmproj = args.model, args.mmproj
-    if model is None:
-        from cachepolicy.forge import forge_cached
-        forged = forge_cached("qwen35", "M", vision=True)
-        model, mmproj = forged.model_path, forged.mmproj_path
-        print(f"using the forged qwen35 M model with vision: {model.parent}", file=sys.stderr)
+    files = model_files(args, BENCH_MODEL)
+    model, mmproj = files.model, files.mmproj
+    if files.default is not None:
+        print(f"using {files.default.describe()}: {model.parent}", file=sys.stderr)
     steps = len(recorded.frames) - 1 if recorded is not None else args.steps
     if args.screen is not None:  # size the context for what the projector makes of it
         from runtime.context_budget import estimate_image_tokens
@@ -171,9 +155,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = engine_config(model, what="--steps, --image-tokens and --episodes",
                                n_ctx_per_seq=per_seq, n_seq_max=max(2, args.episodes + 1),
-                               n_batch=args.n_batch, n_threads=args.threads,
-                               decode_rows=args.decode_rows)
-        engine = Engine(model, mmproj, config)
+                               **args.engine_fields)
+        engine = load_engine(files, config)
     except (KvagentCacheError, ValueError) as exc:
         print(f"kvagent bench: error: {exc}", file=sys.stderr)
         return 2

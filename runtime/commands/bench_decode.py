@@ -7,28 +7,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
+
+from cachepolicy.engine.records import default_threads
 
 HELP = ("decode throughput of N concurrent generations (sharing padded decode calls) vs one "
         "at a time, whether their tokens are identical, and what padding costs a lone one")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=Path, help="GGUF model (default: forge the qwen35 M model)")
+    from runtime.commands.options import add_model_arguments
+    from runtime.engine_setup import BENCH_MODEL
+
+    add_model_arguments(p, BENCH_MODEL, vision=False)
     p.add_argument("--sequences", type=int, default=4)
     p.add_argument("--context", type=int, default=2048, help="prompt tokens per sequence")
     p.add_argument("--tokens", type=int, default=32, help="decode steps measured")
     p.add_argument("--rows", type=int, default=4,
                    help="decode lanes: rows of every decode call (the engine's decode_rows)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--json", type=Path, dest="json_out")
 
 
 def _config(model: Path, args: argparse.Namespace, rows: int) -> object:
-    from runtime.commands.engine_sizing import engine_config
+    from runtime.engine_setup import engine_config
 
     per_seq = args.context + args.tokens + 64
     return engine_config(model, what="--sequences / --context / --tokens / --threads / --rows",
@@ -44,13 +48,13 @@ def _generations(model: Path, args: argparse.Namespace, rows: int, *,
     import anyio
     import anyio.to_thread
 
-    from cachepolicy.engine import Engine
     from cachepolicy.engine.sampling import SamplingParams
+    from runtime.engine_setup import ModelFiles, load_engine
 
     n = args.sequences
     config = _config(model, args, rows)
     params = SamplingParams(temperature=1.0, seed=11)  # sampled: any logit change shows
-    with Engine(model, None, config) as e:
+    with load_engine(ModelFiles(model, None), config, vision=False) as e:
         base = list(e.tokenize("the agent looks at the screen and clicks "))
         logits = {}
         for s in range(n):  # a different prompt per sequence (other tokens and lengths)
@@ -79,22 +83,21 @@ def _generations(model: Path, args: argparse.Namespace, rows: int, *,
 
 
 def run(args: argparse.Namespace) -> int:
-    from cachepolicy.engine.records import MAX_DECODE_ROWS
-    from runtime.commands.agent_args import check_threads
+    from runtime.arg_parsers import check_decode_rows, check_threads
+    from runtime.commands.options import model_files
+    from runtime.engine_setup import BENCH_MODEL
 
     if min(args.sequences, args.context, args.tokens) < 2 or args.sequences > 16:
         print("kvagent bench-decode: error: --sequences (2..16), --context and --tokens "
               "must be >= 2", file=sys.stderr)
         return 2
-    problem = check_threads(args.threads) or (
-        None if 1 <= args.rows <= MAX_DECODE_ROWS else f"--rows must be 1..{MAX_DECODE_ROWS}")
-    if problem:
-        print(f"kvagent bench-decode: error: {problem}", file=sys.stderr)
+    try:
+        check_threads(args.threads)
+        check_decode_rows(args.rows, option="--rows")
+    except ValueError as exc:
+        print(f"kvagent bench-decode: error: {exc}", file=sys.stderr)
         return 2
-    model = args.model
-    if model is None:
-        from cachepolicy.forge import forge_cached
-        model = forge_cached("qwen35", "M").model_path
+    model = model_files(args, BENCH_MODEL, vision=False).model
     n, d = args.sequences, args.rows
     try:
         _config(model, args, d)  # every size checked before anything loads

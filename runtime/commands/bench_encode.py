@@ -15,19 +15,23 @@ HELP = ("vision-encoder seconds per screenshot with flash attention off vs on, p
         "seconds per retained screenshot, and the critical path with encode-ahead off vs on")
 
 
-def _size(text: str) -> tuple[int, int]:
-    w, _, h = text.lower().partition("x")
-    if not (w.isdigit() and h.isdigit() and 16 <= int(w) <= 8192 and 16 <= int(h) <= 8192):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected WxH, 16..8192 each")
-    return int(w), int(h)
+def _sizes(text: str) -> list[tuple[int, int]]:
+    from runtime.arg_parsers import parse_wxh
+
+    try:
+        return [parse_wxh(x, option="--sizes", low=(16, 16), high=(8192, 8192))
+                for x in text.split(",") if x]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from runtime.commands.agent_args import default_threads
+    from cachepolicy.engine.records import default_threads
+    from runtime.commands.options import add_model_arguments
+    from runtime.engine_setup import BENCH_MODEL
 
-    p.add_argument("--model", type=Path, help="GGUF model (default: forge the qwen35 M model)")
-    p.add_argument("--mmproj", type=Path, help="its vision projector (required with --model)")
-    p.add_argument("--sizes", type=lambda s: [_size(x) for x in s.split(",") if x],
+    add_model_arguments(p, BENCH_MODEL)
+    p.add_argument("--sizes", type=_sizes,
                    default=[(960, 544), (1280, 720), (1920, 1080)],
                    help="screenshot sizes, WxH,WxH (default: 960x544,1280x720,1920x1080)")
     p.add_argument("--repeats", type=int, default=4, help="encodes per size and variant")
@@ -41,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> str | None:
-    from runtime.commands.agent_args import check_threads
+    from runtime.arg_parsers import check_threads
 
     if args.model is not None and args.mmproj is None:
         return "--model needs --mmproj"
@@ -49,7 +53,11 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--repeats must be 1..100, --steps 0..200, --sizes not empty"
     if not 0 <= args.vm_seconds <= 600:
         return "--vm-seconds must be 0..600"
-    return check_threads(args.threads)
+    try:
+        check_threads(args.threads)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,15 +65,12 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"kvagent bench-encode: error: {problem}", file=sys.stderr)
         return 2
-    from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.engine import EngineConfig
     from runtime.bench.encoder import ahead_summary, encode_ahead_runs, time_encoders
-    from runtime.commands.agent_args import bench_agent_defaults
+    from runtime.commands.options import bench_agent_defaults, model_files
+    from runtime.engine_setup import BENCH_MODEL, load_engine
 
-    model, mmproj = args.model, args.mmproj
-    if model is None:
-        from cachepolicy.forge import forge_cached
-        forged = forge_cached("qwen35", "M", vision=True)
-        model, mmproj = forged.model_path, forged.mmproj_path
+    files = model_files(args, BENCH_MODEL)
     agent = bench_agent_defaults()
     # about (W/32)(H/32) tokens a screenshot on a Qwen-VL projector: two of the largest
     # (prefill_seconds), or a window of the first plus the new one (the episodes)
@@ -75,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     # such (on fewer cores than both teams need, what it costs)
     configs = [EngineConfig(n_ctx_per_seq=per_seq, n_seq_max=2, n_threads=args.threads,
                             encoder_flash_attn=fa, encoder_beside=True) for fa in (False, True)]
-    engines = [Engine(model, mmproj, c) for c in configs]
+    engines = [load_engine(files, c) for c in configs]
     try:
         timings = []
         for size in args.sizes:
@@ -100,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out is not None:
         from vmenv.trajectory_writer import write_durably
 
-        report = {"model": str(model), "mmproj": str(mmproj), "threads": args.threads,
+        report = {"model": str(files.model), "mmproj": str(files.mmproj), "threads": args.threads,
                   "repeats": args.repeats, "sizes": [t.as_dict() for t in timings],
                   "encode_ahead": ahead, "vm_seconds": args.vm_seconds, "steps": args.steps,
                   "window": agent.window, "deterministic": ok}

@@ -42,7 +42,7 @@ def _paths(text: str) -> list[Path]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from cachepolicy.engine.records import MAX_N_BATCH, MAX_THREADS
-    from runtime.commands.agent_args import default_threads
+    from cachepolicy.engine.records import default_threads
 
     p.add_argument("--model", type=_paths, action="append", dest="models",
                    help="GGUF model(s), repeatable or comma separated (default: forge qwen35 M "
@@ -69,12 +69,14 @@ def _models(args: argparse.Namespace) -> list[tuple[str, Path]] | str:
             return f"model file not found: {', '.join(missing)}"
         # labelled by directory and name: forged models are all called model.gguf
         return [(f"{p.parent.name}/{p.name}" if p.parent.name else p.name, p) for p in paths]
-    from cachepolicy.forge import forge_cached
+    from runtime.engine_setup import DefaultModel, resolve_model
 
     out = []
     for arch, size, quant in DEFAULT_MODELS:
         print(f"forging (or reusing) {arch} {size} {quant}", file=sys.stderr, flush=True)
-        out.append((f"{arch} {size} {quant}", forge_cached(arch, size, quant=quant).model_path))
+        default = DefaultModel(arch, size, vision=False, quant=quant)
+        out.append((f"{arch} {size} {quant}",
+                    resolve_model(None, None, default=default, vision=False).model))
     return out
 
 
@@ -82,7 +84,7 @@ def _configs(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The exact and fast engines' configs (every size checked before anything loads)."""
     import attrs
 
-    from runtime.commands.engine_sizing import engine_config
+    from runtime.engine_setup import engine_config
 
     per_seq = max(args.n_batch, args.prompt_tokens + args.decode_tokens + 64)
     exact = engine_config(model, what="--prompt-tokens / --decode-tokens / --n-batch",
@@ -92,9 +94,9 @@ def _configs(model: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cachepolicy.engine import Engine
     from cachepolicy.errors import ModelLoadError
     from runtime.bench.kernels import compare_kernels, prompt_for
+    from runtime.engine_setup import ModelFiles, load_engine
 
     models = _models(args)
     if isinstance(models, str):
@@ -113,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
         progress(f"loading the exact and fast engines ({args.threads} thread(s))")
         try:
             with ExitStack() as stack:
-                engines = {v: stack.enter_context(Engine(path, None, c))
+                engines = {v: stack.enter_context(load_engine(ModelFiles(path, None), c,
+                                                              vision=False))
                            for v, c in config.items()}
                 cmp = compare_kernels(engines, prompt_for(engines["exact"], args.prompt_tokens),
                                       args.decode_tokens, args.repeats, progress)

@@ -43,10 +43,11 @@ INSTRUCTION = "Open the terminal and list the files in the home folder."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from runtime.commands.agent_args import default_threads
+    from cachepolicy.engine.records import default_threads
+    from runtime.commands.options import add_model_arguments
+    from runtime.engine_setup import DEMO_MODEL
 
-    p.add_argument("--model", type=Path, help="GGUF model (default: the forged tiny qwen35)")
-    p.add_argument("--mmproj", type=Path, help="vision projector GGUF (required with --model)")
+    add_model_arguments(p, DEMO_MODEL)
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated of {ARMS}")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--screenshots", type=int, default=3, help="K: screenshots per request")
@@ -59,18 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, dest="json_out", help="write the report here")
 
 
-def _size(text: str) -> tuple[int, int]:
-    try:
-        w, h = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"--screen must be WxH (e.g. 640x480), got {text!r}") from None
-    if not (16 <= w <= 8192 and 16 <= h <= 8192):
-        raise ValueError("--screen sides must be 16..8192 pixels")
-    return w, h
-
-
 def _check(args: argparse.Namespace) -> tuple[list[str], tuple[int, int]]:
-    from runtime.commands.agent_args import check_threads
+    from runtime.arg_parsers import check_threads, parse_wxh
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = sorted(set(arms) - set(ARMS))
@@ -86,10 +77,8 @@ def _check(args: argparse.Namespace) -> tuple[list[str], tuple[int, int]]:
         raise ValueError("--max-tokens must be 1..1024")
     if (args.model is None) != (args.mmproj is None):
         raise ValueError("give both --model and --mmproj, or neither (the forged tiny model)")
-    problem = check_threads(args.threads)
-    if problem:
-        raise ValueError(problem)
-    return arms, _size(args.screen)
+    check_threads(args.threads)
+    return arms, parse_wxh(args.screen, option="--screen", low=(16, 16), high=(8192, 8192))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,12 +87,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kvagent bench-serve: error: {exc}", file=sys.stderr)
         return 2
-    model, mmproj = args.model, args.mmproj
-    if model is None:
-        from cachepolicy.forge import forge_cached
-        forged = forge_cached("qwen35", "tiny", vision=True)
-        model, mmproj = forged.model_path, forged.mmproj_path
     from runtime.bench.trajectory import screenshot
+    from runtime.commands.options import model_files
+    from runtime.engine_setup import DEMO_MODEL
+
+    files = model_files(args, DEMO_MODEL)
+    model, mmproj = files.model, files.mmproj
 
     shots = [screenshot(i, *size) for i in range(args.steps)]
     bench = _Bench(args, model, mmproj, shots, size)
@@ -186,7 +175,7 @@ class _Bench:
         return steps
 
     def _agent(self, url: str | None) -> list[dict[str, Any]]:
-        from runtime.osworld.agent import KvAgent
+        from runtime.osworld import KvAgent
 
         a = self.args
         common: dict[str, Any] = {"profile": "qwen3vl", "window": a.screenshots,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
+from cachepolicy.engine.records import default_threads
 from cachepolicy.errors import KvagentCacheError
 
 HELP = ("check that checkpoint / restore / truncate reproduce a from-scratch prefill bitwise "
@@ -15,11 +15,13 @@ HELP = ("check that checkpoint / restore / truncate reproduce a from-scratch pre
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=Path,
-                   help="GGUF model file (default: the forged tiny qwen35 and its mmproj)")
+    from runtime.commands.options import add_model_arguments
+    from runtime.engine_setup import DEMO_MODEL
+
+    add_model_arguments(p, DEMO_MODEL, vision=False)
     p.add_argument("--mmproj", type=Path, help="vision projector GGUF (adds the image checks)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--threads", type=int, default=default_threads())
     p.add_argument("--n-batch", type=int, default=512)
     p.add_argument("--fast-kernels", action="store_true",
                    help="load the model as --fast-kernels engines do (repacked quantized weights: "
@@ -38,17 +40,14 @@ def _rows(rows: list[int]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cachepolicy.engine import Engine
     from cachepolicy.oracle.checks import run_checks, short_piece_rows
     from cachepolicy.oracle.sweeps import PROBE_ROWS, remainder_tokens
-    from runtime.commands.engine_sizing import engine_config
+    from runtime.engine_setup import DEMO_MODEL, engine_config, load_engine, resolve_model
 
-    if args.model is None:
-        from cachepolicy.forge import forge_cached
-
-        forged = forge_cached("qwen35", "tiny", vision=True)
-        args.model, args.mmproj = forged.model_path, args.mmproj or forged.mmproj_path
-    try:
+    try:  # the image checks run when there is a projector: the default's, or --mmproj
+        files = resolve_model(args.model, args.mmproj, default=DEMO_MODEL,
+                              vision=args.model is None or args.mmproj is not None)
+        args.model = files.model
         # the chunk-remainder sweep prefills 16 pieces longer than n_batch into one sequence
         config = engine_config(
             args.model, what="--n-batch / --threads",
@@ -58,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvagent check-exact: error: {exc}", file=sys.stderr)
         return 2
     try:
-        with Engine(args.model, args.mmproj, config) as engine:
+        with load_engine(files, config, vision=False) as engine:
             if not args.json:
                 print(f"model: {args.model} ({engine.kind.value}, {engine.n_params / 1e6:.2f}M "
                       f"params{', vision' if engine.has_vision else ''}, "

@@ -9,10 +9,10 @@ the output is token-for-token identical while only the window is re-prefilled.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from pathlib import Path
+
+from cachepolicy.engine.records import default_threads
 
 HELP = "run one cached screenshot step on the embedded tiny model and print what happened"
 
@@ -21,39 +21,36 @@ INSTRUCTION = "Open the terminal and type ls."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=Path, help="GGUF model (default: forge the tiny qwen35)")
-    p.add_argument("--mmproj", type=Path, help="vision projector GGUF for --model")
+    from runtime.commands.options import add_model_arguments
+    from runtime.engine_setup import DEMO_MODEL
+
+    add_model_arguments(p, DEMO_MODEL)
     p.add_argument("--arch", default="qwen35", choices=["llama", "qwen35", "qwen35moe"],
                    help="arch of the forged model when no --model is given")
     p.add_argument("--tokens", type=int, default=12, help="tokens to generate")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-
-
-def _model_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
-    if args.model is not None:
-        return args.model, args.mmproj
-    from cachepolicy.forge import forge_cached
-    forged = forge_cached(args.arch, "tiny", vision=True)
-    print(f"using the forged tiny {args.arch} model with vision (random weights: the output "
-          f"is valid tokens, not intelligence): {forged.model_path.parent}")
-    return forged.model_path, forged.mmproj_path
+    p.add_argument("--threads", type=int, default=default_threads())
 
 
 def run(args: argparse.Namespace) -> int:
-    from cachepolicy.engine.checkpoint import CheckpointKind
-    from cachepolicy.engine import Engine
-    from cachepolicy.oracle.checks import oracle_screenshot
-    from runtime.commands.engine_sizing import engine_config
+    import attrs
 
-    model, mmproj = _model_paths(args)
+    from cachepolicy.engine.checkpoint import CheckpointKind
+    from cachepolicy.oracle.checks import oracle_screenshot
+    from runtime.engine_setup import DEMO_MODEL, engine_config, load_engine, resolve_model
+
     try:
-        config = engine_config(model, what="--threads", n_ctx_per_seq=4096, n_seq_max=2,
-                               n_threads=args.threads)
+        files = resolve_model(args.model, args.mmproj,
+                              default=attrs.evolve(DEMO_MODEL, arch=args.arch))
+        config = engine_config(files.model, what="--threads", n_ctx_per_seq=4096,
+                               n_seq_max=2, n_threads=args.threads)
     except ValueError as exc:
         print(f"kvagent demo: error: {exc}", file=sys.stderr)
         return 2
-    with Engine(model, mmproj, config) as engine:
-        print(f"loaded {model.name}: {engine.kind.value} model, {engine.n_params / 1e6:.2f}M "
+    if files.default is not None:
+        print(f"using {files.default.describe()} (random weights: the output is valid "
+              f"tokens, not intelligence): {files.model.parent}")
+    with load_engine(files, config, vision=False) as engine:
+        print(f"loaded {files.model.name}: {engine.kind.value} model, {engine.n_params / 1e6:.2f}M "
               f"params, KV {engine.kv_bytes_per_token} B/token, recurrent state "
               f"{engine.recurrent_bytes_per_seq} B/sequence")
         if not engine.has_vision:

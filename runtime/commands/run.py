@@ -27,19 +27,18 @@ HELP = ("run GUI agents concurrently on the simulated desktop through one engine
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from runtime.commands.agent_args import add_agent_arguments, default_threads
-    from runtime.commands.engine_sizing import add_decode_rows_argument
+    from runtime.commands.options import (
+        add_agent_arguments, add_engine_arguments, add_model_arguments,
+    )
+    from runtime.engine_setup import DEMO_MODEL
     from runtime.env_loop import DEFAULT_ENV_TIMEOUT_S
-    from vmenv.simdesk.tasks import default_tasks
+    from runtime.run import envs
 
-    p.add_argument("--model", type=Path, help="GGUF model (default: forge the tiny qwen35)")
-    p.add_argument("--mmproj", type=Path, help="vision projector GGUF (required with --model)")
-    p.add_argument("--env", default="simdesk", choices=("simdesk", "replay"))
-    p.add_argument("--trajectory", type=Path,
-                   help="trajectory directory for --env replay (its recorded actions enter the "
-                        "history: teacher forcing)")
-    p.add_argument("--task", choices=tuple(default_tasks()),
-                   help="simdesk task of every episode (default: episode i gets task i mod 4)")
+    add_model_arguments(p, DEMO_MODEL)
+    p.add_argument("--env", default=envs.names()[0], choices=envs.names(),
+                   help="where the agents act (runtime/run/envs: one file per env)")
+    for name in envs.names():
+        envs.get(name).add_arguments(p)
     p.add_argument("--episodes", type=int, default=3)
     p.add_argument("--max-steps", type=int, default=8)
     p.add_argument("--memory-budget", default=None,
@@ -48,8 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="delete this run's earlier results in --result-dir and start fresh "
                         "(default: resume a run with the same options, refuse another)")
-    p.add_argument("--threads", type=int, default=default_threads())
-    add_decode_rows_argument(p)
+    add_engine_arguments(p)
     p.add_argument("--screen", default="640x360", help="simdesk screen WxH (min 320x240)")
     p.add_argument("--vm-seconds", type=float, default=0.3,
                    help="simulated time the VM takes per action (what overlap hides)")
@@ -73,43 +71,35 @@ MAX_EPISODES = 64
 def _check(args: argparse.Namespace) -> str | None:
     """Validate everything that needs no model; fills ``args.screen_wh`` / ``budget`` /
     ``agent``."""
-    from runtime.commands.agent_args import agent_config, check_threads, parse_wxh
-    from runtime.commands.engine_sizing import available_memory
-    from scheduler.sizes import parse_budget
+    from runtime.arg_parsers import check_range, parse_memory_budget, parse_wxh
+    from runtime.commands.options import agent_config, engine_fields
+    from runtime.engine_setup import available_memory
 
     for name, top in (("episodes", MAX_EPISODES), ("max_steps", MAX_STEPS)):
         if not 1 <= getattr(args, name) <= top:
             return f"--{name.replace('_', '-')} must be 1..{top}"
-    from runtime.commands.engine_sizing import check_decode_rows
-
-    problem = check_threads(args.threads) or check_decode_rows(args.decode_rows)
-    if problem:
-        return problem
-    if not 0 <= args.vm_seconds <= 3600:
-        return "--vm-seconds must be 0..3600"
-    if not 0 < args.env_timeout <= 3600:
-        return "--env-timeout must be in (0, 3600] seconds"
+    try:
+        args.engine_fields = engine_fields(args)
+        check_range(args.vm_seconds, option="--vm-seconds", low=0, high=3600)
+        check_range(args.env_timeout, option="--env-timeout", low=0, high=3600,
+                    low_open=True)
+        args.agent = agent_config(args)
+        args.screen_wh = parse_wxh(args.screen, option="--screen", low=(320, 240),
+                                   high=(7680, 4320))
+        budget = parse_memory_budget(args.memory_budget)
+    except ValueError as exc:
+        return str(exc)
     if args.env == "simdesk" and args.vm_seconds >= args.env_timeout:
         return (f"--vm-seconds {args.vm_seconds:g} would time out every step "
                 f"(--env-timeout {args.env_timeout:g})")
-    try:
-        args.agent = agent_config(args)
-    except ValueError as exc:
-        return str(exc)
-    args.screen_wh = parse_wxh(args.screen, (320, 240), (7680, 4320))
-    if args.screen_wh is None:
-        return f"--screen {args.screen!r}: give WxH between 320x240 and 7680x4320"
-    try:
-        budget = parse_budget(args.memory_budget, relative=False)
-    except ValueError as exc:
-        return f"--memory-budget: {exc}"
     args.budget = available_memory() if budget.unlimited else budget.resolve()
     if (args.model is None) != (args.mmproj is None):
         return "--model and --mmproj go together (screenshots need a vision projector)"
-    if args.env == "replay" and args.trajectory is None:
-        return "--env replay needs --trajectory DIR"
-    if args.env == "simdesk" and args.trajectory is not None:
-        return "--trajectory is only for --env replay"
+    from runtime.run import envs
+
+    problem = envs.foreign_options(args) or envs.get(args.env).check(args)
+    if problem:
+        return problem
     if args.result_dir.exists() and not args.result_dir.is_dir():
         return f"--result-dir {args.result_dir} exists and is not a directory"
     from runtime.run.result_dir import ResultDirError, check_writable
@@ -122,68 +112,44 @@ def _check(args: argparse.Namespace) -> str | None:
 
 
 def _setup(args: argparse.Namespace) -> Any:
-    """(config, specs, make_env, teacher, layout) for the chosen env; raises on bad input."""
+    """(config, specs, make_env, teacher, layout) of the chosen env; raises on bad input."""
+    from runtime.run import envs
     from runtime.run.recording import ResultLayout
-    from runtime.run.agents import RunConfig, simdesk_env, simdesk_specs
 
-    kw: dict[str, Any] = {
+    setup = envs.get(args.env).setup(args, {
         "agent": args.agent, "episodes": args.episodes, "max_steps": args.max_steps,
         "screen": args.screen_wh, "vm_seconds": args.vm_seconds, "memory_budget": args.budget,
-        "env_timeout_s": args.env_timeout}
-    if args.task:
-        kw["tasks"] = (args.task,)
-    if args.env == "simdesk":
-        config = RunConfig(**kw)
-        return (config, simdesk_specs(config), simdesk_env(config), None,
-                ResultLayout(args.result_dir, args.model_name, "simdesk"))
-    from runtime.bench.arms import replay_specs, replay_teacher
-    from vmenv.replay import ReplayEnv
-    from vmenv.trajectory import load_trajectory
-
-    traj = load_trajectory(args.trajectory)
-    if len(traj.frames) < 2:
-        raise ValueError(f"{args.trajectory}: a replay needs at least two screenshots")
-    first = traj.frames[0]
-    config = RunConfig(**{**kw, "screen": (first.width, first.height), "tasks": ("replay",),
-                          "max_steps": min(args.max_steps, len(traj.frames) - 1)})
-    name = args.trajectory.resolve().name
-    specs = tuple(attrs.evolve(s, episode_id=f"ep{s.index}", task_id=f"{name}-ep{s.index}")
-                  for s in replay_specs(traj, config.episodes, "ep"))
-    return (config, specs, lambda spec: ReplayEnv(traj, vm_seconds=config.vm_seconds),
-            replay_teacher(traj), ResultLayout(args.result_dir, args.model_name, "replay"))
+        "env_timeout_s": args.env_timeout})
+    return (setup.config, setup.specs, setup.make_env, setup.teacher,
+            ResultLayout(args.result_dir, args.model_name, setup.domain))
 
 
 def run(args: argparse.Namespace) -> int:
     problem = _check(args)
     if problem:
         return _error(problem)
-    model, mmproj = args.model, args.mmproj
-    args.model_name = model.stem if model is not None else "forged-qwen35-tiny"
+    from runtime.commands.options import model_files
+    from runtime.engine_setup import DEMO_MODEL
     from runtime.run.recording import RecordingError
     from vmenv.errors import VmEnvError
 
+    try:
+        files = model_files(args, DEMO_MODEL)
+    except (ValueError, OSError) as exc:  # OSError: the default could not be forged
+        return _error(f"{exc}")
+    args.model_name = files.name
     try:
         config, specs, make_env, teacher, layout = _setup(args)
         for spec in specs:
             layout.task_dir(spec.task_id)  # refuse unsafe names before anything is written
     except (RecordingError, VmEnvError, ValueError) as exc:
         return _error(str(exc))
-    if model is None:
-        from cachepolicy.forge import ForgeError, forge_cached
-
-        try:
-            forged = forge_cached("qwen35", "tiny", vision=True)
-        except (ForgeError, OSError) as exc:
-            return _error(f"cannot forge the tiny model: {exc}")
-        model, mmproj = forged.model_path, forged.mmproj_path
-        print(f"no --model: using the forged tiny qwen35 model with vision "
-              f"({forged.model_path.parent}). Its weights are random: actions are valid "
-              f"(grammar-constrained) but aimless; this run shows the runtime, not "
-              f"intelligence.", flush=True)
+    if (note := files.note()) is not None:
+        print(note, flush=True)
     from runtime.run.result_dir import plan_resume
 
     try:  # reads only: a refusal leaves the result dir as it was
-        plan = plan_resume(layout, _manifest(args, config, model, mmproj),
+        plan = plan_resume(layout, _manifest(args, config, files),
                            [s.task_id for s in specs], overwrite=args.overwrite)
     except (RecordingError, OSError) as exc:
         return _error(str(exc))
@@ -193,18 +159,17 @@ def run(args: argparse.Namespace) -> int:
     if not specs:
         print("every episode of this run is finished; nothing to do (--overwrite to rerun)")
         return 0
-    return _run_loaded(args, config, specs, make_env, teacher, layout, model, mmproj, plan)
+    return _run_loaded(args, config, specs, make_env, teacher, layout, files, plan)
 
 
-def _manifest(args: argparse.Namespace, config: Any, model: Path, mmproj: Path,
-              ) -> dict[str, Any]:
+def _manifest(args: argparse.Namespace, config: Any, files: Any) -> dict[str, Any]:
     """What makes a rerun the same run (see ``runtime.run.result_dir``)."""
     from cachepolicy.engine.core import file_identity
     from runtime.run.result_dir import manifest
 
     return manifest(
-        model={"name": model.name, "identity": file_identity(model)},
-        mmproj={"name": mmproj.name, "identity": file_identity(mmproj)},
+        model={"name": files.model.name, "identity": file_identity(files.model)},
+        mmproj={"name": files.mmproj.name, "identity": file_identity(files.mmproj)},
         env=args.env, trajectory=str(args.trajectory.resolve()) if args.trajectory else None,
         agent=attrs.asdict(config.agent), max_steps=config.max_steps,
         screen=list(config.screen))
@@ -224,30 +189,28 @@ def _probe_screenshot(make_env: Any, spec: Any) -> bytes:
     return anyio.run(first)
 
 
-def _engine_config(model: Path, args: argparse.Namespace, config: Any, n_ctx: int) -> Any:
+def _engine_config(args: argparse.Namespace, config: Any, files: Any,
+                   n_ctx: int) -> Any:
     """The engine's config for ``n_ctx`` tokens per sequence; ValueError naming the options
     when it is out of bounds or would not fit in memory (before anything loads)."""
-    from runtime.commands.engine_sizing import engine_config
+    from runtime.engine_setup import engine_config
 
-    return engine_config(model, what="--max-steps, --episodes, --window and --screen",
+    return engine_config(files.model, what="--max-steps, --episodes, --window and --screen",
                          n_ctx_per_seq=max(n_ctx, 512), n_seq_max=config.episodes + 1,
-                         n_threads=args.threads, decode_rows=args.decode_rows)
+                         **args.engine_fields)
 
 
-def _load(model: Path, mmproj: Path, args: argparse.Namespace, config: Any,
-          probe: bytes) -> Any:
+def _load(files: Any, args: argparse.Namespace, config: Any, probe: bytes) -> Any:
     """Load the engine with each sequence sized for the run (estimated from the projector's
     metadata, then checked with the real screenshot's token count: reloaded once if the
     projector surprised us); the image cache holds every episode's window."""
-    from cachepolicy.engine import Engine
-    from runtime.context_budget import estimate_image_tokens, load_sized
+    from runtime.context_budget import estimate_image_tokens
+    from runtime.engine_setup import load_engine
 
-    def make(n_ctx: int) -> Engine:
-        return Engine(model, mmproj, _engine_config(model, args, config, n_ctx))
-
-    n_ctx = config.context_need(estimate_image_tokens(mmproj, config.screen)).tokens
-    engine = load_sized(make, lambda e: config.context_need(e.image_tokens(probe)[0]),
-                        n_ctx, derived=True)
+    engine = load_engine(
+        files, lambda n_ctx: _engine_config(args, config, files, n_ctx),
+        need=lambda e: config.context_need(e.image_tokens(probe)[0]),
+        n_ctx=config.context_need(estimate_image_tokens(files.mmproj, config.screen)).tokens)
     try:
         # room for every episode's window plus the incoming screenshot, no more
         per_image = engine.encode_image(probe).nbytes
@@ -259,7 +222,7 @@ def _load(model: Path, mmproj: Path, args: argparse.Namespace, config: Any,
 
 
 def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any,
-                teacher: Any, layout: Any, model: Path, mmproj: Path, plan: Any) -> int:
+                teacher: Any, layout: Any, files: Any, plan: Any) -> int:
     import anyio
 
     from cachepolicy.errors import KvagentCacheError
@@ -273,15 +236,15 @@ def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any
 
     agent = config.agent
     try:  # every bound before the model loads (the estimate; rechecked when measured)
-        _engine_config(model, args, config,
-                       config.context_need(estimate_image_tokens(mmproj, config.screen)).tokens)
+        _engine_config(args, config, files, config.context_need(
+            estimate_image_tokens(files.mmproj, config.screen)).tokens)
         probe = _probe_screenshot(make_env, specs[0])
-        engine = _load(model, mmproj, args, config, probe)
+        engine = _load(files, args, config, probe)
     except (KvagentCacheError, ValueError) as exc:
         return _error(str(exc))
     progress = ProgressDisplay(sys.stderr)
     with engine:
-        print(f"{engine.kind.value} model {model.name} ({engine.n_params / 1e6:.1f}M params), "
+        print(f"{engine.kind.value} model {files.model.name} ({engine.n_params / 1e6:.1f}M params), "
               f"{len(specs)} episode(s) x {config.max_steps} steps, policy "
               f"{agent.policy}, profile {agent.profile}, window {agent.window}, overlap "
               f"{'on' if agent.overlap else 'off'}, screen "

@@ -16,7 +16,6 @@ import json
 import signal
 import socket
 import sys
-from pathlib import Path
 
 import anyio
 
@@ -25,11 +24,12 @@ HELP = ("serve the model to many agents over HTTP: an OpenAI-compatible chat API
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from runtime.commands.agent_args import add_agent_arguments, default_threads
-    from runtime.commands.engine_sizing import add_decode_rows_argument
+    from runtime.commands.options import (
+        add_agent_arguments, add_engine_arguments, add_model_arguments,
+    )
+    from runtime.engine_setup import DEMO_MODEL
 
-    p.add_argument("--model", type=Path, help="GGUF model (default: the forged tiny qwen35)")
-    p.add_argument("--mmproj", type=Path, help="vision projector GGUF (required with --model)")
+    add_model_arguments(p, DEMO_MODEL)
     p.add_argument("--model-name", help="the model id clients send (default: the file stem)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port")
@@ -43,10 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-seconds", type=float, default=900.0,
                    help="an episode idle this long gives its slot to a new one when all "
                         "are taken (its client may be gone without ending it)")
-    p.add_argument("--ctx", type=int, default=16384, help="context tokens per episode")
-    p.add_argument("--n-batch", type=int, default=512)
-    p.add_argument("--threads", type=int, default=default_threads())
-    add_decode_rows_argument(p)
+    add_engine_arguments(p, n_batch=True, ctx=16384)
     p.add_argument("--mode", default="terminal", choices=("terminal", "faithful"),
                    help="chat completions: re-lay prompts in kvagent's terminal layout, or "
                         "keep them exactly as sent")
@@ -59,17 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace) -> object:
-    from runtime.commands.agent_args import agent_config, check_threads
-    from runtime.commands.engine_sizing import available_memory
-    from runtime.serve.host import ServeConfig
+    from cachepolicy.engine import EngineConfig
+    from runtime.arg_parsers import parse_memory_budget
+    from runtime.commands.options import agent_config, engine_fields
+    from runtime.engine_setup import available_memory, check_memory, resolve_model
+    from runtime.serve.host import ServeConfig, check_slots
     from runtime.serve.requests import Limits
-    from scheduler.sizes import parse_budget
 
-    from runtime.commands.engine_sizing import check_decode_rows
-
-    problem = check_threads(args.threads) or check_decode_rows(args.decode_rows)
-    if problem:
-        raise ValueError(problem)
     if not 0 <= args.port <= 65535:
         raise ValueError("--port must be 0..65535")
     if not 0 <= args.grace_seconds <= 3600:
@@ -78,11 +71,19 @@ def _config(args: argparse.Namespace) -> object:
         raise ValueError("--max-completion-tokens must be 1..65536")
     if not 0 < args.idle_seconds <= 7 * 86400:
         raise ValueError("--idle-seconds must be more than 0 and at most a week")
-    budget = parse_budget(args.memory_budget, relative=False)
+    budget = parse_memory_budget(args.memory_budget)
+    check_slots(args.max_episodes)
+    try:
+        engine = EngineConfig(n_ctx_per_seq=args.ctx, n_seq_max=args.max_episodes,
+                              **engine_fields(args))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"--ctx / --n-batch / --max-episodes: {exc}") from None
+    if not args.ray:  # a cluster's hosts size themselves on their own nodes
+        files = resolve_model(args.model, args.mmproj)
+        check_memory(files.model, engine, what="--ctx and --max-episodes")
     return ServeConfig(
         model_path=args.model, mmproj_path=args.mmproj, model_name=args.model_name,
-        max_episodes=args.max_episodes, n_ctx=args.ctx, n_batch=args.n_batch,
-        n_threads=args.threads, decode_rows=args.decode_rows,
+        engine=engine,
         memory_budget=available_memory() if budget.unlimited else budget.resolve(),
         agent=agent_config(args), mode=args.mode, idle_s=args.idle_seconds,
         limits=Limits(max_tokens=args.max_completion_tokens))

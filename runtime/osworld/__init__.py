@@ -1,2 +1,11 @@
 """kvagent as an OSWorld agent: ``KvAgent`` (``agent``) deciding in this process (``local``)
-or on a ``kvagent serve`` host (``remote``), both behind one backend protocol (``backend``)."""
+or on a ``kvagent serve`` host (``remote`` over ``episode_client``), both behind one backend
+protocol (``backend``); ``config`` sizes it before anything loads.
+
+    from runtime.osworld import KvAgent
+"""
+
+from runtime.osworld.agent import KvAgent
+from runtime.osworld.errors import AgentClosedError, AgentStepError, KvAgentError
+
+__all__ = ["AgentClosedError", "AgentStepError", "KvAgent", "KvAgentError"]

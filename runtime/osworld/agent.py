@@ -43,25 +43,26 @@ import time
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import structlog
 
-from runtime.osworld.backend import AgentBackend, Decision, LocalBackend
 from runtime.config import AgentConfig
 from runtime.context_budget import ContextBudgetError
+from runtime.osworld.backend import AgentBackend, Decision
+from runtime.osworld.config import KvAgentConfig, agent_engine, plan_context
 from runtime.osworld.episode_client import EpisodeClient
-from runtime.osworld.local_host import PORTAL_THREAD_PREFIX, KvAgentConfig, plan_context
-from runtime.osworld.local_runtime import (
-    AgentClosedError, AgentStepError, KvAgentError, RuntimeStatus,
-)
+from runtime.osworld.errors import AgentClosedError, AgentStepError, KvAgentError
 from runtime.osworld.remote import RemoteBackend, remote_options
 from vmenv.actions import WAIT, CoordConvention, rescale, to_pyautogui
 from vmenv.errors import ScreenshotError
 from vmenv.png import screenshot_png
 
-__all__ = ["PORTAL_THREAD_PREFIX", "AgentClosedError", "AgentStepError", "ContextBudgetError",
-           "KvAgent", "KvAgentConfig", "KvAgentError"]
+if TYPE_CHECKING:
+    from runtime.osworld.local import LocalBackend, RuntimeStatus
+
+__all__ = ["AgentClosedError", "AgentStepError", "ContextBudgetError", "KvAgent",
+           "KvAgentConfig", "KvAgentError"]
 
 log = structlog.get_logger("kvagent.osworld")
 
@@ -118,19 +119,23 @@ class KvAgent:
                 raise ValueError(f"{', '.join(sorted(servers | set(options)))}: with server= "
                                  "the model and its sizes are the server's (kvagent serve "
                                  "flags)")
-        if n_threads is not None:
-            options["n_threads"] = n_threads
+        engine = agent_engine(n_threads=n_threads, n_batch=options.pop("n_batch", 512))
         chosen = {"window": window} if window is not None else {}  # else the profile's
         agent = AgentConfig(profile=profile, policy=policy, overlap=overlap,
                             convention=coord_convention, decode_tokens=max_tokens,
                             temperature=temperature, seed=seed, grammar=grammar,
                             system_prompt=system_prompt, **chosen)
         self.config = KvAgentConfig(
-            model_path, mmproj_path, agent=agent, memory_budget=memory_budget, n_ctx=n_ctx,
+            model_path, mmproj_path, agent=agent, engine=engine, memory_budget=memory_budget,
+            n_ctx=n_ctx,
             max_steps=max_steps, screen_size=tuple(screen_size), action_space=action_space,
             **options)
         self._backend: AgentBackend
         if server is None:
+            # Imported here, not at the top: a thin client (server=URL) must not load
+            # libllama, which the local backend's engine does.
+            from runtime.osworld.local import LocalBackend
+
             # the model files resolved and the context checked (or sized) before anything
             # loads (which happens on first use)
             self._backend = LocalBackend(self.config, plan_context(self.config))
@@ -145,6 +150,7 @@ class KvAgent:
         self._started = False
         self._runtime_logger: logging.Logger | logging.LoggerAdapter[Any] | None = None
         self._episode_id: str | None = None
+        self._instruction: str | None = None  # the current episode's task
         self._warned_screen = False
         self._log = log.bind(agent=self.config.name)
         self.last_info: dict[str, Any] = {}
@@ -154,7 +160,7 @@ class KvAgent:
         """The context positions the agent loads (or loaded) with (in-process agents)."""
         backend = self._local("n_ctx")
         if backend.started:
-            return backend.host.engine.config.n_ctx_per_seq
+            return backend.engine.config.n_ctx_per_seq
         return backend.plan.n_ctx
 
     @property
@@ -194,6 +200,7 @@ class KvAgent:
         # OSWorld's runtime_logger writes this example's runtime.log; a reset without one
         # must not keep logging into the previous example's file.
         self._runtime_logger = _logger if hasattr(_logger, "info") else None
+        self._instruction = None
         self._episode_id = self._ensure_started().new_episode()
         self._log.info("osworld_reset", episode_id=self._episode_id, vm_ip=vm_ip,
                        ignored=sorted(kwargs) or None)
@@ -226,6 +233,11 @@ class KvAgent:
             self._warned_screen = True  # once: OSWorld's screen does not change mid-run
             self._log.warning("screen_size_mismatch", screen=screen, screenshot=size,
                               note="points are scaled from the screenshot to the screen")
+        if self._instruction is not None and instruction != self._instruction:
+            # a new task without reset(): the history of the last one must not leak into it
+            self._log.warning("instruction_changed", episode_id=self._episode_id)
+            self._episode_id = backend.new_episode()
+        self._instruction = instruction
         step: Decision = backend.decide(instruction, png, size, screen, arrived)
         code = to_pyautogui(rescale(step.action, size, screen))
         info = {**step.info, "code": code, "screenshot_size": list(size),
@@ -256,24 +268,23 @@ class KvAgent:
 
     # ------------------------------------------------------------------ internals
 
-    def _ensure_started(self) -> LocalBackend | RemoteBackend:
+    def _ensure_started(self) -> AgentBackend:
         if self._closed:
             raise AgentClosedError("the agent is closed")
         backend = self._backend
-        assert isinstance(backend, LocalBackend | RemoteBackend)
         if not self._started:
             self._started = True
             a = self.config.agent
-            if isinstance(backend, LocalBackend):
-                backend.host  # noqa: B018  loads the model, starts the loop
+            if not isinstance(backend, RemoteBackend):
+                backend.engine  # type: ignore[attr-defined]  # noqa: B018  loads the model
             for differs in a.make_profile().layout.unhonoured:  # once per agent
                 self._log.info("profile_layout_differs", profile=a.profile, differs=differs)
         return backend
 
     def _local(self, what: str) -> LocalBackend:
-        if not isinstance(self._backend, LocalBackend):
+        if isinstance(self._backend, RemoteBackend):
             raise KvAgentError(f"{what} is the server's (kvagent serve flags)")
-        return self._backend
+        return self._backend  # type: ignore[return-value]
 
     def _wait(self, why: str) -> tuple[str, list[str], dict[str, Any]]:
         self._log.warning("osworld_no_screenshot", episode_id=self._episode_id, reason=why)

@@ -21,10 +21,10 @@ from typing import Any
 import structlog
 
 from runtime.actions import parse_action_strict
-from runtime.osworld.backend import Decision
 from runtime.config import AgentConfig
+from runtime.osworld.backend import Decision
 from runtime.osworld.episode_client import EpisodeApiError, EpisodeClient
-from runtime.osworld.local_runtime import AgentClosedError, AgentStepError
+from runtime.osworld.errors import AgentClosedError, AgentStepError
 from vmenv.actions import ActionError, NoOp
 
 log = structlog.get_logger("kvagent.osworld")
@@ -49,7 +49,6 @@ class RemoteBackend:
     def __init__(self, client: EpisodeClient, options: Mapping[str, Any], *, name: str) -> None:
         self.client, self.options, self.name = client, dict(options), name
         self._episode_id: str | None = None
-        self._instruction: str | None = None
         self._closed = False
 
     def new_episode(self) -> str | None:
@@ -61,9 +60,6 @@ class RemoteBackend:
                screen: tuple[int, int], arrived_at: float) -> Decision:
         self._check_open()
         notes: list[str] = []
-        if self._episode_id is not None and instruction != self._instruction:
-            log.warning("instruction_changed", agent=self.name, episode_id=self._episode_id)
-            self._end_current()  # a new task without reset(): no history leaks into it
         try:
             if self._episode_id is None:
                 self._start(instruction, screen)
@@ -112,7 +108,6 @@ class RemoteBackend:
     def _start(self, instruction: str, screen: tuple[int, int]) -> None:
         self._episode_id = self.client.create(instruction, screen=screen,
                                               options=self.options)
-        self._instruction = instruction
         log.info("remote_episode_started", agent=self.name, episode_id=self._episode_id,
                  server=self.client.base_url)
 

@@ -249,9 +249,9 @@ async def parse_request(host: ModelHost, body: dict[str, Any]) -> ChatRequest:
 
     req = await anyio.to_thread.run_sync(parse_chat, body, host.config.limits)
     validate_model(host, req)
-    if req.sampling.max_tokens > host.config.n_ctx // 2:  # the prompt needs room too
+    if req.sampling.max_tokens > host.config.engine.n_ctx_per_seq // 2:  # the prompt needs room too
         req = attrs.evolve(req, sampling=attrs.evolve(req.sampling,
-                                                      max_tokens=host.config.n_ctx // 2))
+                                                      max_tokens=host.config.engine.n_ctx_per_seq // 2))
     return req
 
 

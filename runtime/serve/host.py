@@ -10,7 +10,6 @@ the ledger back to zero) and frees the engine.  The HTTP layer (``app.py``) call
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -23,9 +22,9 @@ import attrs
 import structlog
 
 from cachepolicy.engine import Engine, EngineConfig
-from cachepolicy.engine.records import MAX_DECODE_ROWS
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
+from runtime.engine_setup import load_engine, resolve_model
 from runtime.pool import EpisodePool, PooledEpisode
 from runtime.serve.prometheus import ServeMetrics
 from runtime.serve.requests import Limits
@@ -46,17 +45,11 @@ class ServeConfig:
     mmproj_path: Path | None = attrs.field(default=None,
                                            converter=attrs.converters.optional(Path))
     model_name: str | None = None  # the id clients send as "model" (default: the file stem)
-    max_episodes: int = attrs.field(default=4, validator=[attrs.validators.ge(1),
-                                                          attrs.validators.le(64)])
-    n_ctx: int = attrs.field(default=16384, validator=[attrs.validators.ge(512),
-                                                       attrs.validators.le(1 << 20)])
-    n_batch: int = attrs.field(default=512, validator=[attrs.validators.ge(2),
-                                                       attrs.validators.le(8192)])
-    n_threads: int = attrs.field(factory=lambda: os.cpu_count() or 1,
-                                 validator=[attrs.validators.ge(1), attrs.validators.le(256)])
-    #: decode lanes (EngineConfig.decode_rows; None: the engine's default)
-    decode_rows: int | None = attrs.field(default=None, validator=attrs.validators.optional(
-        [attrs.validators.ge(1), attrs.validators.le(MAX_DECODE_ROWS)]))
+    #: the engine's sizes: one sequence per episode slot (``n_seq_max`` is
+    #: ``max_episodes``), ``n_ctx_per_seq`` context positions each
+    engine: EngineConfig = attrs.field(
+        default=EngineConfig(n_ctx_per_seq=16384, n_seq_max=4),
+        validator=lambda _s, _a, e: check_slots(e.n_seq_max))
     memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=attrs.validators.ge(1))
     agent: AgentConfig = attrs.Factory(AgentConfig)  # episodes' defaults
     mode: str = attrs.field(default="terminal", validator=attrs.validators.in_(MODES))
@@ -70,6 +63,20 @@ class ServeConfig:
         if (self.model_path is None) != (self.mmproj_path is None):
             raise ValueError("give both --model and --mmproj (a vision projector), or "
                              "neither (the forged tiny test model)")
+
+    @property
+    def max_episodes(self) -> int:
+        """Episodes (and chat conversations) held at once: one engine sequence each."""
+        return self.engine.n_seq_max
+
+
+#: More episode slots than this on one host is a typo (each holds a sequence's KV cache).
+MAX_EPISODE_SLOTS = 64
+
+
+def check_slots(n: int) -> None:
+    if not 1 <= n <= MAX_EPISODE_SLOTS:
+        raise ValueError(f"--max-episodes must be 1..{MAX_EPISODE_SLOTS}, got {n}")
 
 
 class ModelHost:
@@ -147,21 +154,10 @@ def _counter() -> Iterator[int]:
 
 
 def _load(config: ServeConfig) -> tuple[Engine, str]:
-    """Load the engine (blocking): the given model, or the forged tiny one."""
-    model, mmproj = config.model_path, config.mmproj_path
-    if model is None:
-        from cachepolicy.forge import forge_cached
-        forged = forge_cached("qwen35", "tiny", vision=True)
-        model, mmproj = forged.model_path, forged.mmproj_path
-        log.warning("forged_test_model", path=str(model.parent),
-                    note="random weights: outputs are valid but aimless")
-        name = config.model_name or "kvagent-forged-qwen35-tiny"
-    else:
-        name = config.model_name or model.stem
-    engine = Engine(model, mmproj, EngineConfig(
-        n_ctx_per_seq=config.n_ctx, n_seq_max=config.max_episodes, n_batch=config.n_batch,
-        n_threads=config.n_threads, decode_rows=config.decode_rows))
-    if not engine.has_vision:
-        engine.close()
-        raise ValueError(f"{mmproj} gave no vision projector: the server needs one")
-    return engine, name
+    """Load the engine (blocking): the given model, or the default one."""
+    files = resolve_model(config.model_path, config.mmproj_path)
+    if (note := files.note()) is not None:
+        log.warning("serve_default_model", note=note)
+    engine = load_engine(files, config.engine)
+    default_name = f"kvagent-{files.name}" if files.default is not None else files.name
+    return engine, config.model_name or default_name

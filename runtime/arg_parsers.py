@@ -1,0 +1,66 @@
+"""Values of the command line, parsed and bounded in one place: screen sizes (WxH), memory
+budgets, thread counts, decode lanes.
+
+Each parser takes the option's text (or number) and returns the value, or raises
+``ValueError`` with a message that names the option and what it accepts — every command
+gives the same answer to the same mistake.  No argparse in here: the commands
+(``runtime/commands/options.py``) attach these to their flags, and the benches that parse
+values of their own (``runtime/bench/study.py``'s grid) call them directly.
+"""
+
+from __future__ import annotations
+
+import re
+
+from cachepolicy.engine.records import MAX_DECODE_ROWS, MAX_THREADS, default_threads
+from scheduler.sizes import Budget, parse_budget
+
+Size = tuple[int, int]
+
+_WXH = re.compile(r"\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*")
+
+
+def parse_wxh(text: str, *, option: str, low: Size, high: Size) -> Size:
+    """'1280x720' (spaces and a capital X allowed) → (1280, 720), each side within
+    ``low``..``high``."""
+    m = _WXH.fullmatch(text)
+    if m is not None:
+        w, h = int(m[1]), int(m[2])
+        if low[0] <= w <= high[0] and low[1] <= h <= high[1]:
+            return w, h
+    raise ValueError(f"{option} {text!r}: give WxH between {low[0]}x{low[1]} and "
+                     f"{high[0]}x{high[1]}")
+
+
+def parse_memory_budget(text: str | None, *, option: str = "--memory-budget",
+                        relative: bool = False) -> Budget:
+    """A ledger budget: bytes (``2GiB``, ``512MiB``, ``123456``), or with ``relative`` a
+    multiple of one episode's measured peak (``3.2x``); None: unlimited."""
+    try:
+        return parse_budget(text, relative=relative)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
+def check_threads(threads: int, *, option: str = "--threads") -> int:
+    """An engine's thread count, 1..``MAX_THREADS``."""
+    if not 1 <= threads <= MAX_THREADS:
+        raise ValueError(f"{option} must be 1..{MAX_THREADS} (the default here is "
+                         f"{default_threads()})")
+    return threads
+
+
+def check_decode_rows(rows: int | None, *, option: str = "--decode-rows") -> int | None:
+    """The engine's decode lanes, 1..``MAX_DECODE_ROWS`` (None: the engine's default)."""
+    if rows is not None and not 1 <= rows <= MAX_DECODE_ROWS:
+        raise ValueError(f"{option} must be 1..{MAX_DECODE_ROWS}, got {rows}")
+    return rows
+
+
+def check_range(value: float, *, option: str, low: float, high: float,
+                low_open: bool = False) -> float:
+    """``value`` within [low, high] (``low_open``: (low, high])."""
+    if (value > low if low_open else value >= low) and value <= high:
+        return value
+    bracket = "(" if low_open else "["
+    raise ValueError(f"{option} must be in {bracket}{low:g}, {high:g}], got {value:g}")

@@ -1,0 +1,127 @@
+"""The command line's shared options: the model files, the engine's sizes and the agent's
+configuration — the same names, defaults and bounds in every command.
+
+``add_model_arguments`` / ``add_engine_arguments`` / ``add_agent_arguments`` attach the flags;
+``model_files`` / ``engine_fields`` / ``agent_config`` read them back, raising ``ValueError``
+naming the option at fault (values are parsed and bounded by ``runtime.arg_parsers``; the
+model is resolved and the engine sized by ``runtime.engine_setup``).  The bench states its
+own measurement defaults explicitly (``bench_agent_defaults``: a fixed number of decoded
+tokens, no grammar, so arms compare).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from cachepolicy.engine.records import MAX_DECODE_ROWS, MAX_N_BATCH, default_threads
+from cachepolicy.policies import names
+from runtime.arg_parsers import check_decode_rows, check_threads
+from runtime.config import MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig
+from runtime.engine_setup import DefaultModel, ModelFiles, resolve_model
+from runtime.profiles import names as profile_names
+
+
+def add_model_arguments(p: argparse.ArgumentParser, default: DefaultModel, *,
+                        vision: bool = True) -> None:
+    """``--model`` (and ``--mmproj`` when screenshots are involved)."""
+    p.add_argument("--model", type=Path, help=f"GGUF model (default: {default.describe()})")
+    if vision:
+        p.add_argument("--mmproj", type=Path,
+                       help="vision projector GGUF (required with --model)")
+
+
+def model_files(args: argparse.Namespace, default: DefaultModel, *,
+                vision: bool = True) -> ModelFiles:
+    """The model the options name, or ``default`` (forged once); ValueError for a model
+    without its projector."""
+    return resolve_model(args.model, getattr(args, "mmproj", None), default=default,
+                         vision=vision)
+
+
+def add_engine_arguments(p: argparse.ArgumentParser, *, n_batch: bool = False,
+                         ctx: int | None = None) -> None:
+    """``--threads`` and ``--decode-rows``; ``--n-batch`` if asked; ``--ctx`` (context
+    tokens per sequence, defaulting to ``ctx``) if given."""
+    if ctx is not None:
+        p.add_argument("--ctx", type=int, default=ctx, help="context tokens per episode")
+    if n_batch:
+        p.add_argument("--n-batch", type=int, default=512,
+                       help=f"rows per prefill call, 2..{MAX_N_BATCH}")
+    p.add_argument("--threads", type=int, default=default_threads(),
+                   help="engine threads (default: $KVAGENT_THREADS, else every core)")
+    p.add_argument("--decode-rows", type=int, default=None,
+                   help=f"decode lanes, 1..{MAX_DECODE_ROWS}: every decode call feeds this "
+                        "many rows, so up "
+                        "to this many concurrent generations share a call and each pays "
+                        "for all of them (default 4; mixture-of-experts models at most 7; "
+                        "see docs/benchmarks.md section 4)")
+
+
+def engine_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``EngineConfig`` fields the engine options give (checked; ValueError naming the
+    option)."""
+    fields: dict[str, Any] = {"n_threads": check_threads(args.threads),
+                              "decode_rows": check_decode_rows(args.decode_rows)}
+    if hasattr(args, "n_batch"):
+        if not 2 <= args.n_batch <= MAX_N_BATCH:
+            raise ValueError(f"--n-batch must be 2..{MAX_N_BATCH} (a 1-row batch takes "
+                             "another kernel)")
+        fields["n_batch"] = args.n_batch
+    return fields
+
+
+def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | None = None,
+                        ) -> None:
+    """``--profile --policy --window --overlap --temperature --seed --grammar
+    --decode-tokens --stop-at-eog``, defaulting to ``defaults`` (``AgentConfig()`` if None;
+    the window defaults to the profile's)."""
+    d = defaults or AgentConfig()
+    p.add_argument("--profile", default=d.profile, choices=profile_names(),
+                   help="the model family's prompt, output format and history layout "
+                        "(kvagent: kvagent's own action language; qwen3vl: Qwen3-VL "
+                        "computer_use tool calls; uitars / uitars-v1: UI-TARS 1.5 / 1.0)")
+    p.add_argument("--policy", default=d.policy, choices=names(), help="the cache policy")
+    p.add_argument("--window", type=int, default=None,
+                   help=f"screenshots the model sees (K, 1..{MAX_WINDOW}; default: the "
+                        "profile's, 3 for kvagent, 5 for qwen3vl and uitars)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=d.overlap,
+                   help="prefetch the next step while the VM executes the action")
+    p.add_argument("--temperature", type=float, default=d.temperature,
+                   help="sampling temperature (0 = greedy)")
+    p.add_argument("--seed", type=int, default=d.seed, help="sampling seed")
+    p.add_argument("--grammar", action=argparse.BooleanOptionalAction, default=d.grammar,
+                   help="constrain decoding to the profile's output format")
+    p.add_argument("--decode-tokens", type=int, default=d.decode_tokens,
+                   help=f"tokens an action may take (1..{MAX_DECODE_TOKENS}; default: what "
+                        "the grammar needs)")
+    p.add_argument("--stop-at-eog", action=argparse.BooleanOptionalAction,
+                   default=d.stop_at_eog,
+                   help="stop decoding at end-of-generation (off: always --decode-tokens)")
+
+
+def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> AgentConfig:
+    """The ``AgentConfig`` of parsed arguments; ValueError naming the option at fault."""
+    fields = {"profile": args.profile, "policy": policy or args.policy,
+              "overlap": args.overlap, "temperature": args.temperature, "seed": args.seed,
+              "grammar": args.grammar, "decode_tokens": args.decode_tokens,
+              "stop_at_eog": args.stop_at_eog}
+    if args.window is not None:  # else the profile's
+        fields["window"] = args.window
+    for name in ("window", "temperature", "decode_tokens"):  # one at a time: name the culprit
+        if name not in fields:
+            continue
+        try:
+            attrs.evolve(AgentConfig(), **{name: fields[name]})
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"--{name.replace('_', '-')} {fields[name]}: {exc}") from None
+    return AgentConfig(**fields)
+
+
+def bench_agent_defaults() -> AgentConfig:
+    """What the bench decodes: 16 tokens every step, greedy, no grammar, end-of-generation
+    ignored — a fixed amount of decode work per step, so arms compare."""
+    return attrs.evolve(AgentConfig(), grammar=False, decode_tokens=16, stop_at_eog=False)

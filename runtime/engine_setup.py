@@ -1,0 +1,185 @@
+"""One home for the model files and the engine's settings: which model, how big, whether it
+fits, and the load.
+
+* ``resolve_model`` — the user's files, or the default model when none is given (forged
+  once into the model cache, and said once: ``ModelFiles.note``).  Every command, ``kvagent
+  serve`` and ``KvAgent`` resolve their model here; nothing else forges a fallback.
+* ``default_threads`` — the one rule for the engine's thread count (defined beside
+  ``EngineConfig``, whose default it is).
+* ``engine_config`` — an ``EngineConfig`` within its bounds whose KV cache and attention
+  workspace fit in the memory available now (``check_memory``, from the GGUF metadata), or
+  a ``ValueError`` naming the options that sized it: a context sized from a long step limit
+  is an error message before loading, not an OOM kill after.
+* ``load_engine`` — the one construction of an ``Engine`` outside the engine and its tests;
+  with a ``ContextNeed`` callback it checks the loaded projector's real screenshot cost and
+  reloads once at the measured size when the size was derived.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import structlog
+
+from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.engine.records import default_threads
+from cachepolicy.engine.sizing import context_cost
+from cachepolicy.forge import forge_cached
+from runtime.context_budget import ContextNeed
+from scheduler.sizes import UNLIMITED_BYTES, format_bytes
+
+__all__ = ["BENCH_MODEL", "DEMO_MODEL", "DefaultModel", "ModelFiles", "available_memory",
+           "check_memory", "default_threads", "engine_config", "load_engine",
+           "resolve_model"]
+
+log = structlog.get_logger("kvagent.model")
+
+
+@attrs.frozen
+class DefaultModel:
+    """The model used when none is given: forged deterministically into the model cache."""
+
+    arch: str
+    size: str
+    vision: bool = True
+    quant: str = "f16"
+
+    @property
+    def name(self) -> str:
+        quant = "" if self.quant == "f16" else f"-{self.quant}"
+        return f"forged-{self.arch}-{self.size}{quant}"
+
+    def describe(self) -> str:
+        vision = " with vision" if self.vision else ""
+        quant = "" if self.quant == "f16" else f" {self.quant}"
+        return f"the forged {self.size} {self.arch}{quant} model{vision}"
+
+
+#: ``kvagent run`` / ``serve`` / ``KvAgent`` / ``check-exact`` without a model.
+DEMO_MODEL = DefaultModel("qwen35", "tiny")
+#: The benchmarks' model: big enough that prefill, not Python, dominates a step.
+BENCH_MODEL = DefaultModel("qwen35", "M")
+
+
+@attrs.frozen
+class ModelFiles:
+    """A resolved model: the text model, its vision projector (None for text-only uses) and,
+    when it is the default, which one."""
+
+    model: Path
+    mmproj: Path | None
+    default: DefaultModel | None = None
+
+    @property
+    def name(self) -> str:
+        """What results and APIs call the model: the file stem, or the default's name."""
+        return self.default.name if self.default is not None else self.model.stem
+
+    def note(self) -> str | None:
+        """The sentence to say once when the default is used (None for the user's files)."""
+        if self.default is None:
+            return None
+        return (f"no --model: using {self.default.describe()} ({self.model.parent}); its "
+                f"weights are random, so its actions are valid (grammar-constrained) but "
+                f"aimless — it shows the runtime, not intelligence")
+
+
+class ModelChoiceError(ValueError):
+    """The model options do not name a usable pair of files."""
+
+
+def resolve_model(model: str | Path | None, mmproj: str | Path | None, *,
+                  default: DefaultModel = DEMO_MODEL, vision: bool = True) -> ModelFiles:
+    """The user's ``model`` (+ ``mmproj`` when ``vision``), or ``default`` forged once when
+    ``model`` is None.  ``ModelChoiceError`` for an mmproj without a model, or a model
+    without the mmproj a vision use needs; missing files are the engine's to report."""
+    if model is None:
+        if mmproj is not None:
+            raise ModelChoiceError("--mmproj needs --model (the projector belongs to a model)")
+        forged = forge_cached(default.arch, default.size, vision=default.vision or vision,
+                              quant=default.quant)
+        files = ModelFiles(forged.model_path, forged.mmproj_path if vision else None, default)
+        log.info("model_default", model=str(files.model), name=files.name)
+        return files
+    if vision and mmproj is None:
+        raise ModelChoiceError("--model and --mmproj go together (screenshots need a vision "
+                               "projector)")
+    return ModelFiles(Path(model), Path(mmproj) if vision and mmproj is not None else None)
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo (``UNLIMITED_BYTES`` where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return UNLIMITED_BYTES
+
+
+def check_memory(model: Path, config: EngineConfig, *, what: str,
+                 available: int | None = None) -> None:
+    """ValueError if llama.cpp's allocation for ``config`` would exceed the memory available
+    (``what`` names the options that sized it, for the message)."""
+    cost = context_cost(model, config)
+    avail = available_memory() if available is None else available
+    if cost is not None and cost.total_bytes > avail:
+        raise ValueError(
+            f"{what} size the context to {config.n_seq_max} sequence(s) x "
+            f"{config.n_ctx_per_seq} tokens: llama.cpp would allocate about "
+            f"{format_bytes(cost.total_bytes)} (KV cache {format_bytes(cost.kv_bytes)}, "
+            f"attention workspace {format_bytes(cost.workspace_bytes)}), more than the "
+            f"{format_bytes(avail)} available")
+
+
+def engine_config(model: Path, *, what: str, **fields: Any) -> EngineConfig:
+    """An ``EngineConfig`` of ``fields`` that passes its bounds and ``check_memory``;
+    ValueError (with ``what``, the options that sized it, in the message) otherwise."""
+    try:
+        config = EngineConfig(**fields)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{what}: {exc}") from None
+    check_memory(model, config, what=what)
+    return config
+
+
+def load_engine(files: ModelFiles, config: EngineConfig | Callable[[int], EngineConfig], *,
+                need: Callable[[Engine], ContextNeed] | None = None, n_ctx: int = 0,
+                derived: bool = True, vision: bool = True) -> Engine:
+    """Load ``files`` with ``config``.
+
+    With ``need``, ``config`` is a function of the context size: the engine is made for
+    ``n_ctx`` positions per sequence and its context must hold ``need(engine)`` (measured
+    with the loaded projector) — if it does not, a ``derived`` size (estimated before
+    loading) is loaded once more at the measured size, a size the user gave raises
+    ``ContextBudgetError``.  With ``vision``, a projector that gives no vision encoder is a
+    ``ValueError``.  Engines not returned are closed."""
+    def make(size: int) -> Engine:
+        cfg = config(size) if callable(config) else config
+        engine = Engine(files.model, files.mmproj, cfg)
+        if vision and not engine.has_vision:
+            engine.close()
+            raise ValueError(f"{files.mmproj} gave no vision projector: screenshots need one")
+        return engine
+
+    if need is None:
+        return make(n_ctx)
+    for _ in range(2):
+        engine = make(n_ctx)
+        try:
+            measured = need(engine)
+        except BaseException:
+            engine.close()
+            raise
+        if measured.tokens <= n_ctx:
+            return engine
+        engine.close()
+        if not derived:
+            measured.check(n_ctx)
+        n_ctx = measured.tokens
+    raise AssertionError("unreachable: the second load is sized from the measured count")
