@@ -197,7 +197,7 @@ def test_examples_run(cache_dir: Path, tmp_path: Path, example: str) -> None:
 
 def _events():
     from runtime.metrics import StepMetrics
-    from runtime.run.progress import EpisodeEvent
+    from runtime.run.agents import EpisodeEvent
     from runtime.run.agents import EpisodeSpec
 
     spec = EpisodeSpec(0, "ep0", "click-ok", "click-ok-ep0", "Click OK.")

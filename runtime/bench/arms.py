@@ -19,7 +19,7 @@ from cachepolicy.engine import Engine
 from cachepolicy.errors import PolicyRefusedError
 from runtime.config import AgentConfig
 from runtime.metrics import EpisodeResult
-from runtime.run.progress import EpisodeEvent
+from runtime.run.agents import EpisodeEvent
 from runtime.run.replay import replay_run_config, run_replay
 from vmenv.trajectory import Trajectory
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from runtime.arg_parsers import parse_wxh
 from runtime.engine_setup import DefaultModel, ModelFiles, resolve_model
+from vmenv.trajectory_writer import write_durably
 
 SCREENS = ((1280, 720), (1920, 1080))
 WINDOWS = (3, 5)
@@ -89,8 +90,6 @@ def run_study(args: argparse.Namespace, bench_run: Callable[[argparse.Namespace]
             cells.append(grid_cell(json.loads(out.read_text())))
     print(grid_table(cells))
     if args.json_out is not None:
-        from vmenv.trajectory_writer import write_durably
-
         write_durably(args.json_out, json.dumps(
             {"scenario": "study", "model": str(files.model), "threads": args.threads,
              "vm_seconds": args.vm_seconds or VM_SECONDS, "cells": cells}, indent=1).encode())

@@ -40,7 +40,6 @@ from runtime.driver import DriverStep, EpisodeDriver
 from runtime.env_loop import DEFAULT_ENV_TIMEOUT_S, run_episode
 from runtime.errors import describe_error
 from runtime.metrics import EpisodeResult, StepMetrics
-from runtime.run.progress import EpisodeEvent
 from runtime.run.recording import EpisodeRecorder, ResultLayout
 from runtime.session import Teacher
 from scheduler.ledger import MemoryLedger
@@ -103,6 +102,35 @@ def simdesk_env(config: RunConfig) -> Callable[[EpisodeSpec], Env]:
     w, h = config.screen
     return lambda spec: SimDesk(SimDeskConfig(width=w, height=h,
                                               action_latency_s=config.vm_seconds))
+
+
+@attrs.frozen
+class EpisodeEvent:
+    """A progress report: ``kind`` is start | step | end."""
+
+    kind: str
+    spec: EpisodeSpec
+    max_steps: int
+    step: int = 0  # steps done
+    metrics: StepMetrics | None = None  # on step: the step's measurements
+    status: str = ""  # on end: done | fail | max_steps | error
+    reward: float | None = None
+    error: str = ""
+    summary: str = ""  # the scheduler's one-line state when the event happened
+
+    @property
+    def action(self) -> str:
+        """The step's action in the action language ("" for a NoOp or no step)."""
+        return (self.metrics.action or "") if self.metrics is not None else ""
+
+    @property
+    def cache_hit(self) -> float | None:
+        return self.metrics.cache_hit if self.metrics is not None else None
+
+    @property
+    def critical_path_s(self) -> float | None:
+        return self.metrics.critical_path_s if self.metrics is not None else None
+
 
 
 @attrs.frozen

@@ -11,41 +11,9 @@ from __future__ import annotations
 
 import shutil
 import sys
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
-import attrs
-
-if TYPE_CHECKING:
-    from runtime.metrics import StepMetrics
-    from runtime.run.agents import EpisodeSpec, RunResult
-
-
-@attrs.frozen
-class EpisodeEvent:
-    """A progress report: ``kind`` is start | step | end."""
-
-    kind: str
-    spec: EpisodeSpec
-    max_steps: int
-    step: int = 0  # steps done
-    metrics: StepMetrics | None = None  # on step: the step's measurements
-    status: str = ""  # on end: done | fail | max_steps | error
-    reward: float | None = None
-    error: str = ""
-    summary: str = ""  # the scheduler's one-line state when the event happened
-
-    @property
-    def action(self) -> str:
-        """The step's action in the action language ("" for a NoOp or no step)."""
-        return (self.metrics.action or "") if self.metrics is not None else ""
-
-    @property
-    def cache_hit(self) -> float | None:
-        return self.metrics.cache_hit if self.metrics is not None else None
-
-    @property
-    def critical_path_s(self) -> float | None:
-        return self.metrics.critical_path_s if self.metrics is not None else None
+from runtime.run.agents import EpisodeEvent, RunResult
 
 
 _UP = "\x1b[{n}A"  # cursor up n lines

@@ -13,8 +13,7 @@ from collections.abc import Callable
 
 from cachepolicy.engine import Engine
 from runtime.config import AgentConfig
-from runtime.run.agents import EpisodeSpec, RunConfig, RunResult, run_agents
-from runtime.run.progress import EpisodeEvent
+from runtime.run.agents import EpisodeEvent, EpisodeSpec, RunConfig, RunResult, run_agents
 from scheduler.sizes import UNLIMITED_BYTES
 from vmenv.replay import ReplayEnv
 from vmenv.trajectory import Trajectory
