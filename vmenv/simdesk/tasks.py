@@ -23,7 +23,8 @@ import attrs
 
 from vmenv.actions import Action, Click, TypeText
 from vmenv.simdesk.apply import apply_action
-from vmenv.simdesk.state import DeskState, Dialog
+from vmenv.simdesk.dialogs import classic_dialog
+from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.widgets import locate
 
 
@@ -80,7 +81,8 @@ def type_in_field(word: str = "kvagent") -> Task:
 CLICK_OK = Task(
     name="click-ok",
     instruction="A dialog asks whether to discard unsaved changes. Confirm it by clicking OK.",
-    setup=lambda s: attrs.evolve(s, dialog=Dialog("Confirm", "Discard unsaved changes?")),
+    setup=lambda s: attrs.evolve(s, dialog=classic_dialog(s.metrics, "Confirm",
+                                                          "Discard unsaved changes?")),
     check=lambda s: s.dialog_result == "ok",
     solve=lambda s: (_click(s, "dialog.ok"),),
 )
