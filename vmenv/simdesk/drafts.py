@@ -27,7 +27,7 @@ import attrs
 
 from vmenv.simdesk import geometry as geo
 from vmenv.simdesk.apps import APPS, DECOYS
-from vmenv.simdesk.expert import visible_point
+from vmenv.simdesk.expert import title_stretch, visible_point
 from vmenv.simdesk.goals import Goal
 from vmenv.simdesk.placement import PlacementError, Scene, place_dialog, unit_for
 from vmenv.simdesk.state import DeskState, Window
@@ -102,8 +102,8 @@ def type_in_field(rng: random.Random, pool: Sequence[str]) -> Draft:
     instruction = rng.choice((f'Type the word "{word}" into the text field of the Notes app.',
                               f'In the Notes window, type "{word}" into the text field.'))
     return Draft(instruction, Goal(app="notes", text=word),
-                 _scene(rng, None, others=["terminal"] if rng.random() < 0.3 else [],
-                        top=["notes"]))
+                 _scene(rng, "notes", top=["notes"],
+                        others=["terminal"] if rng.random() < 0.3 else []))
 
 
 def _answer_scene(rng: random.Random) -> Scene:
@@ -208,17 +208,10 @@ def _cover_notes(lrng: random.Random, s: DeskState) -> DeskState:
             y0 = _cell_between(lrng, fy - h + u, min(fy - u, desk.y1 - h), u)
             covers.append(Window(app, geo.Rect(x0, y0, x0 + w, y0 + h)))
         t = attrs.evolve(s, windows=(*s.windows, *covers))
-        bar = geo.title_bar(sz, notes.rect)
-        xs = range(bar.x0, bar.x1, max(u // 3, 2))
         ws = widgets(t)
-        seen = [next(w for w in ws if w.rect.contains(x, bar.center[1])).name == "notes.title"
-                for x in xs]
-        run = best = 0
-        for ok in seen:
-            run = run + 1 if ok else 0
-            best = max(best, run)
         hidden = visible_point(ws, "notes.field", u, strict=True) is None
-        if (hidden and best * max(u // 3, 2) >= 4 * u and all(c.rect.inside(desk) for c in covers)
+        if (hidden and title_stretch(t, ws, "notes")[0] >= 4 * u
+                and all(c.rect.inside(desk) for c in covers)
                 and not any(c.rect.overlaps(i) for c in covers for i in icons)):
             return t
     raise PlacementError("could not cover the Notes field")
@@ -231,7 +224,7 @@ def switch_window(rng: random.Random, pool: Sequence[str]) -> Draft:
         f'its text field and click Save.',
         f'Switch to the Notes window, type "{word}" into its text field and click Save.'))
     return Draft(instruction, Goal(app="notes", text=word, submit="save"),
-                 _scene(rng, None, windows=1, top=["notes"]), _cover_notes)
+                 _scene(rng, "notes", windows=1, top=["notes"]), _cover_notes)
 
 
 #: The kinds by name, in a fixed order.

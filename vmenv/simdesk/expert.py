@@ -94,25 +94,29 @@ def _dialog_action(goal: Goal, state: DeskState) -> Action:
     return Press("escape")
 
 
-def _title_stretch(state: DeskState, sc: _Screen, app: str) -> tuple[int, int] | None:
-    """The middle of the widest uncovered run along ``app``'s title bar (None: all covered)."""
+def title_stretch(state: DeskState, ws: tuple[Widget, ...], app: str) -> tuple[int, int, int]:
+    """(length, x, y): the widest run of ``app``'s title bar uncovered from its top to its
+    bottom edge, and the middle of that run (length 0: every column is covered)."""
     win = state.window(app)
     assert win is not None
     bar = geo.title_bar(state.layout.sizes, win.rect)
-    y, step = bar.center[1], max(state.layout.sizes.unit // 3, 2)
-    best: tuple[int, int] = (0, 0)  # (length, start)
-    start = None
-    xs = list(range(bar.x0, bar.x1, step))
-    for x in [*xs, None]:
-        ok = x is not None and (w := hit_in(sc.ws, x, y)) is not None and w.name == f"{app}.title"
+    step = max(state.layout.sizes.unit // 3, 2)
+    ys = (bar.y0 + 1, bar.center[1], bar.y1 - 2)
+    best, start = (0, 0), None  # best: (length, start)
+    for x in [*range(bar.x0, bar.x1, step), None]:
+        ok = x is not None and all((w := hit_in(ws, x, y)) is not None
+                                   and w.name == f"{app}.title" for y in ys)
         if ok and start is None:
             start = x
         elif not ok and start is not None:
-            end = x if x is not None else bar.x1
-            best = max(best, (end - start, start))
+            best = max(best, ((x if x is not None else bar.x1) - start, start))
             start = None
-    length, x0 = best
-    return (x0 + length // 2, y) if length >= 2 * step else None
+    return best[0], best[1] + best[0] // 2, bar.center[1]
+
+
+def _title_point(state: DeskState, sc: _Screen, app: str) -> tuple[int, int] | None:
+    length, x, y = title_stretch(state, sc.ws, app)
+    return (x, y) if length >= 2 * sc.clear else None
 
 
 def _close_top(state: DeskState, sc: _Screen) -> Action:
@@ -145,7 +149,7 @@ def _field_name(app: str) -> str:
 
 def _raise(state: DeskState, sc: _Screen, app: str) -> Action:
     field, window = _field_name(app), f"{app}.window"
-    for find in (lambda: sc.point(field, strict=True), lambda: _title_stretch(state, sc, app),
+    for find in (lambda: sc.point(field, strict=True), lambda: _title_point(state, sc, app),
                  lambda: sc.point(window, strict=True), lambda: sc.point(field),
                  lambda: sc.point(window)):
         point = find()

@@ -9,7 +9,9 @@ which seeds train and which evaluate: ``seeds``.
 
 The instruction and goal come from an rng seeded by (kind, seed) alone; the layout from a
 second rng, drawn when ``setup`` meets the screen (cells of ``placement.unit_for``), so one
-seed looks the same, scaled, at 640x360 and 1280x720.
+seed usually looks the same, scaled, at 640x360 and 1280x720 (not always: a taskbar label
+that fits at one size may not at the other, and switch-window accepts its covering windows
+by pixel tests; determinism per screen size holds always).
 """
 
 from __future__ import annotations

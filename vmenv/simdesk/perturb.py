@@ -10,7 +10,8 @@
 * ``popup``        — an uninvited pop-up dialog appears (it does not record an answer);
 * ``open_menu``    — the launcher menu is left open;
 * ``wrong_answer`` — the task's (reopenable) dialog was answered with a wrong button;
-* ``close_app``    — the goal's app window was closed (its text stays, as in the app);
+* ``close_app``    — the goal's app window was closed (its text stays, as in the app), when
+                     a launcher, a menu entry or the hotkey can open it again;
 * ``wrong_save``   — Notes saved a wrong text;
 * ``pointer``      — the pointer moved.
 
@@ -46,6 +47,13 @@ def _apps_on_screen(state: DeskState) -> list[str]:
     lay = state.layout
     apps = [x.app for x in lay.launchers] + [a for a, _ in (lay.menu.entries if lay.menu else ())]
     return list(dict.fromkeys([*apps, *WORKING_APPS]))
+
+
+def _reopenable(state: DeskState, app: str) -> bool:
+    """Whether the expert can open ``app`` again (a launcher, a menu entry, or the hotkey)."""
+    menu = state.layout.menu
+    return (bool(state.layout.launchers_of(app)) or app == "terminal"
+            or (menu is not None and menu.entry(app) is not None))
 
 
 def wrong_app(goal: Goal, state: DeskState, rng: random.Random) -> DeskState | None:
@@ -108,7 +116,7 @@ def wrong_answer(goal: Goal, state: DeskState, rng: random.Random) -> DeskState 
 
 
 def close_goal_app(goal: Goal, state: DeskState, rng: random.Random) -> DeskState | None:
-    if goal.app is None or not state.is_open(goal.app):
+    if goal.app is None or not state.is_open(goal.app) or not _reopenable(state, goal.app):
         return None
     return close_app(state, goal.app)
 

@@ -97,10 +97,12 @@ class _Grid:
         return self.random_rect(self.rng.randint(w0, w1), self.rng.randint(h0, h1))
 
 
-def _taskbar_items(g: _Grid, sz: Sizes, scene: Scene) -> tuple[tuple[Launcher, ...],
-                                                              MenuSpec | None, Rect]:
-    """Taskbar launchers, the menu (button and panel) and the clock."""
-    u, m, rng, bar = g.u, g.m, g.rng, g.taskbar
+def _taskbar_items(g: _Grid, sz: Sizes, scene: Scene,
+                   rng: random.Random) -> tuple[tuple[Launcher, ...], MenuSpec | None, Rect]:
+    """Taskbar launchers, the menu (button and panel) and the clock.  ``rng`` is the
+    taskbar's own: its draws depend on pixel widths of labels, and must not shift the draws
+    in cells that follow."""
+    u, m, bar = g.u, g.m, g.taskbar
     y0, y1 = bar.y0 + m, bar.y0 + m + 3 * u
     clock_w = text_width("00:00:00", sz.font_px) + 2 * u
     menu_label = scene.menu_label
@@ -155,14 +157,29 @@ def _menu(g: _Grid, sz: Sizes, scene: Scene, button: Rect, label: str,
     return MenuSpec(button, label, panel, entries)
 
 
+def _free_spots(g: _Grid, taken: Sequence[Rect], n: int) -> list[tuple[int, int]]:
+    """Cells (cx, cy) where an n x n block overlaps none of ``taken`` (rectangles aligned to
+    cells, so overlapping means sharing a cell): a prefix sum over the occupied cells."""
+    cols, rows, u = g.cols, g.rows, g.u
+    busy = [[0] * cols for _ in range(rows)]
+    for r in taken:
+        for cy in range(max(r.y0 // u, 0), min(-(-r.y1 // u), rows)):
+            for cx in range(max(r.x0 // u, 0), min(-(-r.x1 // u), cols)):
+                busy[cy][cx] = 1
+    acc = [[0] * (cols + 1) for _ in range(rows + 1)]
+    for y in range(rows):
+        for x in range(cols):
+            acc[y + 1][x + 1] = busy[y][x] + acc[y][x + 1] + acc[y + 1][x] - acc[y][x]
+    return [(cx, cy) for cx in range(cols - n + 1) for cy in range(rows - n + 1)
+            if acc[cy + n][cx + n] - acc[cy][cx + n] - acc[cy + n][cx] + acc[cy][cx] == 0]
+
+
 def _desktop_icons(g: _Grid, scene: Scene, blocked: Sequence[Rect]) -> tuple[Launcher, ...]:
     """Icons in free cells: off every start window, a cell apart from each other."""
     rng, u, n = g.rng, g.u, ICON_CELLS
     out: list[Launcher] = []
     for app in scene.desktop:
-        taken = [*blocked, *(x.rect.inset(-u) for x in out)]
-        spots = [(cx, cy) for cx in range(g.cols - n + 1) for cy in range(g.rows - n + 1)]
-        free = [s for s in spots if not any(g.rect_cells(*s, n, n).overlaps(t) for t in taken)]
+        free = _free_spots(g, [*blocked, *(x.rect.inset(-u) for x in out)], n)
         if not free:
             if app in scene.required:
                 raise PlacementError(f"no room for the {app} icon")
@@ -188,7 +205,7 @@ def place_scene(rng: random.Random, width: int, height: int, scene: Scene) -> Pl
     g = _Grid(rng, width, height)
     sz = random_sizes(g.u)
     theme = random_theme(rng)
-    launchers, menu, clock = _taskbar_items(g, sz, scene)
+    launchers, menu, clock = _taskbar_items(g, sz, scene, random.Random(rng.getrandbits(64)))
     apps = dict.fromkeys((*WORKING_APPS, *scene.taskbar, *scene.desktop, *(scene.menu or ()),
                           *scene.windows))
     openings = tuple((a, g.window_rect(a)) for a in apps)
