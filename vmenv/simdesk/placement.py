@@ -5,7 +5,7 @@ and positions are drawn in whole cells, so one seed gives the same picture at ev
 size, scaled.  Legibility (what a small vision model needs, at 640x360): text is one cell
 (15 px) high, codes two; every target an agent clicks is at least three cells (45 px; the
 window close button 41 px) on its short side — title bars, fields, buttons, taskbar
-launchers, menu entries — and desktop icons are 5x5 cells.
+launchers, menu entries — and desktop icons are 5x4 to 6x5 cells.
 
 Invariants of ``place_scene`` (tested over many seeds): launchers and the menu button never
 overlap each other; desktop icons keep a cell of space between them and are not covered by
@@ -28,7 +28,10 @@ from vmenv.simdesk.paint import text_width
 from vmenv.simdesk.state import Window
 from vmenv.simdesk.themes import random_theme
 
-ICON_CELLS = 5
+#: Desktop icon sizes in cells (width, height), one per layout; labels need five cells.
+ICON_CELLS: tuple[tuple[int, int], ...] = ((5, 4), (5, 5), (6, 5))
+#: The share of layouts whose taskbar shows square glyph tiles without labels.
+TILE_TASKBAR_SHARE = 0.25
 #: (min, max) width and height of a window, in cells.
 WINDOW_CELLS: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
     "notes": ((16, 26), (12, 14)), "terminal": ((16, 26), (9, 13)),
@@ -116,8 +119,9 @@ def _taskbar_items(g: _Grid, sz: Sizes, scene: Scene,
     hi = menu_x - m if scene.menu is not None and not menu_left else g.w - 2 * m - clock_w
     glyph = 3 * u - 2 * m
     gap = rng.randint(m, u)
-    widths = {a: 2 * m + glyph + text_width(app_title(a), sz.font_px) + u // 2 + m
-              for a in scene.taskbar}
+    tiles = rng.random() < TILE_TASKBAR_SHARE
+    widths = {a: 3 * u if tiles else 2 * m + glyph + text_width(app_title(a), sz.font_px)
+              + u // 2 + m for a in scene.taskbar}
     apps = list(scene.taskbar)
     while apps and sum(widths[a] + gap for a in apps) > hi - lo:
         droppable = [a for a in apps if a not in scene.required]
@@ -127,7 +131,8 @@ def _taskbar_items(g: _Grid, sz: Sizes, scene: Scene,
     x = lo + rng.randint(0, max(hi - lo - sum(widths[a] + gap for a in apps), 0) // 2)
     launchers = []
     for a in apps:
-        launchers.append(Launcher(a, Rect(x, y0, x + widths[a], y1), "button"))
+        launchers.append(Launcher(a, Rect(x, y0, x + widths[a], y1),
+                                  "tile" if tiles else "button"))
         x += widths[a] + gap
     menu = None
     if scene.menu is not None:
@@ -157,8 +162,8 @@ def _menu(g: _Grid, sz: Sizes, scene: Scene, button: Rect, label: str,
     return MenuSpec(button, label, panel, entries)
 
 
-def _free_spots(g: _Grid, taken: Sequence[Rect], n: int) -> list[tuple[int, int]]:
-    """Cells (cx, cy) where an n x n block overlaps none of ``taken`` (rectangles aligned to
+def _free_spots(g: _Grid, taken: Sequence[Rect], w: int, h: int) -> list[tuple[int, int]]:
+    """Cells (cx, cy) where a w x h block overlaps none of ``taken`` (rectangles aligned to
     cells, so overlapping means sharing a cell): a prefix sum over the occupied cells."""
     cols, rows, u = g.cols, g.rows, g.u
     busy = [[0] * cols for _ in range(rows)]
@@ -170,21 +175,22 @@ def _free_spots(g: _Grid, taken: Sequence[Rect], n: int) -> list[tuple[int, int]
     for y in range(rows):
         for x in range(cols):
             acc[y + 1][x + 1] = busy[y][x] + acc[y][x + 1] + acc[y + 1][x] - acc[y][x]
-    return [(cx, cy) for cx in range(cols - n + 1) for cy in range(rows - n + 1)
-            if acc[cy + n][cx + n] - acc[cy][cx + n] - acc[cy + n][cx] + acc[cy][cx] == 0]
+    return [(cx, cy) for cx in range(cols - w + 1) for cy in range(rows - h + 1)
+            if acc[cy + h][cx + w] - acc[cy][cx + w] - acc[cy + h][cx] + acc[cy][cx] == 0]
 
 
 def _desktop_icons(g: _Grid, scene: Scene, blocked: Sequence[Rect]) -> tuple[Launcher, ...]:
     """Icons in free cells: off every start window, a cell apart from each other."""
-    rng, u, n = g.rng, g.u, ICON_CELLS
+    rng, u = g.rng, g.u
+    cw, ch = rng.choice(ICON_CELLS)
     out: list[Launcher] = []
     for app in scene.desktop:
-        free = _free_spots(g, [*blocked, *(x.rect.inset(-u) for x in out)], n)
+        free = _free_spots(g, [*blocked, *(x.rect.inset(-u) for x in out)], cw, ch)
         if not free:
             if app in scene.required:
                 raise PlacementError(f"no room for the {app} icon")
             continue
-        out.append(Launcher(app, g.rect_cells(*rng.choice(free), n, n), "desktop"))
+        out.append(Launcher(app, g.rect_cells(*rng.choice(free), cw, ch), "desktop"))
     return tuple(out)
 
 

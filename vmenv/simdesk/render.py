@@ -44,10 +44,11 @@ def _launcher(p: Painter, state: DeskState, x: Launcher) -> None:
         tx = r.x0 + (gy - r.y0) * 2 + g
         p.text(tx, r.y0 + (r.height - sz.font_px) // 2, title, t.taskbar_text, max_w=r.x1 - tx)
     else:
-        g = 3 * sz.unit
+        top = sz.unit // 3
+        g = min(r.height - sz.font_px - 2 * top - sz.unit // 3, r.width - sz.unit)
         gx = r.x0 + (r.width - g) // 2
-        p.glyph(Rect(gx, r.y0 + sz.unit // 3, gx + g, r.y0 + sz.unit // 3 + g), x.app)
-        label = Rect(r.x0, r.y0 + g + sz.unit // 3, r.x1, r.y1)
+        p.glyph(Rect(gx, r.y0 + top, gx + g, r.y0 + top + g), x.app)
+        label = Rect(r.x0, r.y0 + top + g, r.x1, r.y1)
         p.centered(label, title, t.icon_label, stroke=BLACK)
     if x.style != "desktop" and state.is_open(x.app):  # running-app indicator
         cx = r.center[0]
