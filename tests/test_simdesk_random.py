@@ -14,6 +14,7 @@ from vmenv.actions import (
 from vmenv.osworld_vm import simdesk_example
 from vmenv.osworld_vm.machine import SimMachine
 from vmenv.simdesk.apply import apply_action
+from vmenv.simdesk.demos import demonstration
 from vmenv.simdesk.expert import RECOVERY_STEPS
 from vmenv.simdesk.kinds import parse_sampled_name, sample_task, task_kinds
 from vmenv.simdesk.perturb import PERTURBATIONS
@@ -62,8 +63,9 @@ def test_registry_has_the_classic_and_the_new_kinds() -> None:
     with pytest.raises(ValueError):
         sample_task("click-ok", -1)
     assert parse_sampled_name("menu-launch@17") == ("menu-launch", 17)
+    assert parse_sampled_name(f"click-ok@{2**63 - 1}") == ("click-ok", 2**63 - 1)
     for bad in ("menu-launch", "menu-launch@", "menu-launch@x", "nope@3", "click-ok@-1",
-                "click-ok@\u0663"):
+                "click-ok@\u0663", f"click-ok@{2**63}", "click-ok@" + "9" * 5000):
         assert parse_sampled_name(bad) is None
 
 
@@ -402,3 +404,25 @@ def test_osworld_vm_starts_and_checks_a_sampled_instance() -> None:
     assert machine.execute(["simdesk", "check"]).output.startswith("simdesk-check: pass")
     machine.revert()
     assert machine.task.name == name and not machine.solved()
+
+
+async def test_demonstrations_are_the_env_s_screens_with_expert_labels() -> None:
+    task = sample_task("save-note", 21)
+    demo = demonstration(task, *SMALL, with_done=True)
+    assert [s.action for s in demo[:-1]] == list(task.solve(_start(task)))
+    assert demo[-1].action == Done() and task.check(demo[-1].state)
+    assert not any(s.perturbed for s in demo)
+    env = SimDesk(SimDeskConfig(width=640, height=360), tasks={task.name: task})
+    shots = [(await env.reset(task.name)).screenshot]
+    for step in demo[:-1]:
+        shots.append((await env.step(step.action)).observation.screenshot)
+    assert shots == [render_png(s.state) for s in demo]
+    for seed in range(20):
+        task = sample_task(KINDS[seed % len(KINDS)], seed)
+        plain = demonstration(task, *SMALL)
+        k = seed % len(plain)
+        knocked = demonstration(task, *SMALL, perturb_at=k, rng=random.Random(seed))
+        assert [s.perturbed for s in knocked].count(True) == 1 and knocked[k].perturbed
+        assert knocked[:k] == plain[:k] and knocked[k].state != plain[k].state
+        last = knocked[-1]
+        assert task.check(apply_action(last.state, last.action))

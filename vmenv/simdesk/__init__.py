@@ -6,10 +6,11 @@ things are, ``tasks`` the classic tasks with their checkers and scripted solutio
 
 Randomized instances (docs/simdesk.md): ``kinds.sample_task(kind, seed)`` over the kinds of
 ``drafts``, laid out by ``placement``; ``goals`` (what a task wants, its checker), ``expert``
-(the solver's next action from any state), ``perturb`` (recovery states), ``seeds`` (the
-train / eval split).
+(the solver's next action from any state), ``perturb`` (recovery states), ``demos``
+(labelled episodes), ``seeds`` (the train / eval split).
 """
 
+from vmenv.simdesk.demos import DemoStep, demonstration
 from vmenv.simdesk.env import SimDesk, SimDeskConfig
 from vmenv.simdesk.expert import RECOVERY_STEPS, next_action
 from vmenv.simdesk.goals import Goal, check
@@ -21,8 +22,8 @@ from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.tasks import Task, default_tasks, expert_rollout
 
 __all__ = [
-    "PERTURBATIONS", "RECOVERY_STEPS", "DeskState", "Goal", "SimDesk", "SimDeskConfig", "Task",
-    "check", "default_tasks", "eval_seeds", "expert_rollout", "is_eval_seed", "next_action",
+    "PERTURBATIONS", "RECOVERY_STEPS", "DemoStep", "DeskState", "Goal", "SimDesk", "SimDeskConfig", "Task",
+    "check", "default_tasks", "demonstration", "eval_seeds", "expert_rollout", "is_eval_seed", "next_action",
     "perturb", "resolve_task", "sample_task", "sampled_name", "seed_split", "task_kinds",
     "train_seeds",
 ]

@@ -23,7 +23,7 @@ import structlog
 
 from vmenv.simdesk.drafts import KINDS, Draft
 from vmenv.simdesk.placement import PlacementError, place_scene
-from vmenv.simdesk.seeds import seed_split
+from vmenv.simdesk.seeds import MAX_SEED, seed_split
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.tasks import Task, check_goal, expert_rollout
 from vmenv.simdesk.words import EVAL_ONLY_WORDS, TRAIN_WORDS
@@ -46,9 +46,10 @@ def sampled_name(kind: str, seed: int) -> str:
 
 def parse_sampled_name(name: str) -> tuple[str, int] | None:
     """``("menu-launch", 17)`` for ``"menu-launch@17"``; None if ``name`` is not of that form
-    (an unknown kind, a seed that is not a plain non-negative decimal)."""
+    (an unknown kind, a seed that is not a plain decimal in ``seeds``' range)."""
     kind, sep, seed = name.rpartition(SEPARATOR)
-    if not sep or kind not in KINDS or not seed.isdigit() or not seed.isascii():
+    if (not sep or kind not in KINDS or not seed.isascii() or not seed.isdigit()
+            or len(seed) > len(str(MAX_SEED)) or int(seed) > MAX_SEED):
         return None
     return kind, int(seed)
 
