@@ -1,8 +1,9 @@
 """``SimDesk``: a deterministic simulated desktop behind the ``Env`` interface.
 
 A taskbar with Terminal and Notes launchers, windows with title bars and close buttons, a
-text field, a modal dialog (see ``simdesk_apply`` for how it reacts, ``simdesk_tasks`` for the
-tasks).  No clock and no randomness: the same actions give byte-identical screenshots.
+text field, a modal dialog (see ``apply`` for how it reacts, ``tasks`` for the classic tasks;
+``kinds`` draws randomized ones from a seed, named ``KIND@SEED``).  No clock and no hidden
+randomness: the same task and actions give byte-identical screenshots.
 
 Per step: apply the action to the state (pure, instant), wait ``action_latency_s`` (standing
 in for the time a VM takes to execute it), render in a worker thread, evaluate the task's

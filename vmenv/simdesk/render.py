@@ -86,9 +86,9 @@ def _window(p: Painter, state: DeskState, win: Window) -> None:
     bar = geo.title_bar(sz, r)
     p.rect(bar, t.title_active if active else t.title_inactive)
     title = APPS[win.app].title if win.app in APPS else win.app
-    p.text(bar.x0 + sz.pad, bar.y0 + (bar.height - sz.font_px) // 2, title,
-           t.title_text, max_w=bar.width - 3 * sz.title_h)
     x = geo.close_button(sz, r)
+    p.text(bar.x0 + sz.pad, bar.y0 + (bar.height - sz.font_px) // 2, title,
+           t.title_text, max_w=x.x0 - bar.x0 - 2 * sz.pad)
     p.rect(x, t.close)
     i = x.inset(max(x.width // 4, 2))
     p.d.line((i.x0, i.y0, i.x1 - 1, i.y1 - 1), fill=WHITE, width=2)
@@ -154,8 +154,9 @@ def _recall(p: Painter, state: DeskState) -> None:
     spec, t, sz = state.layout.recall, state.layout.theme, p.sz
     assert spec is not None and state.recall is not None
     p.rect(spec.box, t.dialog, outline=t.frame, width=2)
-    p.text(spec.box.x0 + sz.pad, spec.box.y0 + sz.pad // 2, f"{state.recall.title}: closed",
-           t.ink, max_w=spec.box.width - 2 * sz.pad)
+    box = spec.box
+    p.text(box.x0 + sz.pad, box.y0 + (box.height - sz.font_px) // 2,
+           f"{state.recall.title}: closed", t.ink, max_w=spec.button.x0 - box.x0 - 2 * sz.pad)
     p.rect(spec.button, t.primary, outline=t.frame)
     p.centered(spec.button, "Reopen", t.primary_text)
 
