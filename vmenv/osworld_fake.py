@@ -25,12 +25,13 @@ from typing import Any
 import attrs
 
 from vmenv.actions import SPECIAL_ACTIONS, Action
-from vmenv.errors import EnvClosedError, NotResetError, UnknownTaskError
+from vmenv.errors import EnvClosedError, NotResetError
 from vmenv.osworld_vm.protocol import example_task, simdesk_example
 from vmenv.pyautogui_parse import (
     PyAutoGuiCall, UnsupportedCodeError, apply_code, read_pyautogui,
 )
 from vmenv.simdesk.render import render_png
+from vmenv.simdesk.lookup import resolve_task
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.tasks import Task, default_tasks
 
@@ -87,10 +88,7 @@ class FakeDesktopEnv:
         """Start the example's task (``None``: open-terminal) on a fresh desktop."""
         self._check_open()
         name = "open-terminal" if task_config is None else example_task(task_config)
-        if name not in self.tasks:
-            known = ", ".join(sorted(self.tasks))
-            raise UnknownTaskError(f"unknown task {name!r}; known: {known}")
-        self.task = self.tasks[name]
+        self.task = resolve_task(name, self.tasks)
         w, h = self.screen_size
         self._state = self.task.setup(DeskState.empty(w, h))
         self.instruction = (task_config or {}).get("instruction") or self.task.instruction

@@ -25,6 +25,8 @@ import uvicorn
 from vmenv.osworld_vm.app import make_app
 from vmenv.osworld_vm.machine import SimMachine
 from vmenv.osworld_vm.screens import ScreenshotSpec
+from vmenv.errors import UnknownTaskError
+from vmenv.simdesk.lookup import resolve_task
 from vmenv.simdesk.tasks import default_tasks
 
 from vmenv.osworld_vm.process import READY_EVENT
@@ -42,6 +44,15 @@ def _size(text: str) -> tuple[int, int]:
     return w, h
 
 
+def _task(text: str) -> str:
+    """A classic task name or a sampled instance KIND@SEED."""
+    try:
+        resolve_task(text, default_tasks())
+    except UnknownTaskError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
+
+
 def _loopback(text: str) -> str:
     try:
         ok = ipaddress.ip_address(text).is_loopback
@@ -57,7 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", type=_loopback, default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: a free port (printed when ready)")
-    p.add_argument("--task", default="open-terminal", choices=sorted(default_tasks()))
+    p.add_argument("--task", type=_task, default="open-terminal",
+                   help="a task name or KIND@SEED (a randomized instance)")
     p.add_argument("--screen", type=_size, default=(1280, 720), help="the VM screen, WxH")
     p.add_argument("--screenshot-size", type=_size, default=None,
                    help="screenshots at this size instead of the screen's (HiDPI-like)")

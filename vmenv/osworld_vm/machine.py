@@ -31,6 +31,7 @@ from vmenv.osworld_vm.protocol import (
     CHECK_FAIL, CHECK_PASS, SIMDESK_COMMAND, VM_PLATFORM,
 )
 from vmenv.pyautogui_parse import UnsupportedCodeError, apply_code, parse_program
+from vmenv.simdesk.lookup import resolve_task
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.tasks import Task, default_tasks
 
@@ -169,10 +170,7 @@ class SimMachine:
             self._frames.append(state)
 
     def _known(self, task: str) -> Task:
-        if task not in self.tasks:
-            known = ", ".join(sorted(self.tasks))
-            raise UnknownTaskError(f"unknown task {task!r}; known: {known}")
-        return self.tasks[task]
+        return resolve_task(task, self.tasks)
 
     def _fresh(self, task: Task) -> DeskState:
         state = task.setup(DeskState.empty(*self.screen))

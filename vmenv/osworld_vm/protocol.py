@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vmenv.errors import UnknownTaskError
+from vmenv.simdesk.lookup import resolve_task
 from vmenv.simdesk.tasks import Task, default_tasks
 
 #: The program name of the simulated VM's own commands.
@@ -45,12 +46,10 @@ def check_command() -> list[str]:
 def simdesk_example(task: str, *, example_id: str | None = None,
                     tasks: Mapping[str, Task] | None = None) -> dict[str, Any]:
     """An OSWorld example (id, instruction, config, evaluator) for a simulated-desktop task."""
-    known = dict(tasks) if tasks is not None else default_tasks()
-    if task not in known:
-        raise UnknownTaskError(f"unknown task {task!r}; known: {', '.join(sorted(known))}")
+    chosen = resolve_task(task, dict(tasks) if tasks is not None else default_tasks())
     return {
         "id": example_id or task, "snapshot": "simdesk", "source": "kvagent-simdesk",
-        "instruction": known[task].instruction, "related_apps": [],
+        "instruction": chosen.instruction, "related_apps": [],
         "config": [{"type": "execute", "parameters": {"command": start_command(task)}}],
         "evaluator": {
             "func": "check_include_exclude",

@@ -1,17 +1,24 @@
 """How the simulated desktop reacts to an action: a pure function of (state, action).
 
 Rules (what a user of a small desktop would expect):
-* a left click goes to the top-most widget under the pointer: an icon opens its app (or
-  raises it), a title bar raises its window, the ×  closes it, a text field takes the keyboard
-  focus, the Save button saves the note; a click anywhere that is not a text field drops the
-  focus.  Right / middle clicks only move the pointer.  While a dialog is open only its
-  buttons react (it is modal);
+* a left click goes to the top-most widget under the pointer (``widgets``): a launcher opens
+  its app (or raises it; a dead decoy's does nothing), a title bar raises its window, the ×
+  closes it, a text field takes the keyboard focus, the Save button saves the note; a click
+  anywhere that is not a text field drops the focus.  Right / middle clicks only move the
+  pointer;
+* while a dialog is open only its buttons react (it is modal); a button closes the dialog
+  and, if the dialog records answers, sets ``dialog_result`` to its id; a reopenable dialog
+  leaves a notification whose Reopen button brings it back.  A *transient* dialog closes at
+  the next action whatever it is (a click on it, a key, a wait...), and that is all the
+  action does;
+* the launcher menu: its taskbar button opens it; while it is open a click on an entry opens
+  that app, and any other click just closes the menu; keys other than escape do nothing;
 * typed text goes to the focused field and nowhere else ("\\n" submits, like enter);
 * keys: enter / return submits the focused field, backspace deletes, escape cancels the
-  dialog (or drops the focus), a printable single key or "space" types itself;
-  hotkeys alt+f4 closes the top window, ctrl+alt+t opens the terminal;
-* a drag that starts on a title bar moves the window; scroll, wait, done, fail, no-op change
-  nothing but the pointer.
+  dialog (answer "cancel"), closes the menu, or drops the focus; a printable single key or
+  "space" types itself; hotkeys alt+f4 closes the top window, ctrl+alt+t opens the terminal;
+* a drag that starts on a title bar moves the window (kept reachable by the layout); scroll,
+  wait, done, fail, no-op change nothing but the pointer.
 The env advances ``step``; this module never does.
 """
 
@@ -20,7 +27,7 @@ from __future__ import annotations
 import attrs
 
 from vmenv.actions import Action, Click, DragTo, Hotkey, MoveTo, Press, Scroll, TypeText
-from vmenv.simdesk import geometry as geo
+from vmenv.simdesk.apps import APPS
 from vmenv.simdesk.geometry import App
 from vmenv.simdesk.state import (
     MAX_FIELD_CHARS, MAX_LINES, DeskState, NotesState, TerminalState, Window,
@@ -35,48 +42,77 @@ def _clamp_pointer(state: DeskState, x: int, y: int) -> tuple[int, int]:
     return min(max(x, 0), m.width - 1), min(max(y, 0), m.height - 1)
 
 
-def _raise(state: DeskState, app: App) -> DeskState:
+def raise_window(state: DeskState, app: App) -> DeskState:
+    """``app``'s window on top (it must be open)."""
     win = state.window(app)
     assert win is not None
     return attrs.evolve(state, windows=(*(w for w in state.windows if w.app != app), win))
 
 
-def _open(state: DeskState, app: App) -> DeskState:
+def open_app(state: DeskState, app: App) -> DeskState:
+    """Open ``app`` (or raise it) where the layout says; a new terminal takes the focus."""
     if state.is_open(app):
-        s = _raise(state, app)
+        s = raise_window(state, app)
     else:
-        win = Window(app, geo.default_window(state.metrics, app))
+        win = Window(app, state.layout.opening(app))
         s = attrs.evolve(state, windows=(*state.windows, win))
     # a new terminal is ready for typing; the notes field must be clicked first
     return attrs.evolve(s, focus="terminal" if app == "terminal" else None)
 
 
-def _close(state: DeskState, app: App) -> DeskState:
+def close_app(state: DeskState, app: App) -> DeskState:
     return attrs.evolve(state, windows=tuple(w for w in state.windows if w.app != app),
                         focus=None if state.focus == app else state.focus)
+
+
+def answer_dialog(state: DeskState, button_id: str) -> DeskState:
+    """Close the open dialog as if ``button_id`` answered it (see the module docstring)."""
+    d = state.dialog
+    assert d is not None
+    return attrs.evolve(state, dialog=None,
+                        dialog_result=button_id if d.records else state.dialog_result,
+                        recall=d if d.reopenable and state.layout.recall else state.recall)
+
+
+def _launch(state: DeskState, app: str) -> DeskState:
+    spec = APPS.get(app)
+    return open_app(state, app) if spec is None or spec.opens else state
+
+
+def _click_menu(state: DeskState, name: str) -> DeskState:
+    s = attrs.evolve(state, menu_open=False)
+    kind, _, app = name.partition(".")
+    if kind == "menu" and app not in ("panel", "button", "outside"):
+        return _launch(s, app)
+    return s if name != "menu.panel" else state  # the panel's padding does nothing
 
 
 def _click(state: DeskState, x: int, y: int) -> DeskState:
     w = hit(state, x, y)
     name = w.name if w else "desktop"
-    if name == "dialog.ok" or name == "dialog.cancel":
-        return attrs.evolve(state, dialog=None, dialog_result=name.split(".")[1])
-    if name in ("dialog", "modal"):
+    if state.dialog is not None:
+        if name.startswith("dialog."):
+            return answer_dialog(state, name.partition(".")[2])
         return state
+    if state.menu_open:
+        return _click_menu(state, name)
+    if name == "menu.button":
+        return attrs.evolve(state, menu_open=True)
+    if name == "recall.reopen":
+        return attrs.evolve(state, dialog=state.recall, recall=None, focus=None)
     kind, _, part = name.partition(".")
-    if kind == "icon":
-        return _open(state, part)  # type: ignore[arg-type]
-    if kind in geo.APPS:
-        app: App = kind  # type: ignore[assignment]
+    if kind in ("icon", "desk"):
+        return _launch(state, part)
+    if state.is_open(kind):
         if part == "close":
-            return _close(state, app)
-        s = _raise(state, app)
+            return close_app(state, kind)
+        s = raise_window(state, kind)
         if name in ("notes.field", "terminal.input"):
-            return attrs.evolve(s, focus=app)
+            return attrs.evolve(s, focus=kind)
         if name == "notes.save":
             s = attrs.evolve(s, notes=attrs.evolve(s.notes, saved=(*s.notes.saved, s.notes.text)))
         return attrs.evolve(s, focus=None)
-    return attrs.evolve(state, focus=None)  # taskbar or bare desktop
+    return attrs.evolve(state, focus=None)  # taskbar, notification box or bare desktop
 
 
 def _insert(state: DeskState, text: str) -> DeskState:
@@ -132,9 +168,11 @@ def _type(state: DeskState, text: str) -> DeskState:
 def _press(state: DeskState, key: str) -> DeskState:
     if key in ("escape", "esc"):
         if state.dialog is not None:
-            return attrs.evolve(state, dialog=None, dialog_result="cancel")
+            return answer_dialog(state, "cancel")
+        if state.menu_open:
+            return attrs.evolve(state, menu_open=False)
         return attrs.evolve(state, focus=None)
-    if state.dialog is not None:
+    if state.dialog is not None or state.menu_open:
         return state
     if key in ("enter", "return"):
         return _submit(state)
@@ -145,44 +183,58 @@ def _press(state: DeskState, key: str) -> DeskState:
 
 
 def _hotkey(state: DeskState, keys: tuple[str, ...]) -> DeskState:
-    if state.dialog is not None:
+    if state.dialog is not None or state.menu_open:
         return state
     chord = frozenset(keys)
     if chord == {"alt", "f4"} and state.top is not None:
-        return _close(state, state.top.app)
+        return close_app(state, state.top.app)
     if chord == {"ctrl", "alt", "t"}:
-        return _open(state, "terminal")
+        return open_app(state, "terminal")
     return state
 
 
 def _drag(state: DeskState, a: DragTo) -> DeskState:
+    if state.menu_open:
+        return attrs.evolve(state, menu_open=False)
     w = hit(state, a.x0, a.y0)
     if state.dialog is not None or w is None or not w.name.endswith(".title"):
         return state
-    app: App = w.name.split(".")[0]  # type: ignore[assignment]
-    s = _raise(state, app)
+    app: App = w.name.split(".")[0]
+    return move_window(state, app, a.x1 - a.x0, a.y1 - a.y0)
+
+
+def move_window(state: DeskState, app: App, dx: int, dy: int) -> DeskState:
+    """Raise ``app``'s window and move it by (dx, dy), kept reachable by the layout."""
+    s = raise_window(state, app)
     win = s.windows[-1]
-    moved = geo.clamp_window(s.metrics, win.rect.moved(a.x1 - a.x0, a.y1 - a.y0))
+    moved = s.layout.clamp(win.rect.moved(dx, dy))
     return attrs.evolve(s, windows=(*s.windows[:-1], Window(app, moved)))
+
+
+def _pointer_after(state: DeskState, action: Action) -> tuple[int, int]:
+    """Where ``action`` leaves the pointer."""
+    match action:
+        case Click(x=x, y=y) | MoveTo(x=x, y=y) | Scroll(x=int() as x, y=int() as y):
+            return _clamp_pointer(state, x, y)
+        case DragTo(x1=x, y1=y):
+            return _clamp_pointer(state, x, y)
+    return state.pointer
 
 
 def apply_action(state: DeskState, action: Action) -> DeskState:
     """The desktop after ``action`` (``state.step`` unchanged)."""
+    if state.dialog is not None and state.dialog.transient:  # see the module docstring
+        return attrs.evolve(answer_dialog(state, "dismiss"), pointer=_pointer_after(state, action))
     match action:
         case Click(x=x, y=y, button=button):
             s = attrs.evolve(state, pointer=_clamp_pointer(state, x, y))
             return _click(s, *s.pointer) if button == "left" else s
-        case MoveTo(x=x, y=y):
-            return attrs.evolve(state, pointer=_clamp_pointer(state, x, y))
         case DragTo():
-            s = _drag(state, action)
-            return attrs.evolve(s, pointer=_clamp_pointer(s, action.x1, action.y1))
+            return attrs.evolve(_drag(state, action), pointer=_pointer_after(state, action))
         case TypeText(text=text):
-            return state if state.dialog is not None else _type(state, text)
+            return state if state.dialog is not None or state.menu_open else _type(state, text)
         case Press(key=key):
             return _press(state, key)
         case Hotkey(keys=keys):
             return _hotkey(state, keys)
-        case Scroll(x=int() as x, y=int() as y):
-            return attrs.evolve(state, pointer=_clamp_pointer(state, x, y))
-    return state  # Scroll without a position, Wait, Done, Fail, NoOp
+    return attrs.evolve(state, pointer=_pointer_after(state, action))  # move, scroll, wait...

@@ -1,8 +1,9 @@
 """``SimDesk``: a deterministic simulated desktop behind the ``Env`` interface.
 
 A taskbar with Terminal and Notes launchers, windows with title bars and close buttons, a
-text field, a modal dialog (see ``simdesk_apply`` for how it reacts, ``simdesk_tasks`` for the
-tasks).  No clock and no randomness: the same actions give byte-identical screenshots.
+text field, a modal dialog (see ``apply`` for how it reacts, ``tasks`` for the classic tasks;
+``kinds`` draws randomized ones from a seed, named ``KIND@SEED``).  No clock and no hidden
+randomness: the same task and actions give byte-identical screenshots.
 
 Per step: apply the action to the state (pure, instant), wait ``action_latency_s`` (standing
 in for the time a VM takes to execute it), render in a worker thread, evaluate the task's
@@ -24,9 +25,10 @@ import structlog
 from vmenv.actions import TERMINAL_ACTIONS, Action, NoOp, format_action
 from vmenv.base import Observation, StepOutcome
 from vmenv.errors import (
-    EnvBusyError, EnvClosedError, EpisodeOverError, NotResetError, UnknownTaskError,
+    EnvBusyError, EnvClosedError, EpisodeOverError, NotResetError,
 )
 from vmenv.simdesk.apply import apply_action
+from vmenv.simdesk.lookup import resolve_task
 from vmenv.simdesk.render import render_png
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.tasks import Task, default_tasks
@@ -95,14 +97,12 @@ class SimDesk:
     # ------------------------------------------------------------------ Env
 
     async def reset(self, task: str | None = None) -> Observation:
-        """Start ``task`` (default: ``config.default_task``) on a fresh desktop."""
+        """Start ``task`` (default: ``config.default_task``) on a fresh desktop: a name in
+        ``tasks`` or a sampled instance ``"<kind>@<seed>"`` (see ``kinds``)."""
         self._enter()
         try:
             name = task or self.config.default_task
-            if name not in self.tasks:
-                known = ", ".join(sorted(self.tasks))
-                raise UnknownTaskError(f"unknown task {name!r}; known: {known}")
-            chosen = self.tasks[name]
+            chosen = resolve_task(name, self.tasks)
             state = chosen.setup(DeskState.empty(self.config.width, self.config.height))
             state.check_integrity()
             png = await self._render(state)

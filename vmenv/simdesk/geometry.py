@@ -1,8 +1,10 @@
-"""Where things are on the simulated desktop: rectangles derived from the screen size.
+"""Where things are on the simulated desktop: rectangles, sizes, the classic layout.
 
-Every position is a pure function of (width, height) and, inside a window, of the window's
-rectangle, so the desktop looks the same at any resolution (scaled) and two desktops of one
-size are pixel-identical.  Rectangles are half-open: [x0, x1) × [y0, y1).
+The classic layout (``default_tasks``) is a pure function of (width, height): the taskbar
+icons, where windows open and where the dialog sits scale with the screen, so two desktops of
+one size are pixel-identical.  Inside a window, every part is a function of the window's
+rectangle and the layout's ``Sizes`` (classic sizes come from ``Metrics``; randomized layouts
+bring larger ones, see ``placement``).  Rectangles are half-open: [x0, x1) × [y0, y1).
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from typing import Literal
 
 import attrs
 
-App = Literal["terminal", "notes"]
-#: Taskbar order, left to right.
+#: An app id (see ``apps``): "terminal", "notes" or a decoy.
+App = str
+#: The classic taskbar's apps, left to right.
 APPS: tuple[App, ...] = ("terminal", "notes")
 APP_TITLES: dict[App, str] = {"terminal": "Terminal", "notes": "Notes"}
 
@@ -49,6 +52,15 @@ class Rect:
 
     def inset(self, d: int) -> Rect:
         return Rect(self.x0 + d, self.y0 + d, self.x1 - d, self.y1 - d)
+
+    def overlaps(self, other: Rect) -> bool:
+        return (self.x0 < other.x1 and other.x0 < self.x1
+                and self.y0 < other.y1 and other.y0 < self.y1)
+
+    def inside(self, other: Rect) -> bool:
+        """Whether this rectangle lies entirely within ``other``."""
+        return (other.x0 <= self.x0 and self.x1 <= other.x1
+                and other.y0 <= self.y0 and self.y1 <= other.y1)
 
     @property
     def box(self) -> tuple[int, int, int, int]:
@@ -95,6 +107,28 @@ class Metrics:
         return Rect(0, 0, self.width, self.height - self.taskbar_h)
 
 
+@attrs.frozen
+class Sizes:
+    """The sizes of window parts, text and the pointer in one layout (pixels)."""
+
+    unit: int  # the pointer's size and small decorations
+    pad: int
+    font_px: int
+    big_font_px: int  # codes shown to be remembered
+    title_h: int
+    close_inset: int  # the close button's margin inside the title bar
+    field_h: int
+    button_w: int
+    button_h: int
+    label_h: int  # room above the notes field for its "Note:" label (0: no label)
+
+    @classmethod
+    def classic(cls, m: Metrics) -> Sizes:
+        u = m.unit
+        return cls(unit=u, pad=m.pad, font_px=m.font_px, big_font_px=2 * u, title_h=m.title_h,
+                   close_inset=3, field_h=2 * u, button_w=6 * u, button_h=2 * u, label_h=2 * u)
+
+
 def taskbar(m: Metrics) -> Rect:
     return Rect(0, m.height - m.taskbar_h, m.width, m.height)
 
@@ -123,29 +157,30 @@ def default_window(m: Metrics, app: App) -> Rect:
     return Rect(x0, y0, x0 + w, y0 + h)
 
 
-def title_bar(m: Metrics, win: Rect) -> Rect:
-    return Rect(win.x0, win.y0, win.x1, win.y0 + m.title_h)
+def title_bar(sz: Sizes, win: Rect) -> Rect:
+    return Rect(win.x0, win.y0, win.x1, win.y0 + sz.title_h)
 
 
-def close_button(m: Metrics, win: Rect) -> Rect:
-    s = m.title_h - 6
-    return Rect(win.x1 - s - 3, win.y0 + 3, win.x1 - 3, win.y0 + 3 + s)
+def close_button(sz: Sizes, win: Rect) -> Rect:
+    i = sz.close_inset
+    s = sz.title_h - 2 * i
+    return Rect(win.x1 - s - i, win.y0 + i, win.x1 - i, win.y0 + i + s)
 
 
-def client(m: Metrics, win: Rect) -> Rect:
+def client(sz: Sizes, win: Rect) -> Rect:
     """The window's content area below the title bar."""
-    return Rect(win.x0 + 1, win.y0 + m.title_h, win.x1 - 1, win.y1 - 1)
+    return Rect(win.x0 + 1, win.y0 + sz.title_h, win.x1 - 1, win.y1 - 1)
 
 
-def notes_field(m: Metrics, win: Rect) -> Rect:
-    c = client(m, win)
-    y0 = c.y0 + m.pad + 2 * m.unit
-    return Rect(c.x0 + m.pad, y0, c.x1 - m.pad, y0 + 2 * m.unit)
+def notes_field(sz: Sizes, win: Rect) -> Rect:
+    c = client(sz, win)
+    y0 = c.y0 + sz.pad + sz.label_h
+    return Rect(c.x0 + sz.pad, y0, c.x1 - sz.pad, y0 + sz.field_h)
 
 
-def notes_save(m: Metrics, win: Rect) -> Rect:
-    f = notes_field(m, win)
-    return Rect(f.x1 - 6 * m.unit, f.y1 + m.pad, f.x1, f.y1 + m.pad + 2 * m.unit)
+def notes_save(sz: Sizes, win: Rect) -> Rect:
+    f = notes_field(sz, win)
+    return Rect(f.x1 - sz.button_w, f.y1 + sz.pad, f.x1, f.y1 + sz.pad + sz.button_h)
 
 
 def dialog(m: Metrics) -> Rect:

@@ -1,23 +1,27 @@
 """The simulated desktop's state: immutable records, changed only by ``simdesk_apply``.
 
 Invariants (checked by ``DeskState.check_integrity``, called by the env after every step):
+* the layout is for this screen size;
 * at most one window per app; ``windows`` is in stacking order, the last one on top;
 * ``focus`` names an app whose window is open (its text field has the keyboard focus);
-* while a ``dialog`` is open it is modal: nothing else reacts to the mouse or keyboard;
+* while a ``dialog`` is open it is modal: nothing else reacts to the mouse or keyboard, and
+  the launcher menu is closed;
+* ``recall`` (a dismissed dialog that can be reopened) needs the layout's notification place;
 * text fields never exceed ``MAX_FIELD_CHARS``; the terminal keeps its last ``MAX_LINES``.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
 import attrs
 
+from vmenv.simdesk.dialogs import Dialog
 from vmenv.simdesk.geometry import App, Metrics, Rect
+from vmenv.simdesk.layout import Layout, classic_layout
 
 MAX_FIELD_CHARS = 64
 MAX_LINES = 40
-DialogResult = Literal["ok", "cancel"]
+#: The id of the button that answered the last recording dialog ("ok", "cancel", "save", ...).
+DialogResult = str
 
 
 @attrs.frozen
@@ -26,14 +30,6 @@ class Window:
 
     app: App
     rect: Rect
-
-
-@attrs.frozen
-class Dialog:
-    """A modal message box with OK and Cancel."""
-
-    title: str
-    message: str
 
 
 @attrs.frozen
@@ -52,9 +48,17 @@ class TerminalState:
     lines: tuple[str, ...] = ()
 
 
+def _classic(state: DeskState) -> Layout:
+    return classic_layout(state.metrics)
+
+
 @attrs.frozen
 class DeskState:
-    """Everything the screen shows.  ``step`` feeds the taskbar clock."""
+    """Everything the screen shows.  ``step`` feeds the taskbar clock.
+
+    ``revealed`` lists the codes a dialog has put on screen in this episode (a task that asks
+    to type a code from memory can tell whether it was ever shown).
+    """
 
     metrics: Metrics
     windows: tuple[Window, ...] = ()
@@ -65,6 +69,10 @@ class DeskState:
     terminal: TerminalState = TerminalState()
     pointer: tuple[int, int] = (0, 0)
     step: int = 0
+    layout: Layout = attrs.field(default=attrs.Factory(_classic, takes_self=True))
+    menu_open: bool = False
+    recall: Dialog | None = None
+    revealed: tuple[str, ...] = ()
 
     @classmethod
     def empty(cls, width: int, height: int) -> DeskState:
@@ -84,9 +92,13 @@ class DeskState:
 
     def check_integrity(self) -> None:
         """Assert the invariants in the module docstring (internal consistency, not input)."""
+        lay = self.layout
+        assert (lay.width, lay.height) == (self.metrics.width, self.metrics.height), lay
         apps = [w.app for w in self.windows]
         assert len(apps) == len(set(apps)), apps
         assert self.focus is None or self.focus in apps, (self.focus, apps)
+        assert not (self.menu_open and (self.dialog is not None or lay.menu is None))
+        assert self.recall is None or lay.recall is not None
         assert len(self.notes.text) <= MAX_FIELD_CHARS
         assert len(self.terminal.command) <= MAX_FIELD_CHARS
         assert len(self.terminal.lines) <= MAX_LINES

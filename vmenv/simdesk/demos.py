@@ -1,0 +1,60 @@
+"""Expert demonstrations: the states of an episode, each labelled with the expert's action.
+
+``demonstration(task, width, height)`` plays the expert from the task's start the way
+``SimDesk`` would (``apply_action``, then the step counter moves on, so ``render_png`` of each
+state is the env's screenshot, byte for byte) until the checker passes.  With ``perturb_at=k``
+the state before action k is first knocked off-track (``Task.perturb``): that step is
+marked ``perturbed`` — its screen was not caused by the previous action — and the labels
+that follow are the expert's recovery.
+"""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+
+from vmenv.actions import Action, Done, Fail
+from vmenv.simdesk.apply import apply_action
+from vmenv.simdesk.state import DeskState
+from vmenv.simdesk.tasks import Task
+
+
+@attrs.frozen
+class DemoStep:
+    """One labelled state: the agent sees ``state`` and should answer ``action``."""
+
+    state: DeskState
+    action: Action
+    perturbed: bool = False
+
+
+class DemonstrationError(RuntimeError):
+    """The expert gave up (``Fail``) or ran past ``max_steps`` (a bug, or a dead end)."""
+
+
+def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None = None,
+                  rng: random.Random | None = None, with_done: bool = False,
+                  max_steps: int = 64) -> tuple[DemoStep, ...]:
+    """The expert's episode on ``task`` at this screen size (see the module docstring).
+
+    ``with_done`` appends the solved state labelled ``Done()`` (for agents that must say so;
+    ``SimDesk`` ends the episode on success without it).  ``rng`` drives the perturbation.
+    """
+    state = task.setup(DeskState.empty(width, height))
+    rng = rng or random.Random(0)
+    out: list[DemoStep] = []
+    while True:
+        perturbed = perturb_at is not None and len(out) == perturb_at
+        if perturbed:
+            state = task.perturb(state, rng)
+        if task.check(state):
+            if with_done:
+                out.append(DemoStep(state, Done(), perturbed))
+            return tuple(out)
+        action = task.next_action(state)
+        if isinstance(action, Fail | Done) or len(out) >= max_steps:
+            raise DemonstrationError(f"{task.name}: expert answered {action} after "
+                                     f"{len(out)} steps")
+        out.append(DemoStep(state, action, perturbed))
+        state = attrs.evolve(apply_action(state, action), step=state.step + 1)
