@@ -45,7 +45,7 @@ def test_a_fresh_run_writes_its_manifest_and_runs_everything(tmp_path) -> None:
     assert not layout.result_dir.exists()  # deciding writes nothing
     plan.apply()
     written = json.loads((layout.domain_dir / MANIFEST_FILE).read_text())
-    assert written == RUN
+    assert written == {"kvagent_manifest": 2, "tasks": {t: RUN for t in TASKS}}
 
 
 def test_a_rerun_keeps_finished_episodes_and_restarts_the_others(tmp_path) -> None:
@@ -70,14 +70,46 @@ def test_another_configuration_is_refused_and_nothing_is_deleted(tmp_path) -> No
     plan_resume(layout, RUN, TASKS).apply()
     kept = _finish(layout, "a-ep0", done=True)
     other = {**RUN, "max_steps": 8}
-    with pytest.raises(ResultDirError, match=r"differs in: max_steps.*--overwrite"):
+    with pytest.raises(ResultDirError, match=r"a-ep0 \(differs in: max_steps\).*--overwrite"):
         plan_resume(layout, other, TASKS)
     assert (kept / RESULT_FILE).exists()
     plan = plan_resume(layout, other, TASKS, overwrite=True)
     assert plan.run == tuple(TASKS) and (kept / RESULT_FILE).exists()  # not yet applied
     plan.apply()
     assert not kept.exists()
-    assert json.loads((layout.domain_dir / MANIFEST_FILE).read_text()) == other
+    assert json.loads((layout.domain_dir / MANIFEST_FILE).read_text())["tasks"] == {
+        t: other for t in TASKS}
+
+
+def test_overwrite_redoes_exactly_this_invocations_tasks(tmp_path) -> None:
+    """Two invocations on one domain: a rerun of one task with --overwrite keeps every other
+    finished episode byte for byte, and their manifest entries."""
+    layout = _layout(tmp_path)
+    plan_resume(layout, RUN, TASKS).apply()
+    dirs = {t: _finish(layout, t, done=True) for t in TASKS}
+    before = {t: {p.name: p.read_bytes() for p in d.iterdir()} for t, d in dirs.items()}
+    other = {**RUN, "agent": {"policy": "evict"}}
+    plan = plan_resume(layout, other, ["b-ep1"], overwrite=True)
+    assert "1 episode(s)" in plan.describe() and "2 other episode(s) kept" in plan.describe()
+    plan.apply()
+    assert not dirs["b-ep1"].exists()
+    for t in ("a-ep0", "c-ep2"):
+        assert {p.name: p.read_bytes() for p in dirs[t].iterdir()} == before[t]
+    entries = json.loads((layout.domain_dir / MANIFEST_FILE).read_text())["tasks"]
+    assert entries == {"a-ep0": RUN, "b-ep1": other, "c-ep2": RUN}
+    # the kept episodes still resume under their own configuration, the redone one under its
+    assert plan_resume(layout, RUN, ["a-ep0", "c-ep2"]).finished == ("a-ep0", "c-ep2")
+    with pytest.raises(ResultDirError, match="b-ep1"):
+        plan_resume(layout, RUN, TASKS)
+
+
+def test_a_version_1_manifest_stands_for_every_episode_present(tmp_path) -> None:
+    layout = _layout(tmp_path)
+    _finish(layout, "a-ep0", done=True)
+    (layout.domain_dir / MANIFEST_FILE).write_text(json.dumps({"kvagent_manifest": 1, **RUN}))
+    assert plan_resume(layout, RUN, TASKS).finished == ("a-ep0",)
+    with pytest.raises(ResultDirError, match="differs in: max_steps"):
+        plan_resume(layout, {**RUN, "max_steps": 9}, TASKS)
 
 
 def test_results_without_a_manifest_are_refused(tmp_path) -> None:
@@ -167,7 +199,10 @@ def test_rerun_keeps_finished_refuses_other_options_and_overwrites(cache_dir: Pa
     assert "params)" not in res.stdout  # refused before the model loaded
     assert {p.name: p.read_bytes() for p in first.iterdir()} == {
         k: v[0] for k, v in before.items()}
+    second = _episode_dirs(out)["type-in-field-ep1"]
+    kept = {p.name: p.read_bytes() for p in second.iterdir()}
     res = kvagent_run(cache_dir, *one, "--episodes", "1", "--window", "2", "--overwrite",
                       "--result-dir", str(out))
-    assert res.returncode == 0 and "--overwrite: starting fresh" in res.stdout
-    assert len(_episode_dirs(out)) == 1  # the other run's episodes are gone
+    assert res.returncode == 0 and "--overwrite: redoing 1 episode(s)" in res.stdout
+    assert len(_episode_dirs(out)) == 2  # the other episode stays, byte for byte
+    assert {p.name: p.read_bytes() for p in second.iterdir()} == kept

@@ -178,3 +178,34 @@ def test_missing_directory_and_bad_pairs(tmp_path: Path) -> None:
     with pytest.raises(ScreenshotError):
         png_size(b"")
     assert png_size(_png((0, 0, 0), (7, 5))) == (7, 5)
+
+
+def test_a_screenshot_named_by_many_lines_is_read_once(tmp_path: Path) -> None:
+    (tmp_path / "shot.png").write_bytes(_png((10, 20, 30)))
+    lines = [{"step_num": i, "action": "WAIT", "screenshot_file": "shot.png"}
+             for i in range(600)]
+    (tmp_path / TRAJ_FILE).write_text("\n".join(json.dumps(x) for x in lines))
+    traj = load_trajectory(tmp_path)
+    assert len(traj.frames) == 600
+    assert all(f.screenshot is traj.frames[0].screenshot for f in traj.frames)  # one copy
+
+
+def test_fifos_and_huge_files_are_refused_without_reading(tmp_path: Path, monkeypatch) -> None:
+    import vmenv.trajectory as trajectory
+
+    os.mkfifo(tmp_path / "step_1.png")  # opening it for reading would block forever
+    (tmp_path / TRAJ_FILE).write_text(json.dumps(
+        {"step_num": 1, "action": "WAIT", "screenshot_file": "step_1.png"}))
+    t0 = time.monotonic()
+    with pytest.raises(TrajectoryError, match="not a regular file"):
+        load_trajectory(tmp_path)
+    assert time.monotonic() - t0 < 5
+    (tmp_path / "step_1.png").unlink()
+    (tmp_path / "step_1.png").write_bytes(_png((10, 20, 30)))
+    monkeypatch.setattr(trajectory, "MAX_SCREENSHOT_BYTES", 10)
+    with pytest.raises(TrajectoryError, match="more than the 10 a screenshot may have"):
+        load_trajectory(tmp_path)
+    monkeypatch.setattr(trajectory, "MAX_SCREENSHOT_BYTES", 1 << 20)
+    monkeypatch.setattr(trajectory, "MAX_TOTAL_SCREENSHOT_BYTES", 10)
+    with pytest.raises(TrajectoryError, match="screenshots pass 10 bytes"):
+        load_trajectory(tmp_path)

@@ -15,13 +15,18 @@ stands in for it.  ``action_text`` (the action language) is preferred over ``act
 (pyautogui code) as the frame's recorded action.
 
 Loading validates everything up front — JSON, fields, increasing step numbers, each PNG —
-and refuses screenshot paths that leave the directory (absolute, ``..``, or symlinks out).
+and refuses screenshot paths that leave the directory (absolute, ``..``, or symlinks out),
+files that are not regular files (a FIFO would block the reader forever, a device would
+never end), files over ``MAX_SCREENSHOT_BYTES`` and trajectories whose distinct screenshots
+pass ``MAX_TOTAL_SCREENSHOT_BYTES``; a file named by several lines is read once.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,12 @@ from vmenv.trajectory_writer import TRAJ_FILE
 
 #: A trajectory file larger than this is refused (a long episode's lines are a few MB at most).
 MAX_TRAJ_BYTES = 64 << 20
+#: A screenshot file larger than this is refused (an uncompressed 8K RGBA PNG is ~130 MB; real
+#: screenshots are well under 10 MB), and the distinct screenshots of one trajectory may
+#: total at most ``MAX_TOTAL_SCREENSHOT_BYTES``: a few hundred lines naming big files must not
+#: exhaust memory before ``--max-steps`` applies.
+MAX_SCREENSHOT_BYTES = 32 << 20
+MAX_TOTAL_SCREENSHOT_BYTES = 1 << 30
 
 
 @attrs.frozen
@@ -92,6 +103,29 @@ def _safe_path(root: Path, name: Any, where: str) -> Path:
     return resolved
 
 
+def _read_screenshot(path: Path, where: str) -> bytes:
+    """A regular file of at most ``MAX_SCREENSHOT_BYTES``, checked before it is opened for
+    reading (``stat`` neither blocks on a FIFO nor reads a device)."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise TrajectoryError(f"{where}: cannot read {path.name}: {exc.strerror}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise TrajectoryError(f"{where}: {path.name} is not a regular file")
+    if info.st_size > MAX_SCREENSHOT_BYTES:
+        raise TrajectoryError(f"{where}: {path.name} is {info.st_size} bytes, more than the "
+                              f"{MAX_SCREENSHOT_BYTES} a screenshot may have")
+    try:
+        # O_NONBLOCK: if the file was swapped for a FIFO since the stat, opening does not hang
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise TrajectoryError(f"{where}: {path.name} is not a regular file")
+            return f.read(MAX_SCREENSHOT_BYTES + 1)[:MAX_SCREENSHOT_BYTES]
+    except OSError as exc:
+        raise TrajectoryError(f"{where}: cannot read {path.name}: {exc.strerror}") from exc
+
+
 def _number(value: Any, where: str, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise TrajectoryError(f"{where}: {field} must be a finite number, got {value!r}")
@@ -132,6 +166,8 @@ def load_trajectory(directory: str | Path) -> Trajectory:
     actions: list[str | None] = []
     rewards: list[float] = []
     instruction, last_step = "", -1
+    read: dict[Path, tuple[bytes, int, int]] = {}  # each distinct file read and checked once
+    total = 0
     for e in entries:
         where = f"{TRAJ_FILE} line {e['_line']}"
         step = e.get("step_num")
@@ -143,14 +179,17 @@ def load_trajectory(directory: str | Path) -> Trajectory:
         if action is not None and not isinstance(action, str):
             action = json.dumps(action, sort_keys=True)  # computer_13 dict actions, as text
         path = _safe_path(root, e.get("screenshot_file"), where)
-        try:
-            png = path.read_bytes()
-            w, h = png_size(png)
-        except OSError as exc:
-            raise TrajectoryError(f"{where}: cannot read {path.name}: {exc.strerror}") from exc
-        except ScreenshotError as exc:
-            raise TrajectoryError(f"{where}: {path.name}: {exc}") from exc
-        shots.append((png, w, h))
+        if path not in read:
+            png = _read_screenshot(path, where)
+            total += len(png)
+            if total > MAX_TOTAL_SCREENSHOT_BYTES:
+                raise TrajectoryError(f"{where}: the trajectory's screenshots pass "
+                                      f"{MAX_TOTAL_SCREENSHOT_BYTES} bytes")
+            try:
+                read[path] = (png, *png_size(png))
+            except ScreenshotError as exc:
+                raise TrajectoryError(f"{where}: {path.name}: {exc}") from exc
+        shots.append(read[path])
         actions.append(action)
         rewards.append(_number(e.get("reward", 0.0), where, "reward"))
         if not instruction and isinstance(e.get("instruction"), str):

@@ -10,8 +10,10 @@ call it from a worker thread inside an event loop.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import IO, Any, Self
 
@@ -27,16 +29,43 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: Temporary files of ``write_durably`` are named ``.{name}.{random}{TMP_SUFFIX}``.
+TMP_SUFFIX = ".tmp"
+
+
 def write_durably(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically: a reader sees the old file or the whole new
-    one (a temporary file in the same directory, fsync'd, renamed over)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    one (a temporary file in the same directory, fsync'd, renamed over).
+
+    The temporary file is created exclusively under a fresh random name (``mkstemp``:
+    O_CREAT | O_EXCL, which never follows a symlink), and the rename replaces a link at
+    ``path`` itself rather than its target: a link planted in a shared directory — under
+    the temporary name or the final one — never gets another file overwritten.  A failed
+    write removes its temporary file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     fsync_dir(path.parent)
+
+
+def open_append(path: Path) -> IO[str]:
+    """``path`` opened for appending text, created if missing — never through a symlink
+    (O_NOFOLLOW: a link planted under the name is an ``OSError``, not a write elsewhere)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def is_stale_temporary(path: Path) -> bool:
+    """A leftover temporary file of an interrupted ``write_durably``."""
+    return path.name.startswith(".") and path.name.endswith(TMP_SUFFIX)
 
 
 def trajectory_line(step_num: int, *, action: Any, screenshot_file: str, reward: float,
@@ -64,8 +93,7 @@ class TrajectoryWriter:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._file: IO[str] | None = open(  # noqa: SIM115  closed by ``close``
-            directory / TRAJ_FILE, "a", encoding="utf-8")
+        self._file: IO[str] | None = open_append(directory / TRAJ_FILE)  # closed by close()
         fsync_dir(directory)
 
     @property

@@ -230,8 +230,9 @@ def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any
     from runtime.context_budget import estimate_image_tokens
     from runtime.run.plot import PLOT_FILE, plot_steps
     from runtime.run.progress import ProgressDisplay, summary_table
-    from runtime.run.recording import RecordingError
     from runtime.run.agents import run_agents
+    from runtime.run.recording import RecordingError
+    from runtime.run.result_dir import remove_stale_temporaries
     from scheduler.sizes import format_bytes
 
     agent = config.agent
@@ -267,6 +268,11 @@ def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any
             return _error(str(exc))
         finally:
             progress.close()
+            try:  # what interrupted atomic writes left behind (a full disk, a kill)
+                remove_stale_temporaries(layout, [s.task_id for s in specs])
+            except OSError as exc:
+                print(f"kvagent run: warning: could not tidy {layout.domain_dir}: {exc}",
+                      file=sys.stderr)
     print(summary_table(result))
     steps = sum(e.n_steps for e in result.episodes)
     print(f"{steps} steps in {result.wall_s:.1f} s; ledger peak "

@@ -29,7 +29,9 @@ from typing import IO, Any, Self
 import attrs
 import structlog
 
-from vmenv.trajectory_writer import TRAJ_FILE, TrajectoryWriter, write_durably
+from vmenv.trajectory_writer import (
+    TRAJ_FILE, TrajectoryWriter, is_stale_temporary, open_append, write_durably,
+)
 
 ACTION_SPACE = "pyautogui"
 OBSERVATION_TYPE = "screenshot"
@@ -108,8 +110,7 @@ class EpisodeRecorder:
         self.steps = 0
         self._traj: TrajectoryWriter | None = TrajectoryWriter(directory)
         # held open for the episode (closed by ``close``): one line per step, fsync'd
-        self._metrics: IO[str] | None = open(  # noqa: SIM115
-            directory / METRICS_FILE, "a", encoding="utf-8")
+        self._metrics: IO[str] | None = open_append(directory / METRICS_FILE)
 
     @classmethod
     def create(cls, layout: ResultLayout, task_id: str) -> EpisodeRecorder:
@@ -121,9 +122,12 @@ class EpisodeRecorder:
         directory = layout.task_dir(task_id)  # raises before anything is written
         directory.mkdir(parents=True, exist_ok=True)
         for old in directory.iterdir():
-            if old.is_file() and (old.name in (TRAJ_FILE, METRICS_FILE, RESULT_FILE)
-                                  or (old.name.startswith("step_") and old.suffix == ".png")
-                                  or (old.name.startswith(".") and old.suffix == ".tmp")):
+            # links too (is_file would follow one): a link under one of our names is removed
+            # as a link, never written through
+            if (old.is_symlink() or old.is_file()) and (
+                    old.name in (TRAJ_FILE, METRICS_FILE, RESULT_FILE)
+                    or (old.name.startswith("step_") and old.suffix == ".png")
+                    or is_stale_temporary(old)):
                 old.unlink()
         log.debug("recording_open", path=str(directory))
         return cls(directory)

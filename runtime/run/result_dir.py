@@ -1,17 +1,24 @@
-"""A run's result directory across reruns: resume, refuse to mix, or start fresh.
+"""A run's result directory across reruns: resume, refuse to mix, or redo on request.
 
 Like OSWorld's runner, a rerun into a result directory continues the run: an episode whose
 directory has a ``result.txt`` is finished and skipped; any other episode (never started,
 cut off by a kill, or ended in an error — those leave no ``result.txt``) is restarted from a
-clean directory.  What makes two runs "the same run" is recorded in a manifest
-(``kvagent_run.json`` in the domain directory, next to the episode directories): the model
-and projector files, the env, the agent's configuration, the step limit and the screen.  A
-rerun with another manifest — or into a directory holding results without one — is refused
-(nothing is deleted) unless ``overwrite``, which removes the domain directory first.
+clean directory.  What makes an episode's results "of this run" is recorded per task in a
+manifest (``kvagent_run.json`` in the domain directory, next to the episode directories):
+for each task id, the configuration that produced it — model and projector files, env,
+the agent's configuration, the step limit, the screen.
+
+A rerun whose configuration differs for one of its tasks — or which finds results of its
+tasks that no manifest accounts for — is refused (nothing is deleted) unless ``overwrite``,
+which redoes exactly the task directories of this invocation and their manifest entries;
+every other episode in the domain stays as it is, byte for byte.  A domain holding results
+without any kvagent manifest (another tool's run) is refused too, and ``overwrite`` leaves
+those results alone as well.
 
 Two phases, so a refusal costs nothing: ``plan_resume`` only reads (call it before the model
 loads), ``ResumePlan.apply`` writes (after the model has loaded).  ``check_writable`` finds an
-unwritable ``--result-dir`` up front without creating anything.
+unwritable ``--result-dir`` up front without creating anything.  ``remove_stale_temporaries``
+clears the temporary files an interrupted atomic write left behind (end of a run).
 """
 
 from __future__ import annotations
@@ -27,10 +34,10 @@ import attrs
 import structlog
 
 from runtime.run.recording import METRICS_FILE, RESULT_FILE, RecordingError, ResultLayout
-from vmenv.trajectory_writer import TRAJ_FILE, write_durably
+from vmenv.trajectory_writer import TRAJ_FILE, is_stale_temporary, write_durably
 
 MANIFEST_FILE = "kvagent_run.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 
 log = structlog.get_logger("kvagent.result_dir")
 
@@ -59,10 +66,9 @@ def check_writable(result_dir: Path) -> None:
 
 
 def manifest(**fields: Any) -> dict[str, Any]:
-    """A manifest from what identifies the run (JSON-normalized, so it compares equal to
-    what was written and read back)."""
-    return json.loads(json.dumps({"kvagent_manifest": MANIFEST_VERSION, **fields},
-                                 sort_keys=True, default=str))
+    """What identifies a run's configuration (JSON-normalized, so it compares equal to what
+    was written and read back); the manifest file records it per task."""
+    return json.loads(json.dumps(fields, sort_keys=True, default=str))
 
 
 def _has_results(directory: Path) -> bool:
@@ -71,15 +77,17 @@ def _has_results(directory: Path) -> bool:
 
 @attrs.frozen
 class ResumePlan:
-    """What a run does in its result directory: which task ids it runs (new or restarted)
-    and which it keeps (finished)."""
+    """What a run does in its result directory: which task ids it runs (new, restarted or
+    redone) and which it keeps (finished), and the manifest entries it records."""
 
     layout: ResultLayout
-    manifest: dict[str, Any]
+    manifest: dict[str, Any]  # this run's configuration
     run: tuple[str, ...]
     finished: tuple[str, ...]
     restarted: tuple[str, ...]  # in ``run``: partial results of an earlier run, cleared
-    overwrite: bool = False  # remove the domain directory before running
+    overwrite: bool = False  # redo this invocation's task directories
+    #: the manifest's entries of other tasks, written back unchanged
+    others: dict[str, Any] = attrs.Factory(dict)
 
     @property
     def resuming(self) -> bool:
@@ -87,7 +95,8 @@ class ResumePlan:
 
     def describe(self) -> str:
         if self.overwrite:
-            return f"--overwrite: starting fresh in {self.layout.domain_dir}"
+            return (f"--overwrite: redoing {len(self.run)} episode(s) in "
+                    f"{self.layout.domain_dir} ({len(self.others)} other episode(s) kept)")
         if not self.resuming:
             return f"results: {self.layout.domain_dir}"
         return (f"resuming the run in {self.layout.domain_dir}: {len(self.finished)} finished "
@@ -95,35 +104,48 @@ class ResumePlan:
                 f"from scratch)")
 
     def apply(self) -> None:
-        """Write the manifest (after removing the old results when overwriting).  Blocking.
-        The episode directories of ``restarted`` are cleared when their recorder opens."""
+        """Remove this invocation's task directories when overwriting, then record the
+        manifest entries of its tasks.  Blocking.  The directories of ``restarted`` are
+        cleared when their recorder opens."""
         domain = self.layout.domain_dir
-        if self.overwrite and domain.exists():
+        if self.overwrite:
             root = self.layout.result_dir.resolve()
-            if domain.is_symlink() or not domain.resolve().is_relative_to(root):
-                raise ResultDirError(f"refusing to remove {domain}: it leads outside {root}")
-            shutil.rmtree(domain)
-            log.info("result_dir_overwritten", path=str(domain))
+            for task in self.run:
+                directory = self.layout.task_dir(task)  # refuses a path leading out
+                if directory.is_symlink() or not directory.resolve().is_relative_to(root):
+                    raise ResultDirError(f"refusing to remove {directory}: it leads outside "
+                                         f"{root}")
+                if directory.exists():
+                    shutil.rmtree(directory)
+                    log.info("result_dir_task_overwritten", path=str(directory))
         domain.mkdir(parents=True, exist_ok=True)
-        path = domain / MANIFEST_FILE
-        if not path.exists() or self.overwrite:
-            write_durably(path, (json.dumps(self.manifest, indent=1, sort_keys=True)
-                                 + "\n").encode())
+        tasks = {**self.others, **{t: self.manifest for t in (*self.finished, *self.run)}}
+        write_durably(domain / MANIFEST_FILE, (json.dumps(
+            {"kvagent_manifest": MANIFEST_VERSION, "tasks": tasks}, indent=1,
+            sort_keys=True) + "\n").encode())
 
 
-def read_manifest(domain: Path) -> dict[str, Any] | None:
-    """The manifest in ``domain`` (None if there is none); ResultDirError if unreadable."""
+def read_manifest(domain: Path) -> dict[str, dict[str, Any]] | None:
+    """The manifest's entries by task id (None if there is no manifest); ResultDirError if
+    unreadable.  A version-1 manifest (one configuration for the whole domain) stands for
+    every episode directory present."""
     path = domain / MANIFEST_FILE
     if not path.exists():
         return None
     try:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ResultDirError(f"{path} is unreadable ({exc}); pass --overwrite to start "
-                             f"fresh") from exc
-    if not isinstance(found, dict):
+        raise ResultDirError(f"{path} is unreadable ({exc}); pass --overwrite to redo this "
+                             f"run's episodes") from exc
+    if not isinstance(found, dict) or not isinstance(found.get("kvagent_manifest"), int):
         raise ResultDirError(f"{path} is not a kvagent run manifest; pass --overwrite")
-    return found
+    if found["kvagent_manifest"] == 1:
+        config = {k: v for k, v in found.items() if k != "kvagent_manifest"}
+        return {d.name: config for d in domain.iterdir() if d.is_dir()}
+    tasks = found.get("tasks")
+    if not isinstance(tasks, dict) or not all(isinstance(v, dict) for v in tasks.values()):
+        raise ResultDirError(f"{path} is not a kvagent run manifest; pass --overwrite")
+    return tasks
 
 
 def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -137,24 +159,64 @@ def plan_resume(layout: ResultLayout, run_manifest: dict[str, Any], task_ids: Se
     domain = layout.domain_dir
     dirs = {t: layout.task_dir(t) for t in task_ids}
     if overwrite:
-        return ResumePlan(layout, run_manifest, tuple(task_ids), (), (), overwrite=True)
-    found = read_manifest(domain) if domain.is_dir() else None
-    if found is None:
-        others = sorted(d.name for d in domain.iterdir() if d.is_dir() and _has_results(d)) \
+        entries = _readable_entries(domain)
+    else:
+        entries = read_manifest(domain) if domain.is_dir() else None
+    mine = set(task_ids)
+    others = {t: e for t, e in (entries or {}).items() if t not in mine}
+    if overwrite:
+        return ResumePlan(layout, run_manifest, tuple(task_ids), (), (), overwrite=True,
+                          others=others)
+    if entries is None:
+        foreign = sorted(d.name for d in domain.iterdir() if d.is_dir() and _has_results(d)) \
             if domain.is_dir() else []
-        if others:
+        if foreign:
             raise ResultDirError(
-                f"{domain} holds results of another run ({', '.join(others[:3])}"
-                f"{', ...' if len(others) > 3 else ''}) without a kvagent manifest; use "
-                f"another --result-dir, or --overwrite to delete them")
+                f"{domain} holds results of another run ({', '.join(foreign[:3])}"
+                f"{', ...' if len(foreign) > 3 else ''}) without a kvagent manifest; use "
+                f"another --result-dir, or --overwrite to redo this run's episodes there")
         return ResumePlan(layout, run_manifest, tuple(task_ids), (), ())
-    if found != run_manifest:
-        diff = _differences(found, run_manifest)
+    conflicts: list[str] = []
+    for t in task_ids:
+        entry = entries.get(t)
+        if entry is None and dirs[t].is_dir() and _has_results(dirs[t]):
+            conflicts.append(f"{t} (results no manifest entry accounts for)")
+        elif entry is not None and entry != run_manifest:
+            conflicts.append(f"{t} (differs in: {', '.join(_differences(entry, run_manifest))})")
+    if conflicts:
         raise ResultDirError(
-            f"{domain} holds a run with another configuration (differs in: "
-            f"{', '.join(diff)}); mixing two runs in one folder is refused: use another "
-            f"--result-dir, the same options to resume, or --overwrite to start fresh")
+            f"{domain} holds episodes of a run with another configuration: "
+            f"{'; '.join(conflicts[:3])}{'; ...' if len(conflicts) > 3 else ''}; mixing two "
+            f"runs in one episode directory is refused: use another --result-dir, the same "
+            f"options to resume, or --overwrite to redo these episodes")
     finished = tuple(t for t in task_ids if (dirs[t] / RESULT_FILE).is_file())
     run = tuple(t for t in task_ids if t not in finished)
     restarted = tuple(t for t in run if dirs[t].is_dir() and any(dirs[t].iterdir()))
-    return ResumePlan(layout, run_manifest, run, finished, restarted)
+    return ResumePlan(layout, run_manifest, run, finished, restarted, others=others)
+
+
+def _readable_entries(domain: Path) -> dict[str, dict[str, Any]] | None:
+    """The manifest's entries for an overwrite: an unreadable manifest is replaced, so it
+    counts as none."""
+    if not domain.is_dir():
+        return None
+    try:
+        return read_manifest(domain)
+    except ResultDirError:
+        return None
+
+
+def remove_stale_temporaries(layout: ResultLayout, task_ids: Sequence[str]) -> int:
+    """Remove the temporary files interrupted atomic writes left in the domain directory
+    and the episode directories of ``task_ids`` (links removed as links); their count."""
+    removed = 0
+    for directory in (layout.domain_dir, *(layout.task_dir(t) for t in task_ids)):
+        if not directory.is_dir():
+            continue
+        for path in directory.iterdir():
+            if is_stale_temporary(path) and (path.is_symlink() or path.is_file()):
+                path.unlink(missing_ok=True)
+                removed += 1
+    if removed:
+        log.info("result_dir_stale_temporaries_removed", count=removed)
+    return removed
