@@ -206,3 +206,30 @@ def test_rerun_keeps_finished_refuses_other_options_and_overwrites(cache_dir: Pa
     assert res.returncode == 0 and "--overwrite: redoing 1 episode(s)" in res.stdout
     assert len(_episode_dirs(out)) == 2  # the other episode stays, byte for byte
     assert {p.name: p.read_bytes() for p in second.iterdir()} == kept
+
+
+def test_a_disk_that_fills_mid_run_then_resumes(cache_dir: Path, tmp_path: Path) -> None:
+    """Writes start failing mid-run (RLIMIT_FSIZE: a file may not grow past 3000 bytes, so
+    metrics.jsonl fails after a few steps — EFBIG, as a full disk gives ENOSPC): the
+    episodes end in errors with the cause, the run says what to do, no traceback; the same
+    command without the limit resumes and finishes."""
+    resource = pytest.importorskip("resource")
+    out = tmp_path / "results"
+    argv = [sys.executable, "-m", "runtime.cli", "run", "--episodes", "2", "--max-steps", "4",
+            "--screen", "320x240", "--threads", "1", "--vm-seconds", "0", "--result-dir",
+            str(out)]
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
+
+    full = subprocess.run(argv, capture_output=True, text=True, env=_env(cache_dir),
+                          preexec_fn=limited, timeout=300)
+    assert full.returncode == 1, full.stderr
+    assert "File too large" in full.stdout and "rerunning the same command" in full.stderr
+    assert "Traceback" not in full.stderr
+    assert not any((d / RESULT_FILE).exists() for d in _episode_dirs(out).values())
+    again = subprocess.run(argv, capture_output=True, text=True, env=_env(cache_dir),
+                           timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "resuming the run" in again.stdout
+    assert all((d / RESULT_FILE).is_file() for d in _episode_dirs(out).values())

@@ -31,6 +31,8 @@ def fsync_dir(path: Path) -> None:
 
 #: Temporary files of ``write_durably`` are named ``.{name}.{random}{TMP_SUFFIX}``.
 TMP_SUFFIX = ".tmp"
+#: Mode of the files written here (what open() gives under the usual umask 022).
+FILE_MODE = 0o644
 
 
 def write_durably(path: Path, data: bytes) -> None:
@@ -44,6 +46,7 @@ def write_durably(path: Path, data: bytes) -> None:
     write removes its temporary file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
+        os.fchmod(fd, FILE_MODE)  # mkstemp makes 0600; results are meant to be read
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -59,7 +62,7 @@ def write_durably(path: Path, data: bytes) -> None:
 def open_append(path: Path) -> IO[str]:
     """``path`` opened for appending text, created if missing — never through a symlink
     (O_NOFOLLOW: a link planted under the name is an ``OSError``, not a write elsewhere)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
     return os.fdopen(fd, "a", encoding="utf-8")
 
 

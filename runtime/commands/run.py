@@ -287,4 +287,8 @@ def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any
     except OSError as exc:  # the results are on disk: a missing plot is not worth a traceback
         print(f"kvagent run: warning: could not write the plot: {exc}", file=sys.stderr)
     print(f"results: {layout.domain_dir}")
+    if result.errors:
+        print(f"kvagent run: {len(result.errors)} episode(s) ended in an error (causes above "
+              f"and in their traj.jsonl); they have no result.txt, so rerunning the same "
+              f"command retries them and keeps the finished ones", file=sys.stderr)
     return 1 if result.errors else 0

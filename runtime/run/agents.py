@@ -209,6 +209,10 @@ async def run_on(sched: Scheduler, config: RunConfig, layout: ResultLayout | Non
     return tuple(outcomes[s.index] for s in specs), directories
 
 
+def _while_closing(exc: BaseException) -> str:
+    return f"while closing the episode: {describe_error(exc)}"
+
+
 @attrs.define
 class _Runner:
     """What every episode of one run shares; ``episode`` runs one of them."""
@@ -250,6 +254,7 @@ class _Runner:
                        metrics=metrics.as_dict(), timestamp=started)
             self.emit("step", spec, step=t + 1, metrics=metrics)
 
+        result: EpisodeResult
         try:
             if self.layout is not None:
                 recorder = await anyio.to_thread.run_sync(
@@ -267,26 +272,71 @@ class _Runner:
             if last is not None and last.status == "failed":  # an explained step failure
                 await disk("record_metrics", {"step_num": result.n_steps, **last.as_dict()})
                 await disk("record_error", f"{spec.task_id} - {last.reason}")
-            if result.status != "error":  # an error leaves no result: a rerun retries it
-                await disk("finish", result.reward)
         except Exception as exc:  # noqa: BLE001  this episode only; cancellation passes
-            message = describe_error(exc)
-            bound.error("episode_error", error=message, steps=len(steps))
-            with anyio.CancelScope(shield=True):
-                try:
-                    await disk("record_error", f"{spec.task_id} - {message}")
-                except Exception as again:  # noqa: BLE001  e.g. disk full: logged, not raised
-                    bound.error("recording_error", error=describe_error(again))
-            result = EpisodeResult(spec.episode_id, spec.task, "error", 0.0, tuple(steps),
-                                   driver.session.unparsable if driver else 0, message)
+            result = await self._failed(spec, exc, steps, driver, disk, bound)
         finally:
+            # Closing happens whatever ended the episode (cancellation included), shielded;
+            # what goes wrong while closing is this episode's error, never the run's.
             with anyio.CancelScope(shield=True):
-                if env is not None:
-                    await env.close()
-                if driver is not None:
-                    await driver.aclose()
+                closing = await self._close(env, driver, bound)
+                if closing is not None:  # while the recorder still takes a line
+                    await self._record_error(spec, _while_closing(closing), disk, bound)
                 if recorder is not None:
-                    recorder.close()
+                    try:
+                        await anyio.to_thread.run_sync(recorder.close, limiter=self.io)
+                    except Exception as exc:  # noqa: BLE001  e.g. a flush on a full disk
+                        bound.error("episode_close_error", part="recorder",
+                                    error=describe_error(exc))
+                        closing = closing or exc
+        if closing is not None and result.status != "error":
+            result = self._error_result(spec, _while_closing(closing), steps, driver)
+        if result.status != "error":  # an error leaves no result: a rerun retries it
+            try:  # the last file written, once everything else is closed
+                await disk("finish", result.reward)
+            except Exception as exc:  # noqa: BLE001  e.g. the disk filled at the end
+                message = f"while writing its result: {describe_error(exc)}"
+                bound.error("episode_error", error=message, steps=len(steps))
+                result = self._error_result(spec, message, steps, driver)
         self.emit("end", spec, step=result.n_steps, status=result.status,
                   reward=result.reward, error=result.error)
         return result, recorder.directory if recorder is not None else None
+
+    async def _failed(self, spec: EpisodeSpec, exc: BaseException, steps: list[StepMetrics],
+                      driver: EpisodeDriver | None, disk: Any, bound: Any) -> EpisodeResult:
+        """The episode's result for an exception: logged with its cause and recorded as an
+        ``Error`` traj line."""
+        message = describe_error(exc)
+        bound.error("episode_error", error=message, steps=len(steps))
+        await self._record_error(spec, message, disk, bound)
+        return self._error_result(spec, message, steps, driver)
+
+    @staticmethod
+    def _error_result(spec: EpisodeSpec, message: str, steps: list[StepMetrics],
+                      driver: EpisodeDriver | None) -> EpisodeResult:
+        return EpisodeResult(spec.episode_id, spec.task, "error", 0.0, tuple(steps),
+                             driver.session.unparsable if driver else 0, message)
+
+    @staticmethod
+    async def _record_error(spec: EpisodeSpec, message: str, disk: Any, bound: Any) -> None:
+        """An ``Error`` traj line, best effort (the disk may be what failed), shielded."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await disk("record_error", f"{spec.task_id} - {message}")
+            except Exception as again:  # noqa: BLE001  e.g. disk full: logged, not raised
+                bound.error("recording_error", error=describe_error(again))
+
+    async def _close(self, env: Env | None, driver: EpisodeDriver | None,
+                     bound: Any) -> Exception | None:
+        """Close the env and the driver (its sequence and ledger holdings); every one is
+        closed even if another fails.  The first failure is returned (and logged)."""
+        first: Exception | None = None
+        for what, close in (("env", env.close if env is not None else None),
+                            ("driver", driver.aclose if driver is not None else None)):
+            if close is None:
+                continue
+            try:
+                await close()
+            except Exception as exc:  # noqa: BLE001  this episode's error, not the run's
+                bound.error("episode_close_error", part=what, error=describe_error(exc))
+                first = first or exc
+        return first
