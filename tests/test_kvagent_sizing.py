@@ -19,6 +19,7 @@ from cachepolicy.engine.records import THREADS_ENV, default_threads
 from runtime.actions import Click, DragTo, MoveTo, Scroll, TypeText, parse_action, to_pyautogui
 from runtime.context_budget import ContextBudgetError, blank_png, estimate_image_tokens
 from runtime.osworld import AgentStepError, KvAgent
+from runtime.osworld.agent import ScreenSizeError
 from runtime.osworld.config import KvAgentConfig
 from vmenv.actions.rescale import rescale, rescale_axis
 
@@ -91,7 +92,8 @@ def test_1920x1080_with_defaults_runs_a_full_window(agent_of: Any) -> None:
 
 
 def test_screenshots_larger_than_sized_for_fail_before_running(agent_of: Any) -> None:
-    agent = agent_of(n_ctx=3072)  # enough for 320x240, not for 1920x1080 screenshots
+    # scaled screenshots allowed (a HiDPI VM); the context holds 320x240 ones, not 1920x1080
+    agent = agent_of(n_ctx=3072, scale_to_screen=True)
     agent.reset()
     with pytest.raises(AgentStepError) as err:
         agent.predict("Open the terminal.", {"screenshot": blank_png(HD)})
@@ -102,6 +104,51 @@ def test_screenshots_larger_than_sized_for_fail_before_running(agent_of: Any) ->
 
 
 # ---------------------------------------------------------------- screenshot → screen
+
+@pytest.mark.parametrize("shot", [(160, 120), (640, 480)])
+def test_a_screenshot_of_another_size_than_the_screen_is_refused_either_way(
+        agent_of: Any, shot: tuple[int, int], caplog: pytest.LogCaptureFixture) -> None:
+    """OSWorld's screenshots are at the VM's resolution: another size means a wrong
+    screen_size — the same clear error whether the screenshot is smaller or larger, logged
+    where OSWorld keeps logs (the example's runtime.log logger and the desktopenv ones)."""
+    import logging
+
+    runtime_log = logging.getLogger("desktopenv.example.test-mismatch")
+    agent = agent_of()  # screen_size=SCREEN
+    agent.reset(runtime_log)
+    with caplog.at_level(logging.WARNING):
+        with pytest.raises(ScreenSizeError, match=rf"{shot[0]}x{shot[1]} but screen_size is "
+                                                  rf"{SCREEN[0]}x{SCREEN[1]}.*scale_to_screen"):
+            agent.predict("Open the terminal.", {"screenshot": blank_png(shot)})
+    loggers = {r.name for r in caplog.records if "screen_size" in r.getMessage()}
+    assert loggers == {"desktopenv.example.test-mismatch", "desktopenv.agent.kvagent"}
+
+
+def test_every_adjustment_is_noted_for_osworld(agent_of: Any,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Scaled points and a WAIT for an unreadable screenshot: in last_info["notes"], in the
+    response OSWorld writes to traj.jsonl, and in its logs."""
+    import logging
+
+    agent = agent_of(scale_to_screen=True, n_ctx=4096)
+    agent.reset(logging.getLogger("desktopenv.example.test-notes"))
+    with caplog.at_level(logging.WARNING):
+        response, _ = agent.predict("Open the terminal.", {"screenshot": b"not an image"})
+        assert "[kvagent: answered WAIT without asking the model" in response
+        assert agent.last_info["notes"][0].startswith("answered WAIT")
+        big = (2 * SCREEN[0], 2 * SCREEN[1])
+        for _ in range(12):  # until the model points at something (random weights)
+            response, _ = agent.predict("Open the terminal.", {"screenshot": blank_png(big)})
+            if any("scaled" in n for n in agent.last_info["notes"]):
+                break
+    scaled = [n for n in agent.last_info["notes"] if "scaled" in n]
+    assert scaled == [f"points scaled from the {big[0]}x{big[1]} screenshot to the "
+                      f"{SCREEN[0]}x{SCREEN[1]} screen"]
+    assert scaled[0] in response
+    messages = [r.getMessage() for r in caplog.records
+                if r.name == "desktopenv.example.test-notes"]
+    assert any("answered WAIT" in m for m in messages) and any("scaled" in m for m in messages)
+
 
 def test_rescale_maps_pixel_centres() -> None:
     # 640 -> 320: screenshot pixel u covers screen [u/2, (u+1)/2), its centre (2u+1)/4
@@ -159,14 +206,15 @@ def test_clamped_and_refused_outputs_are_noted_in_last_info(agent_of: Any) -> No
     clamped = 0
     for _ in range(6):
         response, _, info = agent.predict_with_info("Open the terminal.", obs)
-        call = re.fullmatch(r"(\w+)\((.*)\)", response)
+        model_text, _, note = response.partition("\n[kvagent: ")  # what kvagent changed
+        call = re.fullmatch(r"(\w+)\((.*)\)", model_text)
         assert call is not None, response
         outside = False
         if call[1] in _POINTING:
             nums = [int(v) for v in call[2].split(", ")]
             outside = (any(x >= SCREEN[0] for x in nums[0::2])
                        or any(y >= SCREEN[1] for y in nums[1::2]))
-        assert bool(info["notes"]) == outside, (response, info["notes"])
+        assert bool(info["notes"]) == outside == bool(note), (response, info["notes"])
         assert all("lay outside the screen: clamped to" in n for n in info["notes"])
         clamped += outside
     assert clamped > 0

@@ -187,7 +187,8 @@ def test_coordinates_are_scaled_from_screenshot_to_screen(kv_agent: Any,
     pyautogui needs screen pixels; every pointer action must land inside the screen, at the
     model's point scaled by screen / screenshot."""
     shot = (2 * SCREEN[0], 2 * SCREEN[1])
-    agent = kv_agent(temperature=1.0, seed=7)  # screen_size=SCREEN: the VM's screen
+    # screen_size=SCREEN: the VM's screen; its screenshots are twice that (told so)
+    agent = kv_agent(temperature=1.0, seed=7, scale_to_screen=True)
     checked = 0
     with vm_server("open-terminal", SCREEN, screenshot_size=shot) as vm:
         env = _env(vm, tmp_path)
@@ -197,7 +198,8 @@ def test_coordinates_are_scaled_from_screenshot_to_screen(kv_agent: Any,
         agent.reset(vm_ip=env.vm_ip)
         for _ in range(4):
             response, actions = agent.predict(obs["instruction"], obs)
-            meant = parse_action(response, screen=shot)  # the model's point, screenshot px
+            model_text = response.partition("\n[kvagent: ")[0]  # what kvagent noted follows
+            meant = parse_action(model_text, screen=shot)  # the model's point, screenshot px
             obs, _, done, _ = env.step(actions[0], 0)
             if isinstance(meant, Click | MoveTo | DragTo):
                 u, v = (meant.x1, meant.y1) if isinstance(meant, DragTo) else (meant.x, meant.y)
@@ -268,7 +270,7 @@ def test_each_profile_drives_the_real_desktop_env(kv_agent: Any, tmp_path: Path,
                 "not an action: left_click_drag starts at the pointer, whose position is "
                 "unknown"], (response, info["notes"])
             assert_action_contract(actions[0], SCREEN)
-            responses.append(response)
+            responses.append(info["model_response"])  # without kvagent's notes
             notes.append(info["notes"])
             if actions[0] not in SPECIAL_ACTIONS:
                 obs, *_ = env.step(actions[0], 0)

@@ -48,9 +48,11 @@ def _run(agent: KvAgent, instruction: str, steps: int) -> list[tuple[str, list[s
 
 def test_a_remote_agent_decides_exactly_like_the_in_process_one(model, server) -> None:
     instruction = "Open the file manager and create a folder named reports."
+    # screenshots W x H on a SCREEN-sized screen: points scaled on this side (both agents)
     local = KvAgent(model.model_path, model.mmproj_path, n_ctx=4096, n_batch=64, n_threads=1,
-                    screen_size=SCREEN, temperature=1.0, seed=3)
-    remote = KvAgent(server=server.url, screen_size=SCREEN, temperature=1.0, seed=3)
+                    screen_size=SCREEN, scale_to_screen=True, temperature=1.0, seed=3)
+    remote = KvAgent(server=server.url, screen_size=SCREEN, scale_to_screen=True,
+                     temperature=1.0, seed=3)
     try:
         here = _run(local, instruction, 4)
         there = _run(remote, instruction, 4)

@@ -18,9 +18,17 @@ is, while OSWorld executes the action and sleeps ``sleep_after_execution``.  The
 
 Actions are generated from parsed records (``to_pyautogui``), never copied from model text:
 one pyautogui code string per step, or 'DONE' / 'FAIL' / 'WAIT' (an unparsable output and a
-missing screenshot both give 'WAIT').  The model points at pixels of the screenshot it saw;
-when that is not the VM's screen size (``screen_size``, or ``obs["screen_size"]`` when a
-runner supplies it) the points are scaled onto the screen (``vmenv.actions.rescale``).
+missing screenshot both give 'WAIT').  The model points at pixels of the screenshot it saw.
+OSWorld's screenshots are taken at the VM's resolution, so a screenshot of another size than
+``screen_size`` means a wrong ``screen_size`` — a ``ScreenSizeError`` on that first
+screenshot, in either direction — unless the runner says the screen per observation
+(``obs["screen_size"]``) or the agent was told the screenshots are scaled
+(``scale_to_screen=True``: a HiDPI VM); then the points are scaled onto the screen
+(``vmenv.actions.rescale``).  Every adjustment kvagent makes to a step — a point clamped or
+refused by the parser, points scaled, a WAIT for a missing or unreadable screenshot — is in
+``last_info["notes"]``, appended to the response OSWorld writes to traj.jsonl, and logged to
+the runner's logs (the example's ``runtime.log`` given to ``reset``, and the ``desktopenv``
+loggers).
 
 Construction checks that the context holds the window's screenshots, the history of
 ``max_steps`` steps and a response (``ContextBudgetError`` names the knob to turn), or
@@ -62,9 +70,21 @@ if TYPE_CHECKING:
     from runtime.osworld.local import LocalBackend, RuntimeStatus
 
 __all__ = ["AgentClosedError", "AgentStepError", "ContextBudgetError", "KvAgent",
-           "KvAgentConfig", "KvAgentError"]
+           "KvAgentConfig", "KvAgentError", "ScreenSizeError"]
 
 log = structlog.get_logger("kvagent.osworld")
+#: OSWorld's runners attach their log files to the "desktopenv" loggers and the root logger.
+OSWORLD_LOG = logging.getLogger("desktopenv.agent.kvagent")
+
+
+class ScreenSizeError(KvAgentError, ValueError):
+    """A screenshot's size is not ``screen_size`` (and nothing said it may be scaled)."""
+
+
+def _annotated(response: str, notes: list[str]) -> str:
+    """The response OSWorld writes to traj.jsonl, with what kvagent changed appended (the
+    model's text itself is unchanged; actions are generated from the parsed record)."""
+    return response if not notes else f"{response}\n[kvagent: {'; '.join(notes)}]"
 
 
 class KvAgent:
@@ -85,7 +105,8 @@ class KvAgent:
     shared with ``kvagent run`` and the bench, with the same defaults).
 
     ``screen_size``: the VM's screen, i.e. DesktopEnv's ``screen_size`` (OSWorld does not
-    pass it to ``predict``); ``n_ctx``: context positions (None: derived from the window,
+    pass it to ``predict``); ``scale_to_screen``: screenshots of another size are scaled
+    onto it rather than refused (module docstring); ``n_ctx``: context positions (None: derived from the window,
     ``max_steps`` and ``screen_size``); ``max_steps``: steps per episode the context is sized
     for (default 15, run.py's); ``n_threads``: default ``$KVAGENT_THREADS`` or min(4, cores);
     ``memory_budget``: bytes or "8GiB" for the ledger.  Other keyword arguments: see
@@ -108,7 +129,8 @@ class KvAgent:
                  grammar: bool = True, system_prompt: str | None = None,
                  n_threads: int | None = None, n_ctx: int | None = None, max_steps: int = 15,
                  memory_budget: int | str | None = None,
-                 screen_size: tuple[int, int] = (1920, 1080), action_space: str = "pyautogui",
+                 screen_size: tuple[int, int] = (1920, 1080), scale_to_screen: bool = False,
+                 action_space: str = "pyautogui",
                  server: str | None = None, server_timeout: float = 600.0,
                  server_retry_s: float = 600.0, **options: Any) -> None:
         if server is not None:
@@ -151,7 +173,9 @@ class KvAgent:
         self._runtime_logger: logging.Logger | logging.LoggerAdapter[Any] | None = None
         self._episode_id: str | None = None
         self._instruction: str | None = None  # the current episode's task
-        self._warned_screen = False
+        #: screenshots of another size than ``screen_size`` are scaled onto it (HiDPI VMs,
+        #: runners that resize screenshots); without it such a screenshot is an error
+        self.scale_to_screen = scale_to_screen
         self._log = log.bind(agent=self.config.name)
         self.last_info: dict[str, Any] = {}
 
@@ -228,21 +252,28 @@ class KvAgent:
             png, size = screenshot_png(bytes(shot))
         except (ScreenshotError, TypeError) as exc:
             return self._wait(f"the screenshot is not a valid image ({exc})")
-        screen = _screen_of(obs) or self.config.screen_size
-        if size != screen and not self._warned_screen:
-            self._warned_screen = True  # once: OSWorld's screen does not change mid-run
-            self._log.warning("screen_size_mismatch", screen=screen, screenshot=size,
-                              note="points are scaled from the screenshot to the screen")
+        told = _screen_of(obs)  # a runner that says the screen per observation is explicit
+        screen = told or self.config.screen_size
+        if size != screen and told is None and not self.scale_to_screen:
+            raise self._screen_mismatch(size)
         if self._instruction is not None and instruction != self._instruction:
             # a new task without reset(): the history of the last one must not leak into it
             self._log.warning("instruction_changed", episode_id=self._episode_id)
             self._episode_id = backend.new_episode()
         self._instruction = instruction
         step: Decision = backend.decide(instruction, png, size, screen, arrived)
-        code = to_pyautogui(rescale(step.action, size, screen))
+        scaled = rescale(step.action, size, screen)
+        code = to_pyautogui(scaled)
+        notes = [str(n) for n in step.info.get("notes") or ()]
+        if scaled != step.action:
+            notes.append(f"points scaled from the {size[0]}x{size[1]} screenshot to the "
+                         f"{screen[0]}x{screen[1]} screen")
         info = {**step.info, "code": code, "screenshot_size": list(size),
-                "screen_size": list(screen)}
+                "screen_size": list(screen), "notes": notes,
+                "model_response": step.response}  # the response is this plus the notes
         self._episode_id, self.last_info = step.episode_id, info
+        for note in notes:  # every adjustment reaches OSWorld's logs (runtime.log too)
+            self._note(logging.WARNING, f"kvagent step {step.index}: {note}")
         self._log.info("osworld_step", episode_id=self._episode_id, step=step.index,
                        action=info["action"], parsed=info["parsed"],
                        prefill_tokens=info["prefill_tokens"],
@@ -250,7 +281,7 @@ class KvAgent:
         if self._runtime_logger is not None:
             self._runtime_logger.info("kvagent step %d: %s (critical path %.3f s)",
                                       step.index, info["action"], step.critical_path_s)
-        return step.response, [code], info
+        return _annotated(step.response, notes), [code], info
 
     def status(self) -> RuntimeStatus | dict[str, Any]:
         """Diagnostics: in-process, the runtime's episode, ledger and engine sequences; with
@@ -288,10 +319,31 @@ class KvAgent:
 
     def _wait(self, why: str) -> tuple[str, list[str], dict[str, Any]]:
         self._log.warning("osworld_no_screenshot", episode_id=self._episode_id, reason=why)
+        note = f"answered WAIT without asking the model: {why}"
         info = {"episode_id": self._episode_id, "status": "no_screenshot", "reason": why,
-                "action": WAIT}
+                "action": WAIT, "notes": [note]}
         self.last_info = info
-        return f"No usable screenshot: {why}. Waiting for the next one.", [WAIT], info
+        self._note(logging.WARNING, f"kvagent: {note}")
+        return _annotated(f"No usable screenshot: {why}. Waiting for the next one.", [note]), \
+            [WAIT], info
+
+    def _note(self, level: int, message: str) -> None:
+        """An adjustment kvagent made, where OSWorld's runners keep logs: the example's
+        ``runtime.log`` (the logger ``reset`` received) and the ``desktopenv`` loggers."""
+        OSWORLD_LOG.log(level, message)
+        if self._runtime_logger is not None:
+            self._runtime_logger.log(level, message)
+
+    def _screen_mismatch(self, size: tuple[int, int]) -> ScreenSizeError:
+        w, h = self.config.screen_size
+        message = (f"the screenshot is {size[0]}x{size[1]} but screen_size is {w}x{h}: "
+                   f"pass KvAgent(screen_size=...) the VM's screen (DesktopEnv's "
+                   f"screen_size); if the screenshots really are another size than the "
+                   f"screen (a HiDPI VM, a runner that resizes them), pass "
+                   f"scale_to_screen=True to scale the model's points onto the screen")
+        self._note(logging.ERROR, f"kvagent: {message}")
+        self._log.error("screen_size_mismatch", screen=(w, h), screenshot=size)
+        return ScreenSizeError(message)
 
 
 def _screen_of(obs: Mapping[str, Any]) -> tuple[int, int] | None:
