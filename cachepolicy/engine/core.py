@@ -37,7 +37,7 @@ from cachepolicy.engine.sequences import Sequences
 from cachepolicy.engine.state import SequenceState
 from cachepolicy.engine.vision import Vision
 from cachepolicy.engine.fast_kernels import fast_kernels_problem
-from cachepolicy.errors import (
+from cachepolicy.engine.errors import (
     EngineError, FastKernelsUnavailableError, ModelLoadError, Preempted,
 )
 from cachepolicy.engine.images import DecodedImage, EmbeddingCache, EncodedImage

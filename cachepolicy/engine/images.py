@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from cachepolicy.errors import ImageError
+from cachepolicy.engine.errors import ImageError
 
 MAX_IMAGE_SIDE = 16384  # refuse absurd sizes before they allocate gigabytes
 #: What ``decode_png`` reads: formats screen grabbers produce that Pillow decodes itself
