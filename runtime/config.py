@@ -19,8 +19,9 @@ import math
 
 import attrs
 
-from cachepolicy.base import CachePolicy, make_policy
+from cachepolicy.base import CachePolicy
 from cachepolicy.engine.sampling import MAX_TEMPERATURE, SamplingParams
+from cachepolicy.policies import make_policy
 from cachepolicy.segments import SegmentFactory, model_info
 from runtime.actions import CoordConvention, Screen
 from runtime.profiles import Profile, get, names

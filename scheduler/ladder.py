@@ -9,8 +9,9 @@ serves the client's prompt as sent) has no smaller plans.
 
 from __future__ import annotations
 
-from cachepolicy.base import CachePolicy, make_policy
+from cachepolicy.base import CachePolicy
 from cachepolicy.layouts import PromptKit
+from cachepolicy.policies import make_policy
 
 FALLBACK_POLICY = "terminal-scratch"
 

@@ -6,7 +6,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from cachepolicy.base import make_policy
+from cachepolicy.policies import make_policy
 from cachepolicy.errors import DecodeError
 from cachepolicy.segments import SegmentFactory, model_info
 from replay_helpers import OPTIONS, outputs, past_step, replay, step_segments

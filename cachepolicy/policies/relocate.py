@@ -7,12 +7,13 @@ KL and top-1 agreement) against an exact from-scratch terminal prefill."""
 
 from __future__ import annotations
 
-from cachepolicy.base import CachePolicy, register
+from cachepolicy.base import CachePolicy
 from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
 from cachepolicy.layouts import chronological, terminal
 from cachepolicy.pieces import merge_text
 from cachepolicy.plan import CacheView, Plan, PolicyManifest, RemoveSpan, Start, StartKind
+from cachepolicy.policies.registry import register
 
 
 @register
