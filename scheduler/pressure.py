@@ -28,6 +28,7 @@ import attrs
 import structlog
 
 from cachepolicy.engine import Engine
+from cachepolicy.engine.images import EmbeddingCache
 from scheduler.errors import BudgetExceededError
 from scheduler.ledger import MemoryLedger
 from scheduler.slots import IMAGE_CACHE, Slot
@@ -80,8 +81,10 @@ class MemoryPressure:
 
     def __init__(self, engine: Engine, ledger: MemoryLedger, slots: dict[str, Slot], *,
                  engine_call: EngineCall, notify_release: Callable[[], None],
-                 counters: Counter[str], image_cache_floor: int = 0) -> None:
+                 counters: Counter[str], image_cache: EmbeddingCache,
+                 image_cache_floor: int = 0) -> None:
         self.engine, self.ledger, self.slots = engine, ledger, slots
+        self.image_cache = image_cache  # a ledger owner (``IMAGE_CACHE``): its capacity
         self._engine_call, self._notify = engine_call, notify_release
         self.counters = counters
         self.image_cache_floor = image_cache_floor
@@ -123,8 +126,8 @@ class MemoryPressure:
         for victim in victims:
             victim.evicting = True
             return Evict(victim)
-        cache = self.engine.image_cache
-        if cache.max_bytes > self.image_cache_floor and len(cache):
+        cache = self.image_cache.snapshot()
+        if cache.max_bytes > self.image_cache_floor and cache.entries:
             return Shrink()
         # a job in flight, or an episode being closed, will release what it holds
         others_busy = any(s.jobs or s.closed for s in self.slots.values() if s is not slot)
@@ -190,13 +193,15 @@ class MemoryPressure:
         return freed
 
     async def _shrink_image_cache(self) -> int:
-        cache = self.engine.image_cache
+        """Evict embeddings (least recently used first) and lower the capacity by what they
+        held, down to the floor; the ledger's holding follows the capacity."""
+        cache, floor = self.image_cache, self.image_cache_floor
         freed = 0
-        while cache.max_bytes - freed > self.image_cache_floor and len(cache):
-            freed += await self._engine_call(cache.evict_one)
+        while (snap := cache.snapshot()).max_bytes - freed > floor and snap.entries:
+            freed += await self._engine_call(cache.evict_lru)
         if freed:
-            cache.max_bytes = max(self.image_cache_floor, cache.max_bytes - freed)
-            self.ledger.publish(IMAGE_CACHE, cache.max_bytes, None)
+            cache.resize(max(floor, cache.snapshot().max_bytes - freed))
+            self.ledger.publish(IMAGE_CACHE, cache.snapshot().max_bytes, None)
             self._log.info("evict", owner=IMAGE_CACHE, freed=freed)
             self._notify()
         return freed

@@ -32,6 +32,7 @@ import structlog
 from cachepolicy.base import CachePolicy
 from cachepolicy.context_log import Segment
 from cachepolicy.engine import Engine
+from cachepolicy.engine.images import EmbeddingCache
 from cachepolicy.errors import ContextFullError, DecodeError, Preempted, RestoreError
 from cachepolicy.segments import SegmentFactory
 from scheduler.admission import Admission
@@ -57,10 +58,13 @@ __all__ = ["IMAGE_CACHE", "Priority", "Scheduler"]
 class Scheduler:
     def __init__(self, engine: Engine, ledger: MemoryLedger, factory: SegmentFactory, *,
                  options: StepOptions = StepOptions(), wait_s: float = 30.0,
-                 image_cache_floor: int = 0,
+                 image_cache: EmbeddingCache | None = None, image_cache_floor: int = 0,
                  fault: Callable[[str], None] | None = None,
                  debug: bool | None = None) -> None:
         self.engine, self.ledger, self.factory, self.options = engine, ledger, factory, options
+        # the embedding cache is a ledger owner: the scheduler holds its capacity (default:
+        # the engine's own cache, taken once here and handed to whoever needs it)
+        self.image_cache = image_cache if image_cache is not None else engine.image_cache
         self.wait_s = wait_s
         self.fault = fault  # test hook, called in the worker thread before publication
         # debug: check integrity (ledger vs engine) whenever the scheduler goes idle
@@ -75,17 +79,16 @@ class Scheduler:
         self.pressure = MemoryPressure(
             engine, ledger, self._slots, counters=self.counters,
             engine_call=functools.partial(self._engine_call, priority=Priority.CRITICAL),
-            notify_release=self._notify_release, image_cache_floor=image_cache_floor)
+            notify_release=self._notify_release, image_cache=self.image_cache,
+            image_cache_floor=image_cache_floor)
         self.admission = Admission(engine, ledger, factory.kit, self.pressure, self._slots,
                                    self._released, self.counters, wait_s=wait_s)
         # The image cache is held at its capacity, so encoding never takes the ledger past
         # its budget; rung 1 may shrink the capacity.
-        # (at most a quarter of the budget; the engine's own capacity is restored on close).
-        self._cache_capacity = engine.image_cache.max_bytes
-        engine.image_cache.max_bytes = min(self._cache_capacity, ledger.budget // 4)
-        while engine.image_cache.nbytes > engine.image_cache.max_bytes:
-            engine.image_cache.evict_one()
-        ledger.publish(IMAGE_CACHE, engine.image_cache.max_bytes, None)
+        # (at most a quarter of the budget; the cache's own capacity is restored on close).
+        self._cache_capacity = self.image_cache.snapshot().max_bytes
+        self.image_cache.resize(min(self._cache_capacity, ledger.budget // 4))
+        ledger.publish(IMAGE_CACHE, self.image_cache.snapshot().max_bytes, None)
 
     async def __aenter__(self) -> Scheduler:
         return self
@@ -102,7 +105,7 @@ class Scheduler:
             if self.debug:
                 self.check_integrity()
             self.ledger.drop(IMAGE_CACHE)
-            self.engine.image_cache.max_bytes = self._cache_capacity
+            self.image_cache.resize(self._cache_capacity)
 
     # ------------------------------------------------------------------ episodes
 
@@ -185,8 +188,8 @@ class Scheduler:
         """Compare the ledger's holdings with the engine's own report (see
         ``scheduler.integrity``); raises ``IntegrityError``.  Call it when idle; it blocks on
         the engine briefly."""
-        check_integrity(self.engine, self.ledger, self._slots, self._free_seqs,
-                        self.options.scratch_seq)
+        check_integrity(self.engine, self.ledger, self.image_cache, self._slots,
+                        self._free_seqs, self.options.scratch_seq)
         self.counters["integrity_checks"] += 1
 
     # ------------------------------------------------------------------ internals
