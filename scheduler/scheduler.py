@@ -43,8 +43,8 @@ from scheduler.ledger import MemoryLedger
 from scheduler.pressure import MemoryPressure
 from scheduler.records import StepRecord
 from scheduler.release import ReleaseSignal
+from scheduler.sizes import format_bytes
 from scheduler.slots import IMAGE_CACHE, Phase, Priority, Slot, set_on_cancel
-from scheduler.summary import summary_line
 from scheduler.transaction import (
     EpisodeCache, PrefetchRecord, StepOptions, Transaction, abort, commit_finish,
     commit_prefill, rollback,
@@ -177,12 +177,16 @@ class Scheduler:
         return result
 
     def summary(self) -> str:
+        """The state in one line, for progress output, logs and tests: ``episodes: 3
+        running, 1 waiting | budget: 1.2 GiB of 2.0 GiB, peak 1.9 GiB | checkpoints: 7``"""
         slots = list(self._slots.values())
-        return summary_line(
-            running=sum(s.phase is Phase.RUNNING for s in slots),
-            waiting=sum(s.phase is Phase.WAITING for s in slots),
-            checkpoints=sum(len(s.cache.state.checkpoints) for s in slots),
-            snap=self.ledger.snapshot())
+        running = sum(s.phase is Phase.RUNNING for s in slots)
+        waiting = sum(s.phase is Phase.WAITING for s in slots)
+        checkpoints = sum(len(s.cache.state.checkpoints) for s in slots)
+        snap = self.ledger.snapshot()
+        return (f"episodes: {running} running, {waiting} waiting | budget: "
+                f"{format_bytes(snap.held + snap.reserved)} of {format_bytes(snap.budget)}, "
+                f"peak {format_bytes(snap.peak)} | checkpoints: {checkpoints}")
 
     def check_integrity(self) -> None:
         """Compare the ledger's holdings with the engine's own report (see
