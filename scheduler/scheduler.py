@@ -46,7 +46,7 @@ from scheduler.release import ReleaseSignal
 from scheduler.sizes import format_bytes
 from scheduler.slots import IMAGE_CACHE, Phase, Priority, Slot, set_on_cancel
 from scheduler.transaction import (
-    EpisodeCache, PrefetchRecord, StepOptions, Transaction, abort, commit_finish,
+    EpisodeCache, PrefetchRecord, StepOptions, Transaction, commit_finish,
     commit_prefill, rollback,
 )
 
@@ -254,15 +254,17 @@ class Scheduler:
         cause = ""  # why the previous attempt failed: the degraded step's reason says it
         for attempt in range(3):
             try:
-                txn = await self.admission.admit(slot, segments, priority, degrade=attempt > 0,
-                                                 cause=cause)
+                admitted = await self.admission.admit(slot, segments, priority,
+                                                      degrade=attempt > 0, cause=cause)
             except AdmissionError:
                 if priority is Priority.PREFETCH:
                     slot.pending = segments
                     return None
                 raise
             try:
-                result = await self._run(slot, txn, priority, options)
+                # the handle gives the reservation and the pin back however the run ends
+                with admitted as txn:
+                    result = await self._run(slot, txn, priority, options)
                 if isinstance(result, PrefetchRecord) and result.preempted:
                     self.counters["prefetch_preempted"] += 1
                 return result
@@ -289,8 +291,6 @@ class Scheduler:
                     return None
                 if attempt == 2:
                     raise
-            finally:
-                slot.pinned = False
         raise AssertionError("unreachable")
 
     async def _run(self, slot: Slot, txn: Transaction, priority: Priority,
@@ -344,12 +344,7 @@ class Scheduler:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(functools.partial(
                         rollback, self.engine, txn, self.ledger))
-            abort(txn, self.ledger)
-            self._notify_release()
-            self._log.info("release", episode_id=txn.episode.episode_id,
-                           seq_id=txn.episode.seq, txn_id=txn.txn_id,
-                           held=self.ledger.held_by(txn.episode.episode_id),
-                           free=self.ledger.snapshot().free)
+            # (the caller's Admitted handle then returns the reservation and the pin)
         self._log.info("publish", episode_id=txn.episode.episode_id, seq_id=txn.episode.seq,
                        txn_id=txn.txn_id, generation=txn.new_log.generation,
                        degraded=txn.degraded or None)
