@@ -59,8 +59,12 @@ class Scheduler:
     def __init__(self, engine: Engine, ledger: MemoryLedger, factory: SegmentFactory, *,
                  options: StepOptions = StepOptions(), wait_s: float = 30.0,
                  image_cache: EmbeddingCache | None = None, image_cache_floor: int = 0,
+                 spare_sequence: bool = False,
                  fault: Callable[[str], None] | None = None,
                  debug: bool | None = None) -> None:
+        """``spare_sequence``: hold the engine's last sequence aside for the episodes whose
+        policy asks for one (``PolicyManifest.needs_scratch_sequence``); an owner that runs
+        such policies sets it."""
         self.engine, self.ledger, self.factory, self.options = engine, ledger, factory, options
         # the embedding cache is a ledger owner: the scheduler holds its capacity (default:
         # the engine's own cache, taken once here and handed to whoever needs it)
@@ -71,7 +75,9 @@ class Scheduler:
         self.debug = os.environ.get("KVAGENT_DEBUG") == "1" if debug is None else debug
         self.counters: Counter[str] = Counter()
         self.gate = EngineGate()
-        self._free_seqs = [s for s in range(engine.config.n_seq_max) if s != options.scratch_seq]
+        # the spare sequence is the scheduler's for its whole life: never an episode's own
+        self._spare_seq = engine.config.n_seq_max - 1 if spare_sequence else None
+        self._free_seqs = [s for s in range(engine.config.n_seq_max) if s != self._spare_seq]
         self._slots: dict[str, Slot] = {}
         self._released = ReleaseSignal()
         self._clock = itertools.count(1)
@@ -119,9 +125,9 @@ class Scheduler:
             raise NoFreeSequenceError(
                 f"all {self.engine.config.n_seq_max} sequences are in use; raise n_seq_max")
         seq = self._free_seqs.pop(0)
-        if options is not None:  # the spare sequence is the scheduler's, whoever asks
-            options = attrs.evolve(options, scratch_seq=self.options.scratch_seq)
-        episode = EpisodeCache(episode_id, seq, policy, seed=seed, options=options)
+        spare = self._spare_seq if policy.manifest.needs_scratch_sequence else None
+        episode = EpisodeCache(episode_id, seq, policy, seed=seed, options=options,
+                               scratch_seq=spare)
         self._slots[episode_id] = Slot(episode, last_used=next(self._clock))
         self._log.info("episode_open", episode_id=episode_id, seq_id=seq, policy=policy.name)
         return episode
@@ -193,7 +199,7 @@ class Scheduler:
         ``scheduler.integrity``); raises ``IntegrityError``.  Call it when idle; it blocks on
         the engine briefly."""
         check_integrity(self.engine, self.ledger, self.image_cache, self._slots,
-                        self._free_seqs, self.options.scratch_seq)
+                        self._free_seqs, self._spare_seq)
         self.counters["integrity_checks"] += 1
 
     # ------------------------------------------------------------------ internals
@@ -225,8 +231,6 @@ class Scheduler:
                 # a replacing request supersedes what a discarded prefetch left pending
                 segments = built if replace else slot.pending + built
                 slot.pending, slot.replacing = (), replace
-                if options is not None:
-                    options = attrs.evolve(options, scratch_seq=self.options.scratch_seq)
                 opts = options or episode.options or self.options
                 try:
                     return await self._admit_and_run(slot, segments, priority, opts)

@@ -24,7 +24,7 @@ class RelocatePolicy(CachePolicy):
         evidence="the sequence's runs aligned with the published layout keys",
         adds_work="a position shift (RoPE re-rotation) of the survivors per step",
         omitted_recoverable=False, quality="approximate", bounded=True,
-        supports=frozenset({ModelKind.ATTENTION}))
+        supports=frozenset({ModelKind.ATTENTION}), needs_scratch_sequence=True)
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
         pieces = tuple(p for p in chronological(log, self.kit, self.window)
