@@ -328,7 +328,7 @@ class Scheduler:
                     async with gate.hold(priority):
                         slot.phase = Phase.RUNNING
                         prefilled = await anyio.to_thread.run_sync(functools.partial(
-                            commit_prefill, self.engine, txn, self.ledger, options,
+                            commit_prefill, self.engine, txn, self.ledger,
                             should_stop=should_stop))
                     record = await anyio.to_thread.run_sync(functools.partial(
                         commit_finish, self.engine, txn, self.ledger, options, prefilled,

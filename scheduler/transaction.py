@@ -164,11 +164,11 @@ def _rolls_back(engine: Engine, txn: Transaction, ledger: MemoryLedger) -> Itera
         raise
 
 
-def commit_prefill(engine: Engine, txn: Transaction, ledger: MemoryLedger,
-                   options: StepOptions = StepOptions(), *,
+def commit_prefill(engine: Engine, txn: Transaction, ledger: MemoryLedger, *,
                    should_stop: Callable[[], bool] | None = None) -> Execution | None:
-    """Phase 1 (holds the engine's gate): execute the plan's prefill.  None for a prefetch
-    the policy had nothing for."""
+    """Phase 1 (holds the engine's gate): execute the plan's prefill (and, on the episode's
+    spare sequence if it has one, the plan's drift reference).  None for a prefetch the
+    policy had nothing for."""
     if txn.plan is None:
         return None
     plan, ep = txn.plan, txn.episode
@@ -228,7 +228,7 @@ def commit(engine: Engine, txn: Transaction, ledger: MemoryLedger,
            options: StepOptions = StepOptions(), *, fault: FaultHook | None = None,
            should_stop: Callable[[], bool] | None = None) -> StepRecord | PrefetchRecord:
     """Both phases in one call (callers that hold the engine themselves)."""
-    prefilled = commit_prefill(engine, txn, ledger, options, should_stop=should_stop)
+    prefilled = commit_prefill(engine, txn, ledger, should_stop=should_stop)
     return commit_finish(engine, txn, ledger, options, prefilled, fault=fault,
                          should_stop=should_stop)
 
