@@ -1,8 +1,6 @@
-"""kvagent.cachepolicy: the llama.cpp engine (``cachepolicy.engine``, the bottom layer),
-checkpoints, images, the cache-policy interface and the policies (``cachepolicy.policies``).
+"""kvagent.cachepolicy: the llama.cpp engine, checkpoints, images and (later) cache policies.
 
-Importing this package imports ``cachepolicy.engine`` (its checkpoints and errors live there),
-and with it ``llama_cpp``.
+Importing this package does not load llama.cpp; import ``cachepolicy.engine`` for that.
 """
 
 from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind, Run, RunKind
