@@ -1,4 +1,5 @@
-"""The cache-policy interface, the shared planning helpers, and the name registry.
+"""The cache-policy interface and the shared planning helpers (the name registry is
+``cachepolicy.policies.registry``, beside the policies).
 
 A policy is configured once per model (``ModelInfo``, ``PromptKit``, window size) and then
 ``select(log, view) -> Plan`` is a pure function: it reads immutable records and returns one.
@@ -116,22 +117,3 @@ class CachePolicy(abc.ABC):
                             successor_seq_bytes=m.state_bytes(total),
                             new_checkpoint_bytes=new_ckpts, workspace_bytes=workspace)
 
-
-POLICIES: dict[str, type[CachePolicy]] = {}
-
-
-def register(cls: type[CachePolicy]) -> type[CachePolicy]:
-    """Class decorator: make a policy available by its ``name``."""
-    if cls.name in POLICIES:
-        raise PolicyError(f"a policy named {cls.name!r} is already registered")
-    POLICIES[cls.name] = cls
-    return cls
-
-
-def make_policy(name: str, model: ModelInfo, kit: PromptKit, **options: int) -> CachePolicy:
-    """Instantiate a registered policy for a model; unknown names get the list of known ones."""
-    import cachepolicy.policies  # noqa: F401  (registers the built-in policies)
-
-    if name not in POLICIES:
-        raise PolicyError(f"unknown cache policy {name!r}; known: {', '.join(sorted(POLICIES))}")
-    return POLICIES[name](model, kit, **options)

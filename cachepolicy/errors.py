@@ -1,66 +1,21 @@
 """Typed errors of the cache-policy layer, grouped by cause.
 
-* ``EngineError`` — the engine could not do what was asked (load, decode, restore).
-* ``UnsafeEditError`` — the edit would silently corrupt state (a middle-range removal or an
-  unsupported truncate on a recurrent / hybrid model).  llama.cpp itself would accept some of
-  these and keep the removed tokens in the recurrent state, so we refuse them before the call.
-* ``ImageError`` — a screenshot could not be decoded or encoded.
+* ``PolicyError`` — a cache policy cannot be configured or cannot plan this step
+  (``PolicyRefusedError``: not on this model kind).
+* ``StalePublishError`` — compare-and-publish lost: the episode moved on.
+
+The engine's errors live with the engine (``cachepolicy.engine.errors``: the bottom layer
+imports nothing above it) and are re-exported here, so ``from cachepolicy.errors import X``
+names every error of ``cachepolicy``, whichever layer raises it.
 """
 
 from __future__ import annotations
 
-
-class KvagentCacheError(Exception):
-    """Base class for errors raised by ``cachepolicy``."""
-
-
-class EngineError(KvagentCacheError):
-    """llama.cpp refused or failed an operation."""
-
-
-class ModelLoadError(EngineError):
-    """A GGUF model or mmproj file could not be loaded."""
-
-
-class FastKernelsUnavailableError(ModelLoadError):
-    """``fast_kernels`` was asked for on a host where llama.cpp's repacked kernels crash."""
-
-
-class DecodeError(EngineError):
-    """``llama_decode`` failed.  ``code`` is llama.cpp's return value (1: no KV slot)."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-    @property
-    def out_of_memory(self) -> bool:
-        """True when llama.cpp could not find room in the KV cache (retryable after freeing)."""
-        return self.code == 1
-
-
-class ContextFullError(EngineError):
-    """The sequence would exceed its share of the context window."""
-
-
-class RestoreError(EngineError):
-    """A checkpoint could not be restored (wrong model, wrong kind, or llama.cpp refused)."""
-
-
-class UnsafeEditError(KvagentCacheError):
-    """The requested edit would silently corrupt a sequence's state; nothing was changed."""
-
-
-class SingleTokenPrefillError(KvagentCacheError):
-    """A 1-token prefill takes another kernel than a multi-token one (not bitwise comparable)."""
-
-
-class ImageError(KvagentCacheError):
-    """An image could not be decoded (corrupt / truncated PNG) or encoded by the projector."""
-
-
-class NoVisionError(EngineError):
-    """The engine was loaded without an mmproj, so it cannot encode images."""
+from cachepolicy.engine.errors import (
+    ContextFullError, DecodeError, EngineError, FastKernelsUnavailableError, ImageError,
+    KvagentCacheError, ModelLoadError, NoVisionError, Preempted, QuantizeError, RestoreError,
+    SingleTokenPrefillError, UnsafeEditError,
+)
 
 
 class PolicyError(KvagentCacheError):
@@ -75,6 +30,9 @@ class StalePublishError(KvagentCacheError):
     """Compare-and-publish failed: the episode's published generation moved on."""
 
 
-class Preempted(Exception):
-    """Work stopped at a piece or token boundary and must not be published (its caller was
-    cancelled).  Not a ``KvagentCacheError``: it is control flow, never bad input."""
+__all__ = [
+    "ContextFullError", "DecodeError", "EngineError", "FastKernelsUnavailableError",
+    "ImageError", "KvagentCacheError", "ModelLoadError", "NoVisionError", "PolicyError",
+    "PolicyRefusedError", "Preempted", "QuantizeError", "RestoreError",
+    "SingleTokenPrefillError", "StalePublishError", "UnsafeEditError",
+]

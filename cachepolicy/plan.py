@@ -182,3 +182,8 @@ class PolicyManifest:
     #: may the fallback ladder re-lay a step in terminal layout with fewer screenshots?
     #: False where the prompt is not the policy's to change (faithful: the client's own)
     may_degrade: bool = True
+    #: do its plans prefill a reference prompt on a spare sequence beside the episode's
+    #: (``Plan.drift_reference``: relocate measures its drift)?  The scheduler's owner then
+    #: asks it for one (``Scheduler(spare_sequence=True)``); without one the plans run
+    #: unmeasured
+    needs_scratch_sequence: bool = False

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import attrs
 
-from cachepolicy.base import CachePolicy, register
+from cachepolicy.base import CachePolicy
 from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog, Segment
 from cachepolicy.engine import EngineConfig
 from cachepolicy.pieces import Piece, image_piece, merge_text, text_piece
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
+from cachepolicy.policies import register
 from runtime.bench.arms import run_arms
 from runtime.bench.trajectory import trajectory
 from runtime.commands.options import bench_agent_defaults

@@ -19,8 +19,9 @@ import math
 
 import attrs
 
-from cachepolicy.base import CachePolicy, make_policy
+from cachepolicy.base import CachePolicy
 from cachepolicy.engine.sampling import MAX_TEMPERATURE, SamplingParams
+from cachepolicy.policies import make_policy
 from cachepolicy.segments import SegmentFactory, model_info
 from runtime.actions import CoordConvention, Screen
 from runtime.profiles import Profile, get, names
@@ -118,12 +119,10 @@ class AgentConfig:
         grammar = self.make_profile().grammar(screen) if self.grammar else None
         return SamplingParams(temperature=self.temperature, seed=self.seed, grammar=grammar)
 
-    def step_options(self, screen: Screen, scratch_seq: int | None = None) -> StepOptions:
-        """The scheduler's options for a step on a ``screen``-sized screenshot;
-        ``scratch_seq`` is the spare sequence relocate measures its drift on."""
+    def step_options(self, screen: Screen) -> StepOptions:
+        """The scheduler's options for a step on a ``screen``-sized screenshot."""
         return StepOptions(decode_tokens=self.max_tokens(screen), stop_at_eog=self.stop_at_eog,
-                           sampling=self.sampling(screen),
-                           scratch_seq=scratch_seq if self.policy == "relocate" else None)
+                           sampling=self.sampling(screen))
 
     def make_policy(self, factory: SegmentFactory, screen: Screen, *,
                     policy: str | None = None) -> CachePolicy:

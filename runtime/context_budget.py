@@ -79,8 +79,7 @@ def context_need(agent: AgentConfig, screen: Screen, image_tokens: int, *,
     """What ``agent`` needs on ``screen``-sized screenshots of ``image_tokens`` tokens each,
     for episodes of up to ``steps`` steps (a policy that keeps every screenshot — not
     ``manifest.bounded`` — shows all of them)."""
-    import cachepolicy.policies  # noqa: F401  (registers the built-in policies)
-    from cachepolicy.base import POLICIES
+    from cachepolicy.policies import POLICIES
     from runtime.session import system_prompt
 
     profile = agent.make_profile()

@@ -150,7 +150,7 @@ class AgentSession:
             return segs + (shot,)
 
         if options is None:
-            options = self.config.step_options(screen, self.scheduler.options.scratch_seq)
+            options = self.config.step_options(screen)
         record = await self.scheduler.step(self.episode, build, options=options)
         response = record.output_text
         parsed = self.profile.parse(response, screen, pointer=self._pointer)

@@ -7,7 +7,9 @@ sequence's share of the context (``n_ctx_per_seq``) is never executed; it goes s
 rung 3 (a smaller window fits), the step recorded as degraded with the reason.
 
 Decisions are ``MemoryPressure.decide``'s (synchronous); this module acts on them and keeps
-the FIFO queue of jobs waiting for memory.  Each rung is logged with its reason.
+the FIFO queue of jobs waiting for memory.  Each rung is logged with its reason.  An admitted
+job gets an ``Admitted`` handle: its reservation and its episode's pin, held until the job's
+``with`` block ends.
 """
 
 from __future__ import annotations
@@ -22,13 +24,41 @@ from cachepolicy.base import CachePolicy
 from cachepolicy.context_log import Segment
 from cachepolicy.engine import Engine
 from cachepolicy.layouts import PromptKit
+from cachepolicy.policies import make_policy
+from scheduler.admitted import Admitted
 from scheduler.errors import AdmissionError, ContextFullAdmissionError
-from scheduler.ladder import downgrades
 from scheduler.ledger import MemoryLedger
 from scheduler.pressure import Admit, GiveUp, MemoryPressure, Replan, Wait
 from scheduler.release import ReleaseSignal
 from scheduler.slots import Priority, Slot
 from scheduler.transaction import EpisodeCache, Transaction, begin
+
+
+# Rung 3: smaller plans for the same step, most faithful first.  terminal-slot →
+# terminal-scratch with the same window → terminal-scratch with a smaller window, down to one
+# screenshot.  Every one of them is exact for what it shows; a smaller window shows less, so
+# a step that runs on one is recorded as degraded with the reason.  A policy whose prompt is
+# not its own to change (``manifest.may_degrade`` False: faithful serves the client's prompt
+# as sent) has no smaller plans.
+FALLBACK_POLICY = "terminal-scratch"
+
+
+def downgrades(policy: CachePolicy, kit: PromptKit) -> list[tuple[CachePolicy, str]]:
+    """Rung 3's plans for a step of ``policy``, each with the reason its step records."""
+    out: list[tuple[CachePolicy, str]] = []
+    if not policy.manifest.may_degrade:
+        return out
+    k = policy.window
+    if policy.name != FALLBACK_POLICY:
+        out.append((make_policy(FALLBACK_POLICY, policy.model, kit, window=k,
+                                decode_tokens=policy.decode_tokens),
+                    f"downgraded {policy.name} to {FALLBACK_POLICY} (window {k})"))
+    for smaller in range(k - 1, 0, -1):
+        out.append((make_policy(FALLBACK_POLICY, policy.model, kit, window=smaller,
+                                decode_tokens=policy.decode_tokens),
+                    f"downgraded {policy.name} to {FALLBACK_POLICY} with window {smaller} "
+                    f"(of {k})"))
+    return out
 
 
 class Admission:
@@ -71,16 +101,18 @@ class Admission:
         return self.context_need(txn) <= self.engine.config.n_ctx_per_seq
 
     async def admit(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority, *,
-                     degrade: bool, cause: str = "") -> Transaction:
+                     degrade: bool, cause: str = "") -> Admitted:
         """reserve, or walk the ladder: free idle state → wait for releases → downgrade →
         fail.  Each rung is logged with its reason.  ``degrade``: straight to rung 3
-        (``cause``: why, e.g. the engine failed the full plan; it prefixes the reason)."""
+        (``cause``: why, e.g. the engine failed the full plan; it prefixes the reason).
+        Returns the handle holding the reservation and the pin: run the transaction inside
+        ``with handle as txn:``."""
         ep = slot.cache
         rungs: list[str] = []
         if not degrade:
-            txn = await self._under_pressure(slot, segments, priority, rungs)
-            if txn is not None:
-                return self._admitted(txn, rungs)
+            handle = await self._under_pressure(slot, segments, priority, rungs)
+            if handle is not None:
+                return self._admitted(handle, rungs)
             # both walked (whether or not they found anything), or the context is full
             rungs[:] = ["context_full"] if "context_full" in rungs else ["evict", "wait"]
         if priority is Priority.PREFETCH:  # speculative: no downgrade, not a failed step
@@ -101,10 +133,10 @@ class Admission:
                 shortest = min(shortest or n_ctx << 20, self.context_need(smaller))
                 continue
             need = need or smaller.need_bytes
-            if self.pressure.try_admit(slot, smaller):
+            if (handle := self.pressure.try_admit(slot, smaller)) is not None:
                 self._fallback(ep, 3, reason, smaller.need_bytes)
                 self.counters["degraded"] += 1
-                return self._admitted(smaller, rungs)
+                return self._admitted(handle, rungs)
         rungs.append("fail")
         self.counters["failed"] += 1
         if not need:
@@ -127,7 +159,7 @@ class Admission:
             rungs=tuple(rungs), need=need, free=snap.free)
 
     async def _under_pressure(self, slot: Slot, segments: tuple[Segment, ...],
-                                    priority: Priority, rungs: list[str]) -> Transaction | None:
+                              priority: Priority, rungs: list[str]) -> Admitted | None:
         """Rungs 1 and 2: decide (synchronously), act, re-plan — until admitted, out of
         options, or without progress: ``wait_s`` seconds pass with no release at all, or (at
         the head of the queue) no other job could release anything.  While others release
@@ -154,7 +186,7 @@ class Admission:
                 decision = self.pressure.decide(slot, txn, first_in_queue=head,
                                                 speculative=priority is Priority.PREFETCH)
                 if isinstance(decision, Admit):
-                    return txn
+                    return decision.handle
                 if isinstance(decision, Replan):
                     continue
                 if isinstance(decision, GiveUp):
@@ -193,12 +225,13 @@ class Admission:
         return any((s.jobs and s not in self._mem_queue) or s.closed
                    for s in self._slots.values() if s is not slot)
 
-    def _admitted(self, txn: Transaction, rungs: list[str]) -> Transaction:
+    def _admitted(self, handle: Admitted, rungs: list[str]) -> Admitted:
+        txn = handle.txn
         self.counters["admitted"] += 1
         self._log.info("admit", episode_id=txn.episode.episode_id, seq_id=txn.episode.seq,
                        txn_id=txn.txn_id, reserved=txn.need_bytes, prefetch=txn.prefetch,
                        rungs=rungs or None)
-        return txn
+        return handle
 
     def _fallback(self, ep: EpisodeCache, rung: int, reason: str, need: int) -> None:
         self.counters[f"rung{rung}"] += 1

@@ -27,13 +27,15 @@ import time
 from collections.abc import Iterable, Mapping
 
 from cachepolicy.engine import Engine
+from cachepolicy.engine.images import EmbeddingCache
 from scheduler.errors import IntegrityError
 from scheduler.ledger import MemoryLedger
 from scheduler.slots import IMAGE_CACHE, Slot
 
 
-def check_integrity(engine: Engine, ledger: MemoryLedger, slots: Mapping[str, Slot],
-                    free_seqs: Iterable[int], spare_seq: int | None) -> None:
+def check_integrity(engine: Engine, ledger: MemoryLedger, image_cache: EmbeddingCache,
+                    slots: Mapping[str, Slot], free_seqs: Iterable[int],
+                    spare_seq: int | None) -> None:
     """Raise ``IntegrityError`` listing every mismatch (see the module docstring)."""
     problems: list[str] = []
     if any(s.jobs for s in slots.values()):
@@ -56,14 +58,13 @@ def check_integrity(engine: Engine, ledger: MemoryLedger, slots: Mapping[str, Sl
     if strays:
         problems.append(f"the ledger holds bytes for owners that are not open: {sorted(strays)}")
 
-    cache = engine.image_cache
+    cache = image_cache.snapshot()  # one read: an encode ahead may be filling it now
     if holdings.get(IMAGE_CACHE, 0) != cache.max_bytes:
         problems.append(f"the ledger holds {holdings.get(IMAGE_CACHE, 0)} bytes for the image "
                         f"cache, whose capacity is {cache.max_bytes}")
-    counted, entries = cache.audit()  # one read: an encode ahead may be filling it now
-    if counted != entries or counted > cache.max_bytes:
-        problems.append(f"the image cache counts {counted} bytes; its entries hold "
-                        f"{entries}; capacity {cache.max_bytes}")
+    if cache.nbytes != cache.entry_bytes or cache.nbytes > cache.max_bytes:
+        problems.append(f"the image cache counts {cache.nbytes} bytes; its entries hold "
+                        f"{cache.entry_bytes}; capacity {cache.max_bytes}")
 
     referenced = {id(c.checkpoint): len(c.checkpoint.data)
                   for s in slots.values() for c in s.cache.state.checkpoints}

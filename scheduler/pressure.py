@@ -1,13 +1,17 @@
 """Memory pressure: decide what one admission attempt does next, then do it.
 
 ``MemoryPressure.decide`` is synchronous — it reads the ledger and the episodes' bookkeeping,
-and either reserves the transaction's bytes (``Admit``) or says what to do instead: cut an
-idle episode back to its reuse point (``Trim``, free for that episode), drop an idle
-episode's cache state (``Evict``), shrink the image-embedding cache (``Shrink``), ``Wait``
-for in-flight work to release, or ``GiveUp``.  It marks what it picked (the victim as
-``evicting``) before returning, so no other decision picks it too — the httpcore pool's way:
-bookkeeping under the (event-loop) lock, effects outside it.  ``carry_out`` performs the
-effect; the caller re-plans and decides again.
+and either reserves the transaction's bytes (``Admit``, holding the ``Admitted`` handle) or
+says what to do instead: cut an idle episode back to its reuse point (``Trim``, free for that
+episode), drop an idle episode's cache state (``Evict``), shrink the image-embedding cache
+(``Shrink``), ``Wait`` for in-flight work to release, or ``GiveUp``.  ``carry_out`` performs
+the effect; the caller re-plans and decides again.  The caller carries out a ``Trim`` or
+``Evict`` before its next await, and ``carry_out`` claims the victim (``evicting``) before
+its first, so no other decision picks it too — the httpcore pool's way: bookkeeping in one
+step of the event loop, effects outside it.
+
+Ownership of the episodes' flags: ``evicting`` is set and cleared only by ``_claimed`` here
+(around a trim or an eviction); ``pinned`` only by the ``Admitted`` handle.
 
 Order of rung 1: every free trim first, then evictions (least recently used first), then the
 embedding cache.  A job that is not first in the memory queue waits (FIFO): nobody jumps the
@@ -20,7 +24,8 @@ from __future__ import annotations
 import functools
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -28,10 +33,11 @@ import attrs
 import structlog
 
 from cachepolicy.engine import Engine
-from scheduler.errors import BudgetExceededError
+from cachepolicy.engine.images import EmbeddingCache
+from scheduler.admitted import Admitted
 from scheduler.ledger import MemoryLedger
 from scheduler.slots import IMAGE_CACHE, Slot
-from scheduler.transaction import Transaction, admit
+from scheduler.transaction import Transaction
 from scheduler.trim import cut_to_reuse_point
 
 EngineCall = Callable[[Callable[[], Any]], Awaitable[Any]]
@@ -39,7 +45,9 @@ EngineCall = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 @attrs.frozen
 class Admit:
-    """The transaction's bytes are reserved; its episode is pinned."""
+    """The transaction's bytes are reserved and its episode pinned, both held by ``handle``."""
+
+    handle: Admitted = attrs.field(eq=False)
 
 
 @attrs.frozen
@@ -80,8 +88,10 @@ class MemoryPressure:
 
     def __init__(self, engine: Engine, ledger: MemoryLedger, slots: dict[str, Slot], *,
                  engine_call: EngineCall, notify_release: Callable[[], None],
-                 counters: Counter[str], image_cache_floor: int = 0) -> None:
+                 counters: Counter[str], image_cache: EmbeddingCache,
+                 image_cache_floor: int = 0) -> None:
         self.engine, self.ledger, self.slots = engine, ledger, slots
+        self.image_cache = image_cache  # a ledger owner (``IMAGE_CACHE``): its capacity
         self._engine_call, self._notify = engine_call, notify_release
         self.counters = counters
         self.image_cache_floor = image_cache_floor
@@ -89,16 +99,12 @@ class MemoryPressure:
 
     # ------------------------------------------------------------------ decide (sync)
 
-    def try_admit(self, slot: Slot, txn: Transaction) -> bool:
-        """Reserve iff the plan is still current; pins the episode's state on success."""
+    def try_admit(self, slot: Slot, txn: Transaction) -> Admitted | None:
+        """Reserve iff the plan is still current: the handle holding the reservation and the
+        episode's pin, or None (nothing changed)."""
         if txn.parent is not slot.cache.state or slot.evicting:
-            return False
-        try:
-            admit(txn, self.ledger)
-        except BudgetExceededError:
-            return False
-        slot.pinned = True
-        return True
+            return None
+        return Admitted.reserve(slot, txn, self.ledger, self._notify)
 
     def decide(self, slot: Slot, txn: Transaction, *, first_in_queue: bool,
                speculative: bool = False) -> Decision:
@@ -110,21 +116,19 @@ class MemoryPressure:
             return Replan()
         if not first_in_queue:
             return GiveUp() if speculative else Wait()
-        if self.try_admit(slot, txn):
-            return Admit()
+        if (handle := self.try_admit(slot, txn)) is not None:
+            return Admit(handle)
         victims = sorted((s for s in self.slots.values() if s is not slot and s.evictable),
                          key=lambda s: s.last_used)
         for victim in victims:  # free first: cut idle sequences back to their reuse point
             if not victim.was_trimmed():
-                victim.evicting = True
                 return Trim(victim)
         if speculative:
             return GiveUp()
-        for victim in victims:
-            victim.evicting = True
+        for victim in victims:  # least recently used first
             return Evict(victim)
-        cache = self.engine.image_cache
-        if cache.max_bytes > self.image_cache_floor and len(cache):
+        cache = self.image_cache.snapshot()
+        if cache.max_bytes > self.image_cache_floor and cache.entries:
             return Shrink()
         # a job in flight, or an episode being closed, will release what it holds
         others_busy = any(s.jobs or s.closed for s in self.slots.values() if s is not slot)
@@ -133,7 +137,9 @@ class MemoryPressure:
     # ------------------------------------------------------------------ act (async)
 
     async def carry_out(self, decision: Trim | Evict | Shrink) -> str:
-        """Perform a rung-1 decision; returns the reason to log ("" if nothing was freed)."""
+        """Perform a rung-1 decision; returns the reason to log ("" if nothing was freed).
+        Call it right after ``decide`` (no await between): it claims a trim's or an
+        eviction's victim before it first waits."""
         if isinstance(decision, Trim):
             freed = await self._trim(decision.victim)
             return (f"trimmed idle episode {decision.victim.cache.episode_id}'s sequence back "
@@ -146,15 +152,26 @@ class MemoryPressure:
         return f"shrank the image-embedding cache by {freed} bytes" if freed else ""
 
     async def trim_to_reuse_point(self, victim: Slot) -> int:
-        """Cut an idle episode's sequence back to its state's ``trim_pos``; bytes freed.
-        (Marks the victim itself; ``decide`` does so for the ladder.)"""
-        victim.evicting = True
+        """Cut an idle episode's sequence back to its state's ``trim_pos``; bytes freed."""
         return await self._trim(victim)
+
+    @contextmanager
+    def _claimed(self, victim: Slot) -> Iterator[None]:
+        """``victim`` is being cut or evicted for the block: no decision picks it, and its
+        own next job waits before planning (``Admission.begin``); released memory is
+        announced at the end.  The only code that sets or clears ``Slot.evicting``."""
+        assert not victim.evicting, f"episode {victim.cache.episode_id} is claimed twice"
+        victim.evicting = True
+        try:
+            yield
+        finally:
+            victim.evicting = False
+            self._notify()
 
     async def _trim(self, victim: Slot) -> int:
         ep = victim.cache
         state = ep.state
-        try:
+        with self._claimed(victim):
             new_bytes = await self._engine_call(
                 functools.partial(cut_to_reuse_point, self.engine, ep.seq, state))
             if new_bytes is None or new_bytes >= state.seq_bytes:
@@ -164,9 +181,6 @@ class MemoryPressure:
                 ep.state = attrs.evolve(state, seq_bytes=new_bytes)
                 self.ledger.publish(ep.episode_id, ep.state.held_bytes, None)
             victim.trimmed = weakref.ref(ep.state)
-        finally:
-            victim.evicting = False
-            self._notify()
         freed = state.seq_bytes - new_bytes
         self.counters["trimmed_episodes"] += 1
         self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed,
@@ -176,27 +190,26 @@ class MemoryPressure:
     async def _evict(self, victim: Slot) -> int:
         ep = victim.cache
         freed = ep.state.held_bytes
-        try:
+        with self._claimed(victim):
             await self._engine_call(functools.partial(self.engine.clear, ep.seq))
             with ep.publish_lock:  # a smaller published state: nothing but the log
                 ep.state = attrs.evolve(ep.state, checkpoints=(), seq_bytes=0,
                                         layout_keys=(), trim_pos=0)
                 self.ledger.publish(ep.episode_id, 0, None)
-        finally:
-            victim.evicting = False
-            self._notify()
         self.counters["evicted_episodes"] += 1
         self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed)
         return freed
 
     async def _shrink_image_cache(self) -> int:
-        cache = self.engine.image_cache
+        """Evict embeddings (least recently used first) and lower the capacity by what they
+        held, down to the floor; the ledger's holding follows the capacity."""
+        cache, floor = self.image_cache, self.image_cache_floor
         freed = 0
-        while cache.max_bytes - freed > self.image_cache_floor and len(cache):
-            freed += await self._engine_call(cache.evict_one)
+        while (snap := cache.snapshot()).max_bytes - freed > floor and snap.entries:
+            freed += await self._engine_call(cache.evict_lru)
         if freed:
-            cache.max_bytes = max(self.image_cache_floor, cache.max_bytes - freed)
-            self.ledger.publish(IMAGE_CACHE, cache.max_bytes, None)
+            cache.resize(max(floor, cache.snapshot().max_bytes - freed))
+            self.ledger.publish(IMAGE_CACHE, cache.snapshot().max_bytes, None)
             self._log.info("evict", owner=IMAGE_CACHE, freed=freed)
             self._notify()
         return freed

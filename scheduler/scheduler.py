@@ -32,6 +32,7 @@ import structlog
 from cachepolicy.base import CachePolicy
 from cachepolicy.context_log import Segment
 from cachepolicy.engine import Engine
+from cachepolicy.engine.images import EmbeddingCache
 from cachepolicy.errors import ContextFullError, DecodeError, Preempted, RestoreError
 from cachepolicy.segments import SegmentFactory
 from scheduler.admission import Admission
@@ -42,10 +43,10 @@ from scheduler.ledger import MemoryLedger
 from scheduler.pressure import MemoryPressure
 from scheduler.records import StepRecord
 from scheduler.release import ReleaseSignal
+from scheduler.sizes import format_bytes
 from scheduler.slots import IMAGE_CACHE, Phase, Priority, Slot, set_on_cancel
-from scheduler.summary import summary_line
 from scheduler.transaction import (
-    EpisodeCache, PrefetchRecord, StepOptions, Transaction, abort, commit_finish,
+    EpisodeCache, PrefetchRecord, StepOptions, Transaction, commit_finish,
     commit_prefill, rollback,
 )
 
@@ -57,17 +58,26 @@ __all__ = ["IMAGE_CACHE", "Priority", "Scheduler"]
 class Scheduler:
     def __init__(self, engine: Engine, ledger: MemoryLedger, factory: SegmentFactory, *,
                  options: StepOptions = StepOptions(), wait_s: float = 30.0,
-                 image_cache_floor: int = 0,
+                 image_cache: EmbeddingCache | None = None, image_cache_floor: int = 0,
+                 spare_sequence: bool = False,
                  fault: Callable[[str], None] | None = None,
                  debug: bool | None = None) -> None:
+        """``spare_sequence``: hold the engine's last sequence aside for the episodes whose
+        policy asks for one (``PolicyManifest.needs_scratch_sequence``); an owner that runs
+        such policies sets it."""
         self.engine, self.ledger, self.factory, self.options = engine, ledger, factory, options
+        # the embedding cache is a ledger owner: the scheduler holds its capacity (default:
+        # the engine's own cache, taken once here and handed to whoever needs it)
+        self.image_cache = image_cache if image_cache is not None else engine.image_cache
         self.wait_s = wait_s
         self.fault = fault  # test hook, called in the worker thread before publication
         # debug: check integrity (ledger vs engine) whenever the scheduler goes idle
         self.debug = os.environ.get("KVAGENT_DEBUG") == "1" if debug is None else debug
         self.counters: Counter[str] = Counter()
         self.gate = EngineGate()
-        self._free_seqs = [s for s in range(engine.config.n_seq_max) if s != options.scratch_seq]
+        # the spare sequence is the scheduler's for its whole life: never an episode's own
+        self._spare_seq = engine.config.n_seq_max - 1 if spare_sequence else None
+        self._free_seqs = [s for s in range(engine.config.n_seq_max) if s != self._spare_seq]
         self._slots: dict[str, Slot] = {}
         self._released = ReleaseSignal()
         self._clock = itertools.count(1)
@@ -75,17 +85,16 @@ class Scheduler:
         self.pressure = MemoryPressure(
             engine, ledger, self._slots, counters=self.counters,
             engine_call=functools.partial(self._engine_call, priority=Priority.CRITICAL),
-            notify_release=self._notify_release, image_cache_floor=image_cache_floor)
+            notify_release=self._notify_release, image_cache=self.image_cache,
+            image_cache_floor=image_cache_floor)
         self.admission = Admission(engine, ledger, factory.kit, self.pressure, self._slots,
                                    self._released, self.counters, wait_s=wait_s)
         # The image cache is held at its capacity, so encoding never takes the ledger past
         # its budget; rung 1 may shrink the capacity.
-        # (at most a quarter of the budget; the engine's own capacity is restored on close).
-        self._cache_capacity = engine.image_cache.max_bytes
-        engine.image_cache.max_bytes = min(self._cache_capacity, ledger.budget // 4)
-        while engine.image_cache.nbytes > engine.image_cache.max_bytes:
-            engine.image_cache.evict_one()
-        ledger.publish(IMAGE_CACHE, engine.image_cache.max_bytes, None)
+        # (at most a quarter of the budget; the cache's own capacity is restored on close).
+        self._cache_capacity = self.image_cache.snapshot().max_bytes
+        self.image_cache.resize(min(self._cache_capacity, ledger.budget // 4))
+        ledger.publish(IMAGE_CACHE, self.image_cache.snapshot().max_bytes, None)
 
     async def __aenter__(self) -> Scheduler:
         return self
@@ -102,7 +111,7 @@ class Scheduler:
             if self.debug:
                 self.check_integrity()
             self.ledger.drop(IMAGE_CACHE)
-            self.engine.image_cache.max_bytes = self._cache_capacity
+            self.image_cache.resize(self._cache_capacity)
 
     # ------------------------------------------------------------------ episodes
 
@@ -116,9 +125,9 @@ class Scheduler:
             raise NoFreeSequenceError(
                 f"all {self.engine.config.n_seq_max} sequences are in use; raise n_seq_max")
         seq = self._free_seqs.pop(0)
-        if options is not None:  # the spare sequence is the scheduler's, whoever asks
-            options = attrs.evolve(options, scratch_seq=self.options.scratch_seq)
-        episode = EpisodeCache(episode_id, seq, policy, seed=seed, options=options)
+        spare = self._spare_seq if policy.manifest.needs_scratch_sequence else None
+        episode = EpisodeCache(episode_id, seq, policy, seed=seed, options=options,
+                               scratch_seq=spare)
         self._slots[episode_id] = Slot(episode, last_used=next(self._clock))
         self._log.info("episode_open", episode_id=episode_id, seq_id=seq, policy=policy.name)
         return episode
@@ -174,19 +183,23 @@ class Scheduler:
         return result
 
     def summary(self) -> str:
+        """The state in one line, for progress output, logs and tests: ``episodes: 3
+        running, 1 waiting | budget: 1.2 GiB of 2.0 GiB, peak 1.9 GiB | checkpoints: 7``"""
         slots = list(self._slots.values())
-        return summary_line(
-            running=sum(s.phase is Phase.RUNNING for s in slots),
-            waiting=sum(s.phase is Phase.WAITING for s in slots),
-            checkpoints=sum(len(s.cache.state.checkpoints) for s in slots),
-            snap=self.ledger.snapshot())
+        running = sum(s.phase is Phase.RUNNING for s in slots)
+        waiting = sum(s.phase is Phase.WAITING for s in slots)
+        checkpoints = sum(len(s.cache.state.checkpoints) for s in slots)
+        snap = self.ledger.snapshot()
+        return (f"episodes: {running} running, {waiting} waiting | budget: "
+                f"{format_bytes(snap.held + snap.reserved)} of {format_bytes(snap.budget)}, "
+                f"peak {format_bytes(snap.peak)} | checkpoints: {checkpoints}")
 
     def check_integrity(self) -> None:
         """Compare the ledger's holdings with the engine's own report (see
         ``scheduler.integrity``); raises ``IntegrityError``.  Call it when idle; it blocks on
         the engine briefly."""
-        check_integrity(self.engine, self.ledger, self._slots, self._free_seqs,
-                        self.options.scratch_seq)
+        check_integrity(self.engine, self.ledger, self.image_cache, self._slots,
+                        self._free_seqs, self._spare_seq)
         self.counters["integrity_checks"] += 1
 
     # ------------------------------------------------------------------ internals
@@ -218,8 +231,6 @@ class Scheduler:
                 # a replacing request supersedes what a discarded prefetch left pending
                 segments = built if replace else slot.pending + built
                 slot.pending, slot.replacing = (), replace
-                if options is not None:
-                    options = attrs.evolve(options, scratch_seq=self.options.scratch_seq)
                 opts = options or episode.options or self.options
                 try:
                     return await self._admit_and_run(slot, segments, priority, opts)
@@ -247,15 +258,17 @@ class Scheduler:
         cause = ""  # why the previous attempt failed: the degraded step's reason says it
         for attempt in range(3):
             try:
-                txn = await self.admission.admit(slot, segments, priority, degrade=attempt > 0,
-                                                 cause=cause)
+                admitted = await self.admission.admit(slot, segments, priority,
+                                                      degrade=attempt > 0, cause=cause)
             except AdmissionError:
                 if priority is Priority.PREFETCH:
                     slot.pending = segments
                     return None
                 raise
             try:
-                result = await self._run(slot, txn, priority, options)
+                # the handle gives the reservation and the pin back however the run ends
+                with admitted as txn:
+                    result = await self._run(slot, txn, priority, options)
                 if isinstance(result, PrefetchRecord) and result.preempted:
                     self.counters["prefetch_preempted"] += 1
                 return result
@@ -282,8 +295,6 @@ class Scheduler:
                     return None
                 if attempt == 2:
                     raise
-            finally:
-                slot.pinned = False
         raise AssertionError("unreachable")
 
     async def _run(self, slot: Slot, txn: Transaction, priority: Priority,
@@ -317,7 +328,7 @@ class Scheduler:
                     async with gate.hold(priority):
                         slot.phase = Phase.RUNNING
                         prefilled = await anyio.to_thread.run_sync(functools.partial(
-                            commit_prefill, self.engine, txn, self.ledger, options,
+                            commit_prefill, self.engine, txn, self.ledger,
                             should_stop=should_stop))
                     record = await anyio.to_thread.run_sync(functools.partial(
                         commit_finish, self.engine, txn, self.ledger, options, prefilled,
@@ -337,12 +348,7 @@ class Scheduler:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(functools.partial(
                         rollback, self.engine, txn, self.ledger))
-            abort(txn, self.ledger)
-            self._notify_release()
-            self._log.info("release", episode_id=txn.episode.episode_id,
-                           seq_id=txn.episode.seq, txn_id=txn.txn_id,
-                           held=self.ledger.held_by(txn.episode.episode_id),
-                           free=self.ledger.snapshot().free)
+            # (the caller's Admitted handle then returns the reservation and the pin)
         self._log.info("publish", episode_id=txn.episode.episode_id, seq_id=txn.episode.seq,
                        txn_id=txn.txn_id, generation=txn.new_log.generation,
                        degraded=txn.degraded or None)

@@ -32,8 +32,15 @@ class Slot:
 
     Eviction (rung 1) may take the published state of an episode that is idle or parked
     waiting for memory, never of one that is planning, admitted or running (``pinned``).
-    Only the event loop reads or writes these fields; the scheduler's admission decisions
-    flip them synchronously (no await between deciding and marking).
+    Only the event loop reads or writes these fields, each flag from one owner, with no await
+    between deciding and marking:
+
+    * ``planning`` — ``Admission.begin``, around the policy's ``select``;
+    * ``pinned`` — the ``Admitted`` handle, from the reservation to the job's end;
+    * ``evicting`` — ``MemoryPressure._claimed``, around a trim or an eviction;
+    * ``trimmed`` — ``MemoryPressure`` (what its last trim left);
+    * ``jobs``, ``phase``, ``pending``, ``replacing``, ``last_used``, ``closed`` — the
+      ``Scheduler``, around each job and at close.
     """
 
     cache: EpisodeCache
@@ -44,7 +51,7 @@ class Slot:
     phase: Phase = Phase.IDLE
     planning: bool = False
     pinned: bool = False  # holds a reservation or runs: its state must not be evicted
-    evicting: bool = False
+    evicting: bool = False  # being cut back or evicted (rung 1): its next job waits
     closed: bool = False
     replacing: bool = False  # the job in flight replaces the log (a whole-prompt request)
     # the published state rung 1 last cut back (cutting it again frees nothing); a weak

@@ -50,6 +50,10 @@ class EpisodeCache:
     steps_done: int = 0
     seed: int = 0  # the episode's sampling seed (mixed with the step index at each step)
     options: StepOptions | None = None  # the episode's own step options (None: the scheduler's)
+    #: the spare sequence its plans may prefill a reference prompt on (its policy's manifest
+    #: asked for one: ``needs_scratch_sequence``); the scheduler's, shared by every episode
+    #: that asked, and used only in the prefill phase, which holds the engine gate
+    scratch_seq: int | None = None
     publish_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
 
     def view(self, engine: Engine) -> CacheView:
@@ -78,7 +82,6 @@ class StepOptions:
     decode_tokens: int = 16
     sampling: SamplingParams = attrs.Factory(SamplingParams)
     stop_at_eog: bool = False
-    scratch_seq: int | None = None  # a spare sequence for relocate's drift measurement
     stop: tuple[str, ...] = ()  # decoding ends once the text holds one of these
     #: called with each decoded token as it comes (in the engine's worker thread): streaming
     on_token: Callable[[int], None] | None = attrs.field(default=None, eq=False)
@@ -161,11 +164,11 @@ def _rolls_back(engine: Engine, txn: Transaction, ledger: MemoryLedger) -> Itera
         raise
 
 
-def commit_prefill(engine: Engine, txn: Transaction, ledger: MemoryLedger,
-                   options: StepOptions = StepOptions(), *,
+def commit_prefill(engine: Engine, txn: Transaction, ledger: MemoryLedger, *,
                    should_stop: Callable[[], bool] | None = None) -> Execution | None:
-    """Phase 1 (holds the engine's gate): execute the plan's prefill.  None for a prefetch
-    the policy had nothing for."""
+    """Phase 1 (holds the engine's gate): execute the plan's prefill (and, on the episode's
+    spare sequence if it has one, the plan's drift reference).  None for a prefetch the
+    policy had nothing for."""
     if txn.plan is None:
         return None
     plan, ep = txn.plan, txn.episode
@@ -173,7 +176,7 @@ def commit_prefill(engine: Engine, txn: Transaction, ledger: MemoryLedger,
               policy=plan.policy, start=plan.start.kind.value,
               prefill_tokens=plan.prefill_tokens, prefetch=txn.prefetch)
     with _rolls_back(engine, txn, ledger):
-        return prefill(engine, plan, ep.seq, scratch_seq=options.scratch_seq,
+        return prefill(engine, plan, ep.seq, scratch_seq=ep.scratch_seq,
                        should_stop=should_stop)
 
 
@@ -225,7 +228,7 @@ def commit(engine: Engine, txn: Transaction, ledger: MemoryLedger,
            options: StepOptions = StepOptions(), *, fault: FaultHook | None = None,
            should_stop: Callable[[], bool] | None = None) -> StepRecord | PrefetchRecord:
     """Both phases in one call (callers that hold the engine themselves)."""
-    prefilled = commit_prefill(engine, txn, ledger, options, should_stop=should_stop)
+    prefilled = commit_prefill(engine, txn, ledger, should_stop=should_stop)
     return commit_finish(engine, txn, ledger, options, prefilled, fault=fault,
                          should_stop=should_stop)
 

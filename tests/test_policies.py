@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from cachepolicy.base import POLICIES, make_policy
+from cachepolicy.policies import POLICIES, make_policy
 from cachepolicy.errors import PolicyError, PolicyRefusedError
 from cachepolicy.segments import SegmentFactory, model_info
 from replay_helpers import (

@@ -104,8 +104,7 @@ def test_bad_arguments_exit_2_and_write_nothing(cache_dir: Path, tmp_path: Path,
 
 def test_choices_come_from_the_registries() -> None:
     """--task from simdesk's tasks, --policy from the policy registry (user policies too)."""
-    from cachepolicy.base import register
-    from cachepolicy.policies import names
+    from cachepolicy.policies import names, register
     from cachepolicy.policies.terminal_scratch import TerminalScratchPolicy
     from runtime.cli import build_parser
     from runtime.profiles import names as profile_names

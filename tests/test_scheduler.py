@@ -6,7 +6,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 
-from cachepolicy.base import make_policy
+from cachepolicy.policies import make_policy
 from cachepolicy.errors import DecodeError
 from cachepolicy.segments import SegmentFactory, model_info
 from replay_helpers import OPTIONS, outputs, past_step, replay, step_segments
@@ -324,3 +324,24 @@ async def test_idle_episodes_are_trimmed_to_their_reuse_point_for_free(forged, a
             rec = await sched.step(ep, lambda: step_segments(factory, traj, 3))
             assert rec.start == "keep"  # nothing the step needed was lost
             assert rec.output_tokens == ref[0].steps[3].output_tokens
+
+
+async def test_the_spare_sequence_goes_to_the_policies_that_ask_for_it(engines) -> None:
+    """A scheduler asked for a spare sequence holds the engine's last one aside for its whole
+    life and hands it to the episodes whose policy's manifest asks for one (relocate's drift
+    reference), to no other; without one, nobody gets it and every sequence is free."""
+    e = engines("llama")
+    factory = SegmentFactory(e)
+    relocate = make_policy("relocate", model_info(e), factory.kit, window=2)
+    slot = make_policy("terminal-slot", model_info(e), factory.kit, window=2)
+    assert relocate.manifest.needs_scratch_sequence and not slot.manifest.needs_scratch_sequence
+    last = e.config.n_seq_max - 1
+    async with Scheduler(e, MemoryLedger(1 << 30), factory, options=OPTS,
+                         spare_sequence=True) as sched:
+        a, b = sched.open_episode("a", relocate), sched.open_episode("b", slot)
+        assert (a.seq, a.scratch_seq) == (0, last) and (b.seq, b.scratch_seq) == (1, None)
+        assert last not in sched._free_seqs
+        sched.check_integrity()  # free + owned + spare partition the sequences
+    async with Scheduler(e, MemoryLedger(1 << 30), factory, options=OPTS) as sched:
+        assert sched.open_episode("a", relocate).scratch_seq is None
+        assert last in sched._free_seqs

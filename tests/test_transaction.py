@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cachepolicy.base import make_policy
+from cachepolicy.policies import make_policy
 from cachepolicy.context_log import ContextLog
 from cachepolicy.errors import StalePublishError
 from cachepolicy.segments import SegmentFactory, model_info

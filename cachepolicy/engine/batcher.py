@@ -30,7 +30,7 @@ from contextlib import contextmanager
 import attrs
 import numpy as np
 
-from cachepolicy.errors import ContextFullError
+from cachepolicy.engine.errors import ContextFullError
 
 #: (lane, token, position) rows of one call, every lane once, in lane order → the real rows'
 #: logits (None for pads) and the seconds llama_decode took

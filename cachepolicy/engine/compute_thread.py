@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from cachepolicy.errors import EngineError
+from cachepolicy.engine.errors import EngineError
 
 _T = TypeVar("_T")
 

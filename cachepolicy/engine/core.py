@@ -25,7 +25,7 @@ import structlog
 
 from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind
 from cachepolicy.engine.backend import init_backend
-from cachepolicy.engine.batcher import DecodeBatcher
+from cachepolicy.engine.batcher import DecodeBatcher, DecodeStats
 from cachepolicy.engine.compute_thread import ComputeThread
 from cachepolicy.engine.decoder import Decoder
 from cachepolicy.engine.native import Native, locked
@@ -37,7 +37,7 @@ from cachepolicy.engine.sequences import Sequences
 from cachepolicy.engine.state import SequenceState
 from cachepolicy.engine.vision import Vision
 from cachepolicy.engine.fast_kernels import fast_kernels_problem
-from cachepolicy.errors import (
+from cachepolicy.engine.errors import (
     EngineError, FastKernelsUnavailableError, ModelLoadError, Preempted,
 )
 from cachepolicy.engine.images import DecodedImage, EmbeddingCache, EncodedImage
@@ -365,6 +365,11 @@ class Engine:
         finally:
             sampler.close()
         return out
+
+    def decode_stats(self) -> DecodeStats:
+        """The decode lanes' counters so far: calls, generated rows, seconds in the calls
+        (take two and subtract for one run)."""
+        return self.batcher.stats()
 
     def sampler(self, params: SamplingParams) -> Sampler:
         return Sampler(self._native.vocab, self.n_vocab, params)

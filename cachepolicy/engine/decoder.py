@@ -21,7 +21,9 @@ from cachepolicy.engine.checkpoint import ModelKind, Run, RunKind, chain_digest,
 from cachepolicy.engine.native import Native, locked
 from cachepolicy.engine.records import chunk_sizes
 from cachepolicy.engine.sequences import Sequences
-from cachepolicy.errors import ContextFullError, DecodeError, ImageError, SingleTokenPrefillError
+from cachepolicy.engine.errors import (
+    ContextFullError, DecodeError, ImageError, SingleTokenPrefillError,
+)
 from cachepolicy.engine.images import EncodedImage
 
 _PAD_TOKEN = 0  # what a pad row feeds (any valid id: its logits are thrown away)

@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from cachepolicy.errors import ImageError
+from cachepolicy.engine.errors import ImageError
 
 MAX_IMAGE_SIDE = 16384  # refuse absurd sizes before they allocate gigabytes
 #: What ``decode_png`` reads: formats screen grabbers produce that Pillow decodes itself
@@ -114,11 +114,25 @@ class EncodedImage:
         return (self.positions0 + np.int32(pos0) * self.pos_step[:, None]).astype(np.int32)
 
 
+@attrs.frozen
+class EmbeddingCacheSnapshot:
+    """The embedding cache at one instant (every field read under its lock)."""
+
+    entries: int  # embeddings held
+    nbytes: int  # the running byte count
+    entry_bytes: int  # the entries' bytes summed afresh: equal to ``nbytes`` unless it drifted
+    max_bytes: int  # the capacity
+
+
 class EmbeddingCache:
     """Bounded LRU of encoded images keyed by pixel identity; its bytes are counted.
 
     Thread-safe: the vision encoder fills it from worker threads (under the vision lock, not
-    the engine's) while the scheduler may shrink it from another.
+    the engine's) while the scheduler may shrink it from another.  Invariant after every
+    method: ``nbytes <= max_bytes`` (``put`` evicts, ``resize`` evicts).
+
+    The scheduler holds the capacity in its memory ledger and changes it only through
+    ``resize`` and ``evict_lru``; it reads it through ``snapshot``.
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -154,10 +168,23 @@ class EmbeddingCache:
             while self.nbytes > self.max_bytes:
                 self._evict_one()
 
-    def evict_one(self) -> int:
-        """Drop the least recently used entry; returns the bytes freed (0 when empty)."""
+    def evict_lru(self) -> int:
+        """Drop the least recently used entry (mutates); returns the bytes freed (0 when
+        empty).  The capacity stays."""
         with self._lock:
             return self._evict_one()
+
+    def resize(self, max_bytes: int) -> int:
+        """Set the capacity (mutates), evicting least recently used entries until the rest
+        fit; returns the bytes freed."""
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        with self._lock:
+            self.max_bytes = max_bytes
+            freed = 0
+            while self.nbytes > self.max_bytes:
+                freed += self._evict_one()
+            return freed
 
     def _evict_one(self) -> int:
         if not self._items:
@@ -172,11 +199,14 @@ class EmbeddingCache:
             self._items.clear()
             self.nbytes = 0
 
-    def audit(self) -> tuple[int, int]:
-        """(the running count ``nbytes``, the entries' bytes summed afresh), read together:
-        an encode finishing in another thread cannot fall between the two."""
+    def snapshot(self) -> EmbeddingCacheSnapshot:
+        """Entries, byte count, the entries' bytes summed afresh and capacity, read together:
+        an encode finishing in another thread cannot fall between them (reads only)."""
         with self._lock:
-            return self.nbytes, sum(item.nbytes for item in self._items.values())
+            return EmbeddingCacheSnapshot(
+                entries=len(self._items), nbytes=self.nbytes,
+                entry_bytes=sum(item.nbytes for item in self._items.values()),
+                max_bytes=self.max_bytes)
 
 
 def grid_for_tokens(target_tokens: int, aspect: float = 16 / 9) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import attrs
 
 from cachepolicy.engine.compute_thread import ComputeThread
-from cachepolicy.errors import EngineError
+from cachepolicy.engine.errors import EngineError
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import llama_cpp
 
 from cachepolicy.engine.backend import init_backend
+from cachepolicy.engine.errors import QuantizeError
 
 #: quantization name (as llama.cpp's ``llama-quantize`` spells it, lower case) -> llama_ftype
 FTYPES: dict[str, int] = {
@@ -29,10 +30,6 @@ FTYPES: dict[str, int] = {
     "q3_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M,
     "q2_k": llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K,
 }
-
-
-class QuantizeError(RuntimeError):
-    """llama_model_quantize reported a failure."""
 
 
 def quantize_gguf(src: Path, dst: Path, quant: str, *, threads: int = 2,

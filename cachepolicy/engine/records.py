@@ -8,7 +8,7 @@ import attrs
 import numpy as np
 
 from cachepolicy.engine.checkpoint import GENESIS, Run, RunKind, chain_digest
-from cachepolicy.errors import UnsafeEditError
+from cachepolicy.engine.errors import UnsafeEditError
 
 
 #: The fewest rows a batch needs for every weight type's matmul to take its large-batch kernel

@@ -8,7 +8,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from cachepolicy.errors import EngineError
+from cachepolicy.engine.errors import EngineError
 from cachepolicy.engine.sampling import SamplingParams, choose_token
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)

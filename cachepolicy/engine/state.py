@@ -21,7 +21,7 @@ from cachepolicy.engine.checkpoint import (
 from cachepolicy.engine.native import Native, locked
 from cachepolicy.engine.records import history_prefix_at
 from cachepolicy.engine.sequences import Sequences
-from cachepolicy.errors import EngineError, RestoreError, UnsafeEditError
+from cachepolicy.engine.errors import EngineError, RestoreError, UnsafeEditError
 
 _PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 

@@ -30,7 +30,7 @@ from llama_cpp import mtmd_cpp
 
 from cachepolicy.engine.compute_thread import ComputeThread
 from cachepolicy.engine.native import Native
-from cachepolicy.errors import EngineError, ImageError, ModelLoadError, NoVisionError
+from cachepolicy.engine.errors import EngineError, ImageError, ModelLoadError, NoVisionError
 from cachepolicy.engine.images import DecodedImage, EmbeddingCache, EncodedImage, decode_png
 
 

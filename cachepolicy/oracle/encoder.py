@@ -99,14 +99,14 @@ def encoder_after_eviction(engine: Engine, png: bytes, other: bytes,
     try:
         cache.clear()
         first = encode(png, True)
-        cache.max_bytes = first.nbytes  # room for one image: the next one evicts it
+        cache.resize(first.nbytes)  # room for one image: the next one evicts it
         evictions = cache.evictions
         encode(other, True)
         evicted = cache.evictions > evictions and cache.get(image_id) is None
-        cache.max_bytes = capacity
+        cache.resize(capacity)
         again = encode(png, True)
     finally:
-        cache.max_bytes = capacity
+        cache.resize(capacity)
         cache.clear()
     if not evicted:
         return SweepResult(False, float("inf"), "the cache did not evict the image")

@@ -38,7 +38,7 @@ def decode_lanes(engine: Engine, prompts: tuple[Sequence[int], Sequence[int]],
     work = [(0, list(feeds[0]))] + [(1, list(feeds[1][k:]) + list(feeds[1][:k]))
                                     for k in range(others)]
     together: dict[int, list[np.ndarray]] = {}
-    calls_before = engine.batcher.stats().calls
+    calls_before = engine.decode_stats().calls
 
     async def all_lanes() -> None:
         # with enough lanes every generation holds one before any decodes, so they share
@@ -49,7 +49,7 @@ def decode_lanes(engine: Engine, prompts: tuple[Sequence[int], Sequence[int]],
                 tg.start_soon(_in_thread, engine, i, seq, feed, joined, together)
 
     anyio.run(all_lanes)
-    shared = (engine.batcher.stats().calls - calls_before) < sum(len(f) for _, f in work)
+    shared = (engine.decode_stats().calls - calls_before) < sum(len(f) for _, f in work)
     for seq in (0, 1):
         engine.clear(seq)
     worst, first_bad = 0.0, None

@@ -1,10 +1,12 @@
-"""The built-in cache policies; importing this package registers them by name.
+"""The cache policies by name: the registry (``POLICIES``, ``register``, ``make_policy``) and
+the built-in policies, which importing this package registers.
 
 ``names()`` lists every registered policy (built-in and user-registered), which is where the
-command line takes its choices from.
+command line takes its choices from.  A policy of your own subclasses
+``cachepolicy.base.CachePolicy`` and is decorated with ``@register`` (from here).
 """
 
-from cachepolicy.base import POLICIES
+from cachepolicy.policies.registry import POLICIES, make_policy, register
 from cachepolicy.policies.evict import EvictPolicy
 from cachepolicy.policies.faithful import FaithfulPolicy
 from cachepolicy.policies.noevict import NoEvictPolicy
@@ -21,5 +23,6 @@ def names() -> tuple[str, ...]:
     return BUILTIN + tuple(sorted(n for n in POLICIES if n not in BUILTIN))
 
 
-__all__ = ["BUILTIN", "EvictPolicy", "FaithfulPolicy", "NoEvictPolicy", "RelocatePolicy", "TerminalScratchPolicy",
-           "TerminalSlotPolicy", "names"]
+__all__ = ["BUILTIN", "POLICIES", "EvictPolicy", "FaithfulPolicy", "NoEvictPolicy",
+           "RelocatePolicy", "TerminalScratchPolicy", "TerminalSlotPolicy", "make_policy",
+           "names", "register"]

@@ -14,11 +14,12 @@ appended after the prompt (the predicted next turn).
 
 from __future__ import annotations
 
-from cachepolicy.base import CachePolicy, register
+from cachepolicy.base import CachePolicy
 from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog, Segment, SegmentKind
 from cachepolicy.pieces import Piece, image_piece, merge_text, text_piece
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
+from cachepolicy.policies.registry import register
 
 #: Parts per message in a segment's ``step`` (message m, part p → m * PLACES + p).
 PLACES = 1000

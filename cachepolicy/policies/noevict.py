@@ -3,12 +3,13 @@ common prefix with what the sequence holds.  Context grows without bound."""
 
 from __future__ import annotations
 
-from cachepolicy.base import CachePolicy, register
+from cachepolicy.base import CachePolicy
 from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
 from cachepolicy.layouts import interleaved
 from cachepolicy.pieces import merge_text
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
+from cachepolicy.policies.registry import register
 
 
 @register

@@ -7,12 +7,13 @@ KL and top-1 agreement) against an exact from-scratch terminal prefill."""
 
 from __future__ import annotations
 
-from cachepolicy.base import CachePolicy, register
+from cachepolicy.base import CachePolicy
 from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
 from cachepolicy.layouts import chronological, terminal
 from cachepolicy.pieces import merge_text
 from cachepolicy.plan import CacheView, Plan, PolicyManifest, RemoveSpan, Start, StartKind
+from cachepolicy.policies.registry import register
 
 
 @register
@@ -23,7 +24,7 @@ class RelocatePolicy(CachePolicy):
         evidence="the sequence's runs aligned with the published layout keys",
         adds_work="a position shift (RoPE re-rotation) of the survivors per step",
         omitted_recoverable=False, quality="approximate", bounded=True,
-        supports=frozenset({ModelKind.ATTENTION}))
+        supports=frozenset({ModelKind.ATTENTION}), needs_scratch_sequence=True)
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
         pieces = tuple(p for p in chronological(log, self.kit, self.window)

@@ -7,11 +7,12 @@ models, take other kernels than inside a longer one-call prefill (see ``cachepol
 
 from __future__ import annotations
 
-from cachepolicy.base import CachePolicy, register
+from cachepolicy.base import CachePolicy
 from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
 from cachepolicy.layouts import terminal_steps
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
+from cachepolicy.policies.registry import register
 
 
 @register

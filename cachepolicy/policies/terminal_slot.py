@@ -6,12 +6,13 @@ same pieces, and split prefill equals one-call prefill (see the engine's contrac
 
 from __future__ import annotations
 
-from cachepolicy.base import CachePolicy, register
+from cachepolicy.base import CachePolicy
 from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
 from cachepolicy.layouts import terminal_steps
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
+from cachepolicy.policies.registry import register
 
 REGION = "region"
 

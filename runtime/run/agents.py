@@ -163,17 +163,15 @@ async def run_agents(engine: Engine, config: RunConfig, layout: ResultLayout | N
     make_env = make_env or simdesk_env(config)
     factory = SegmentFactory(engine)
     # refuses a policy this model cannot run, up front
-    config.agent.make_policy(factory, config.screen)
+    policy = config.agent.make_policy(factory, config.screen)
     if layout is not None:
         for spec in specs:
             layout.task_dir(spec.task_id)
-    # relocate measures its drift on a spare sequence: the engine's last one
-    scratch = engine.config.n_seq_max - 1
-    options = config.agent.step_options(config.screen, scratch_seq=scratch)
+    options = config.agent.step_options(config.screen)
     ledger = MemoryLedger(config.memory_budget)
     t0 = time.perf_counter()
-    async with Scheduler(engine, ledger, factory, options=options,
-                         wait_s=config.wait_s) as sched:
+    async with Scheduler(engine, ledger, factory, options=options, wait_s=config.wait_s,
+                         spare_sequence=policy.manifest.needs_scratch_sequence) as sched:
         results, directories = await run_on(sched, config, layout, specs, make_env,
                                             teacher=teacher, sequential=sequential,
                                             on_event=on_event)

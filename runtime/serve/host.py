@@ -139,7 +139,7 @@ class ModelHost:
         for kind, value in (("budget", snap.budget), ("held", snap.held),
                             ("reserved", snap.reserved), ("peak", snap.peak)):
             yield ("kvagent_ledger_bytes", "The memory ledger.", {"kind": kind}, value)
-        stats = self.engine.batcher.stats()
+        stats = self.engine.decode_stats()
         yield ("kvagent_decode_calls", "llama_decode calls of the decode lanes.", {},
                stats.calls)
         yield ("kvagent_decode_rows", "Generated tokens fed back through the lanes.", {},
