@@ -159,7 +159,8 @@ def test_remote_configuration_is_checked(model) -> None:
         KvAgent(server="http://127.0.0.1:9", n_ctx=4096)
     with pytest.raises(ValueError, match="http"):
         KvAgent(server="127.0.0.1:9")
-    nobody = KvAgent(server="http://127.0.0.1:9", server_retry_s=0.3)  # nothing listens
+    nobody = KvAgent(server="http://127.0.0.1:9", server_retry_s=0.3,  # nothing listens
+                     screen_size=(W, H))
     try:
         with pytest.raises(AgentStepError, match="cannot connect"):
             nobody.predict("x", {"screenshot": screenshot(0, W, H)})
