@@ -27,8 +27,8 @@ from starlette.routing import Route
 from runtime.cluster import metrics as cluster_metrics
 from runtime.cluster.forward import Forwarded, HostLost
 from runtime.cluster.router import Router
-from runtime.serve.errors import ApiError, bad_request, too_large, unavailable
-from runtime.serve.requests import Limits, parse_json
+from runtime.serve.http.errors import ApiError, bad_request, too_large, unavailable
+from runtime.serve.http.requests import Limits, parse_json
 
 log = structlog.get_logger("kvagent.cluster")
 

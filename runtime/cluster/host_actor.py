@@ -1,7 +1,7 @@
 """One model host as a Ray actor: the SAME app and ``ModelHost`` as ``kvagent serve``.
 
 ``HostActor.serve`` (a long-running actor call; its ObjectRef is how the front door learns
-the host ended or died) runs ``runtime.serve.app.create_app`` under uvicorn on the actor's
+the host ended or died) runs ``runtime.serve.http.app.create_app`` under uvicorn on the actor's
 event loop, on a free port of the node's IP: the front door forwards the HTTP APIs (steps,
 chat completions, deletes) to it unchanged.  The rest are actor methods on the same loop (the
 host is single-threaded: everything touching it runs there):
@@ -92,7 +92,7 @@ class HostActor:
         (raises).  The front door holds this call's ref for as long as the host lives."""
         import uvicorn
 
-        from runtime.serve.app import create_app
+        from runtime.serve.http.app import create_app
 
         sock = socket.create_server((self.bind, 0))
         port = sock.getsockname()[1]
@@ -141,7 +141,7 @@ class HostActor:
 
     async def open_episode(self, body: Mapping[str, Any], number: int,
                            replay: Sequence[RecordedStep] = ()) -> Reply:
-        from runtime.serve.app import api_error
+        from runtime.serve.http.app import api_error
 
         host = self._running()
         try:

@@ -40,7 +40,7 @@ from runtime.driver import DriverStep
 from runtime.pool import PooledEpisode
 from runtime.profiles import get as get_profile
 from runtime.serve.host import ModelHost
-from runtime.serve.requests import ChatRequest, ImagePart, Message
+from runtime.serve.http.requests import ChatRequest, ImagePart, Message
 from scheduler.transaction import StepOptions
 
 log = structlog.get_logger("kvagent.serve")
@@ -239,13 +239,13 @@ def kvagent_fields(out: ChatOutcome) -> dict[str, Any]:
 
 def validate_model(host: ModelHost, req: ChatRequest) -> None:
     if req.model != host.model_name:
-        from runtime.serve.errors import not_found
+        from runtime.serve.http.errors import not_found
         raise not_found(f"the model {req.model!r} does not exist; this server serves "
                         f"{host.model_name!r}", param="model", code="model_not_found")
 
 
 async def parse_request(host: ModelHost, body: dict[str, Any]) -> ChatRequest:
-    from runtime.serve.requests import parse_chat
+    from runtime.serve.http.requests import parse_chat
 
     req = await anyio.to_thread.run_sync(parse_chat, body, host.config.limits)
     validate_model(host, req)
@@ -257,7 +257,7 @@ async def parse_request(host: ModelHost, body: dict[str, Any]) -> ChatRequest:
 
 async def chat_completions(host: ModelHost, body: dict[str, Any],
                            headers: Any = None) -> Any:
-    from runtime.serve.streaming import chat_response
+    from runtime.serve.http.streaming import chat_response
 
     req = await parse_request(host, body)
     key = (headers.get(CONVERSATION_HEADER) if headers is not None else None) or req.user

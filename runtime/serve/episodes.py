@@ -42,7 +42,7 @@ import attrs
 from runtime.config import AgentConfig
 from runtime.pool import PooledEpisode
 from runtime.profiles import names as profile_names
-from runtime.serve.errors import bad_request, too_large
+from runtime.serve.http.errors import bad_request, too_large
 from runtime.serve.host import ModelHost
 from vmenv.actions import TERMINAL_ACTIONS, rescale, to_pyautogui
 from vmenv.errors import ScreenshotError

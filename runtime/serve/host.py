@@ -27,7 +27,7 @@ from runtime.config import AgentConfig
 from runtime.engine_setup import load_engine, resolve_model
 from runtime.pool import EpisodePool, PooledEpisode
 from runtime.serve.prometheus import ServeMetrics
-from runtime.serve.requests import Limits
+from runtime.serve.http.requests import Limits
 from scheduler.ledger import MemoryLedger
 from scheduler.sizes import UNLIMITED_BYTES
 

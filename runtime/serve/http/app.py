@@ -25,9 +25,9 @@ from starlette.routing import Route
 from cachepolicy.errors import ContextFullError, ImageError, KvagentCacheError
 from runtime.pool import EpisodeBusyError, PoolFullError, UnknownEpisodeError
 from runtime.serve import episodes
-from runtime.serve.errors import ApiError, bad_request, busy, not_found, too_large, unavailable
+from runtime.serve.http.errors import ApiError, bad_request, busy, not_found, too_large, unavailable
 from runtime.serve.host import ModelHost, ServeConfig
-from runtime.serve.requests import parse_json
+from runtime.serve.http.requests import parse_json
 from scheduler.errors import AdmissionError, ContextFullAdmissionError
 
 log = structlog.get_logger("kvagent.serve")

@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from runtime.serve.errors import bad_request, too_large
+from runtime.serve.http.errors import bad_request, too_large
 from vmenv.errors import ScreenshotError
 from vmenv.png import screenshot_png
 

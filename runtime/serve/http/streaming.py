@@ -23,9 +23,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from runtime.serve.chat import ChatOutcome, completion_body, kvagent_fields
-from runtime.serve.errors import ApiError
+from runtime.serve.http.errors import ApiError
 from runtime.serve.host import ModelHost
-from runtime.serve.requests import ChatRequest
+from runtime.serve.http.requests import ChatRequest
 
 log = structlog.get_logger("kvagent.serve")
 
@@ -166,6 +166,6 @@ async def _no_receive() -> dict[str, Any]:  # pragma: no cover - JSONResponse ne
 
 
 def _as_api_error(exc: BaseException) -> ApiError:
-    from runtime.serve.app import api_error
+    from runtime.serve.http.app import api_error
 
     return api_error(exc)
