@@ -28,7 +28,8 @@ from runtime.cluster import metrics as cluster_metrics
 from runtime.cluster.forward import Forwarded, HostLost
 from runtime.cluster.router import Router
 from runtime.serve.http.errors import ApiError, bad_request, too_large, unavailable
-from runtime.serve.http.requests import Limits, parse_json
+from runtime.serve.config import Limits
+from runtime.serve.http.requests import parse_json
 
 log = structlog.get_logger("kvagent.cluster")
 

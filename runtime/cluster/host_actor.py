@@ -31,7 +31,8 @@ import structlog
 
 from runtime.cluster.resume import RecordedStep, open_episode
 from runtime.engine_setup import available_memory, default_threads
-from runtime.serve.host import ModelHost, ServeConfig
+from runtime.serve.config import ServeConfig
+from runtime.serve.host import ModelHost
 from runtime.serve.prometheus import ServeMetrics
 from scheduler.sizes import UNLIMITED_BYTES
 

@@ -13,70 +13,21 @@ import functools
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
-import attrs
 import structlog
 
-from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.engine import Engine
 from cachepolicy.segments import SegmentFactory
-from runtime.config import AgentConfig
 from runtime.engine_setup import load_engine, resolve_model
 from runtime.pool import EpisodePool, PooledEpisode
+from runtime.serve.config import ServeConfig
 from runtime.serve.prometheus import ServeMetrics
-from runtime.serve.http.requests import Limits
 from scheduler.ledger import MemoryLedger
-from scheduler.sizes import UNLIMITED_BYTES
 
 log = structlog.get_logger("kvagent.serve")
-
-MODES = ("terminal", "faithful")
-
-
-@attrs.frozen
-class ServeConfig:
-    """What ``kvagent serve`` runs (see ``runtime/commands/serve.py`` for the flags)."""
-
-    model_path: Path | None = attrs.field(default=None,
-                                          converter=attrs.converters.optional(Path))
-    mmproj_path: Path | None = attrs.field(default=None,
-                                           converter=attrs.converters.optional(Path))
-    model_name: str | None = None  # the id clients send as "model" (default: the file stem)
-    #: the engine's sizes: one sequence per episode slot (``n_seq_max`` is
-    #: ``max_episodes``), ``n_ctx_per_seq`` context positions each
-    engine: EngineConfig = attrs.field(
-        default=EngineConfig(n_ctx_per_seq=16384, n_seq_max=4),
-        validator=lambda _s, _a, e: check_slots(e.n_seq_max))
-    memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=attrs.validators.ge(1))
-    agent: AgentConfig = attrs.Factory(AgentConfig)  # episodes' defaults
-    mode: str = attrs.field(default="terminal", validator=attrs.validators.in_(MODES))
-    limits: Limits = attrs.Factory(Limits)
-    wait_s: float = 30.0  # the scheduler's wait-for-memory bound
-    #: an episode idle this long gives its slot to a new one when every slot is taken (its
-    #: client is gone, or thinks longer than any VM action takes)
-    idle_s: float = attrs.field(default=900.0, validator=attrs.validators.gt(0))
-
-    def __attrs_post_init__(self) -> None:
-        if (self.model_path is None) != (self.mmproj_path is None):
-            raise ValueError("give both --model and --mmproj (a vision projector), or "
-                             "neither (the forged tiny test model)")
-
-    @property
-    def max_episodes(self) -> int:
-        """Episodes (and chat conversations) held at once: one engine sequence each."""
-        return self.engine.n_seq_max
-
-
-#: More episode slots than this on one host is a typo (each holds a sequence's KV cache).
-MAX_EPISODE_SLOTS = 64
-
-
-def check_slots(n: int) -> None:
-    if not 1 <= n <= MAX_EPISODE_SLOTS:
-        raise ValueError(f"--max-episodes must be 1..{MAX_EPISODE_SLOTS}, got {n}")
 
 
 class ModelHost:

@@ -26,7 +26,8 @@ from cachepolicy.errors import ContextFullError, ImageError, KvagentCacheError
 from runtime.pool import EpisodeBusyError, PoolFullError, UnknownEpisodeError
 from runtime.serve import episodes
 from runtime.serve.http.errors import ApiError, bad_request, busy, not_found, too_large, unavailable
-from runtime.serve.host import ModelHost, ServeConfig
+from runtime.serve.config import ServeConfig
+from runtime.serve.host import ModelHost
 from runtime.serve.http.requests import parse_json
 from scheduler.errors import AdmissionError, ContextFullAdmissionError
 

@@ -20,29 +20,12 @@ from typing import Any
 
 import attrs
 
+from runtime.serve.config import Limits
 from runtime.serve.http.errors import bad_request, too_large
 from vmenv.errors import ScreenshotError
 from vmenv.png import screenshot_png
 
 ROLES = ("system", "user", "assistant")
-
-
-@attrs.frozen
-class Limits:
-    """What one request may ask for (the server's settings)."""
-
-    max_body_bytes: int = 64 << 20
-    max_image_bytes: int = 16 << 20
-    max_images: int = 16
-    max_messages: int = 256
-    max_text_chars: int = 200_000
-    #: a completion decodes at most this many tokens: a larger ``max_tokens`` (OSWorld's
-    #: Qwen3-VL agent asks for 32768) is capped to it, as llama-server caps to its context
-    max_tokens: int = 4096
-    #: ``max_tokens`` above this is refused (a typo, not a budget)
-    max_tokens_refused_over: int = 1 << 20
-    max_stop: int = 4
-    max_stop_chars: int = 64
 
 
 @attrs.frozen
