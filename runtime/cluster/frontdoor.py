@@ -29,7 +29,7 @@ from runtime.cluster.forward import Forwarded, HostLost
 from runtime.cluster.router import Router
 from runtime.serve.http.errors import ApiError, bad_request, too_large, unavailable
 from runtime.serve.config import Limits
-from runtime.serve.http.requests import parse_json
+from runtime.serve.http.chat_requests import parse_json
 
 log = structlog.get_logger("kvagent.cluster")
 

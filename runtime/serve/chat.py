@@ -40,7 +40,7 @@ from runtime.driver import DriverStep
 from runtime.pool import PooledEpisode
 from runtime.profiles import get as get_profile
 from runtime.serve.host import ModelHost
-from runtime.serve.http.requests import ChatRequest, ImagePart, Message
+from runtime.serve.messages import ChatRequest, ImagePart, Message
 from scheduler.transaction import StepOptions
 
 log = structlog.get_logger("kvagent.serve")
@@ -245,7 +245,7 @@ def validate_model(host: ModelHost, req: ChatRequest) -> None:
 
 
 async def parse_request(host: ModelHost, body: dict[str, Any]) -> ChatRequest:
-    from runtime.serve.http.requests import parse_chat
+    from runtime.serve.http.chat_requests import parse_chat
 
     req = await anyio.to_thread.run_sync(parse_chat, body, host.config.limits)
     validate_model(host, req)

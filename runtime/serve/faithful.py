@@ -21,7 +21,7 @@ import attrs
 from cachepolicy.context_log import Segment
 from cachepolicy.policies.faithful import PLACES
 from cachepolicy.segments import SegmentFactory
-from runtime.serve.http.requests import ChatRequest, ImagePart, Message, TextPart
+from runtime.serve.messages import ChatRequest, ImagePart, Message, TextPart
 
 if TYPE_CHECKING:
     from runtime.serve.chat import ChatOutcome, ChatService, Conversation

@@ -28,7 +28,7 @@ from runtime.serve import episodes
 from runtime.serve.http.errors import ApiError, bad_request, busy, not_found, too_large, unavailable
 from runtime.serve.config import ServeConfig
 from runtime.serve.host import ModelHost
-from runtime.serve.http.requests import parse_json
+from runtime.serve.http.chat_requests import parse_json
 from scheduler.errors import AdmissionError, ContextFullAdmissionError
 
 log = structlog.get_logger("kvagent.serve")

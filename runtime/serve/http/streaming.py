@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 from runtime.serve.chat import ChatOutcome, completion_body, kvagent_fields
 from runtime.serve.http.errors import ApiError
 from runtime.serve.host import ModelHost
-from runtime.serve.http.requests import ChatRequest
+from runtime.serve.messages import ChatRequest
 
 log = structlog.get_logger("kvagent.serve")
 

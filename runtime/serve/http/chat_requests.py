@@ -18,65 +18,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
-
 from runtime.serve.config import Limits
 from runtime.serve.http.errors import bad_request, too_large
+from runtime.serve.messages import ChatRequest, ImagePart, Message, Part, Sampling, TextPart
 from vmenv.errors import ScreenshotError
 from vmenv.png import screenshot_png
 
 ROLES = ("system", "user", "assistant")
-
-
-@attrs.frozen
-class TextPart:
-    text: str
-
-
-@attrs.frozen
-class ImagePart:
-    png: bytes = attrs.field(repr=False)
-    size: tuple[int, int]
-
-
-Part = TextPart | ImagePart
-
-
-@attrs.frozen
-class Message:
-    role: str  # system | user | assistant
-    parts: tuple[Part, ...]
-
-    @property
-    def text(self) -> str:
-        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
-
-    @property
-    def images(self) -> tuple[ImagePart, ...]:
-        return tuple(p for p in self.parts if isinstance(p, ImagePart))
-
-
-@attrs.frozen
-class Sampling:
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop: tuple[str, ...]
-
-
-@attrs.frozen
-class ChatRequest:
-    model: str
-    messages: tuple[Message, ...]
-    sampling: Sampling
-    stream: bool
-    user: str | None
-    mode: str | None  # faithful | terminal (kvagent extension), None: the server's default
-
-    @property
-    def images(self) -> tuple[ImagePart, ...]:
-        return tuple(i for m in self.messages for i in m.images)
 
 
 def parse_json(body: bytes, limits: Limits) -> dict[str, Any]:
