@@ -10,7 +10,8 @@ from pathlib import Path
 import attrs
 
 from cachepolicy.engine import EngineConfig
-from runtime.config import AgentConfig
+from runtime.actions import Screen
+from runtime.config import DEFAULT_SCREEN, AgentConfig
 from scheduler.sizes import UNLIMITED_BYTES
 
 
@@ -57,6 +58,10 @@ class ServeConfig:
     #: an episode idle this long gives its slot to a new one when every slot is taken (its
     #: client is gone, or thinks longer than any VM action takes)
     idle_s: float = attrs.field(default=900.0, validator=attrs.validators.gt(0))
+    #: the screen an episode's prompt assumes until its first screenshot (the episode API's
+    #: default), the one the policy is checked for at startup and the pool's default steps
+    #: are sized for
+    screen: Screen = DEFAULT_SCREEN
 
     def __attrs_post_init__(self) -> None:
         if (self.model_path is None) != (self.mmproj_path is None):

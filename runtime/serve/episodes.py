@@ -96,7 +96,7 @@ async def create(host: ModelHost, body: Mapping[str, Any], *,
     episode_id, n = host.new_id("ep") if number is None else (f"ep-{number}", number)
     # the prompt's screen size until the first screenshot says otherwise (the model decides
     # in the pixels of the screenshot it sees)
-    hosted = await host.episodes.open(episode_id, config, instruction, screen or (1920, 1080),
+    hosted = await host.episodes.open(episode_id, config, instruction, screen or host.config.screen,
                                       seed=n, evictable=host.idle_too_long)
     hosted.screen = screen
     return {"episode_id": episode_id, "config": {

@@ -37,7 +37,7 @@ class ModelHost:
         self.ledger = MemoryLedger(config.memory_budget)
         self.episodes = EpisodePool(self.factory, self.ledger,
                                     max_episodes=config.max_episodes,
-                                    options=config.agent.step_options((1920, 1080)),
+                                    options=config.agent.step_options(config.screen),
                                     wait_s=config.wait_s)
         self.metrics = ServeMetrics()
         self._ids = _counter()
@@ -50,7 +50,7 @@ class ModelHost:
         engine, name = await anyio.to_thread.run_sync(functools.partial(_load, config))
         try:
             host = cls(config, engine, name)
-            config.agent.make_policy(host.factory, (1920, 1080))  # refuse what it cannot run
+            config.agent.make_policy(host.factory, config.screen)  # refuse what it cannot run
             async with anyio.create_task_group() as tg:
                 await tg.start(host.episodes.run)
                 log.info("serve_host_ready", model=name, kind=engine.kind.value,
