@@ -31,8 +31,11 @@ import structlog
 
 from runtime.cluster.resume import RecordedStep, open_episode
 from runtime.engine_setup import available_memory, default_threads
+from runtime.logs import configure_logging
 from runtime.serve.config import ServeConfig
 from runtime.serve.host import ModelHost
+from runtime.serve.http.app import create_app
+from runtime.serve.http.errors import api_error
 from runtime.serve.prometheus import ServeMetrics
 from scheduler.sizes import UNLIMITED_BYTES
 
@@ -70,8 +73,6 @@ class HostActor:
     def __init__(self, name: str, config: ServeConfig, *, log_level: str = "warning",
                  auto_budget: bool = False, auto_threads: bool = False,
                  bind: str | None = None) -> None:
-        from runtime.logs import configure_logging
-
         configure_logging(log_level)
         if auto_budget or auto_threads:
             budget, threads = node_share()
@@ -92,8 +93,6 @@ class HostActor:
         """Run the host until ``stop`` (returns "stopped") or the model fails to load
         (raises).  The front door holds this call's ref for as long as the host lives."""
         import uvicorn
-
-        from runtime.serve.http.app import create_app
 
         sock = socket.create_server((self.bind, 0))
         port = sock.getsockname()[1]
@@ -142,8 +141,6 @@ class HostActor:
 
     async def open_episode(self, body: Mapping[str, Any], number: int,
                            replay: Sequence[RecordedStep] = ()) -> Reply:
-        from runtime.serve.http.app import api_error
-
         host = self._running()
         try:
             created = await open_episode(host, body, number, replay)
