@@ -37,6 +37,9 @@ MAX_WINDOW = 64
 #: The profile whose language kvagent's own prompt explains (the only one with a choice of
 #: coordinate convention).
 DEFAULT_PROFILE = "kvagent"
+#: The screen an agent's prompt assumes until its first screenshot says otherwise (OSWorld's
+#: VMs: 1920x1080); what a server checks its policy and sizes its default steps for.
+DEFAULT_SCREEN: Screen = (1920, 1080)
 
 
 def _convention(value: CoordConvention | str) -> CoordConvention:

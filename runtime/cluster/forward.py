@@ -16,7 +16,7 @@ import attrs
 import httpx
 
 from runtime.cluster.spawn import HostHandle
-from runtime.serve.errors import ApiError
+from runtime.serve.http.errors import ApiError
 
 class HostLost(Exception):
     """The host died (or stopped answering) while serving a request."""

@@ -13,32 +13,31 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import structlog
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from runtime.cluster import metrics as cluster_metrics
 from runtime.cluster.forward import Forwarded, HostLost
 from runtime.cluster.router import Router
-from runtime.serve.errors import ApiError, bad_request, too_large, unavailable
-from runtime.serve.requests import Limits, parse_json
+from runtime.serve.config import Limits
+from runtime.serve.http.body import parse_json, read_body
+from runtime.serve.http.chat_requests import CONVERSATION_HEADER
+from runtime.serve.http.errors import ApiError, bad_request, error_response, unavailable
+from runtime.serve.http.routes import Endpoint, bind, unknown_route_handlers
 
 log = structlog.get_logger("kvagent.cluster")
 
 HOST_HEADER = "x-kvagent-host"
-CONVERSATION_HEADER = "x-kvagent-conversation"
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 
-def conversation_key(headers: Any, body: dict[str, Any]) -> str:
+def conversation_key(headers: Mapping[str, str], body: dict[str, Any]) -> str:
     """The chat affinity key (see the module docstring)."""
     explicit = headers.get(CONVERSATION_HEADER)
     if explicit:
@@ -54,51 +53,39 @@ def conversation_key(headers: Any, body: dict[str, Any]) -> str:
     return "p:" + digest[:32]
 
 
-async def read_body(request: Request, limits: Limits) -> bytes:
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
-        raise too_large(f"the request body has {length} bytes; the limit is "
-                        f"{limits.max_body_bytes}")
-    body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body.extend(chunk)
-            if len(body) > limits.max_body_bytes:
-                raise too_large(f"the request body is larger than {limits.max_body_bytes} "
-                                "bytes")
-    except ClientDisconnect:
-        raise bad_request("the client disconnected while sending the body") from None
-    return bytes(body)
-
-
 def _passed(out: Forwarded) -> Response:
     return Response(out.content, status_code=out.status,
                     headers={**out.headers, HOST_HEADER: out.host})
 
 
-def _error(error: ApiError) -> Response:
-    headers = ({"Retry-After": f"{error.retry_after:g}"}
-               if error.retry_after is not None else None)
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
-
-
-def _guard(name: str, handler: Handler) -> Handler:
+def _guard(name: str, handler: Endpoint) -> Endpoint:
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(request)
         except ApiError as error:
-            return _error(error)
+            return error_response(error)
         except Exception as exc:  # noqa: BLE001  cancellation (BaseException) passes
             log.error("cluster_front_door_error", route=name, error=repr(exc), exc_info=exc)
-            return _error(ApiError(500, "internal error (see the front door's log)",
-                                   "server_error"))
+            return error_response(ApiError(500, "internal error (see the front door's log)",
+                                           "server_error"))
     return endpoint
 
 
 def create_front_door(router: Router, limits: Limits = Limits()) -> Starlette:
     """The front door's app (the router runs elsewhere: see ``runtime/commands/cluster``)."""
+    return Starlette(routes=bind(FrontDoorHandlers(router, limits), _guard),
+                     exception_handlers=unknown_route_handlers(not_allowed="not allowed"))
 
-    async def health(request: Request) -> Response:
+
+class FrontDoorHandlers:
+    """One method per route of ``runtime.serve.http.routes.ROUTES`` (by name): the same
+    routes as a model host, forwarded (see the module docstring)."""
+
+    def __init__(self, router: Router, limits: Limits) -> None:
+        self.router, self.limits = router, limits
+
+    async def health(self, request: Request) -> Response:
+        router = self.router
         hosts: dict[str, Any] = {}
         total = {"open": 0, "max": 0}
         ledger = {"budget_bytes": 0, "held_bytes": 0, "reserved_bytes": 0, "peak_bytes": 0}
@@ -119,15 +106,16 @@ def create_front_door(router: Router, limits: Limits = Limits()) -> Starlette:
                              "ledger": ledger, "failovers": router.failovers},
                             status_code=200 if alive else 503)
 
-    async def models(request: Request) -> Response:
-        for host in router.alive():
+    async def models(self, request: Request) -> Response:
+        for host in self.router.alive():
             try:
-                return _passed(await router.http.forward(host, "GET", "/v1/models", b""))
+                return _passed(await self.router.http.forward(host, "GET", "/v1/models", b""))
             except HostLost:
                 continue
         raise unavailable("no model host is running")
 
-    async def metrics(request: Request) -> Response:
+    async def metrics(self, request: Request) -> Response:
+        router = self.router
         parts: list[Any] = []
 
         async def ask(actor: Any) -> None:
@@ -147,35 +135,36 @@ def create_front_door(router: Router, limits: Limits = Limits()) -> Starlette:
             lost=router.lost))
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
-    async def episode_create(request: Request) -> Response:
-        body = parse_json(await read_body(request, limits), limits)
-        status, answer, host = await router.create(body)
+    async def episode_create(self, request: Request) -> Response:
+        body = parse_json(await read_body(request, self.limits), self.limits)
+        status, answer, host = await self.router.create(body)
         headers = {HOST_HEADER: host} if host else {}
         if status in (429, 503):
             headers["Retry-After"] = "1"
         return JSONResponse(answer, status_code=status, headers=headers)
 
-    async def episode_step(request: Request) -> Response:
+    async def episode_step(self, request: Request) -> Response:
         episode_id = request.path_params["episode_id"]
-        router.episode(episode_id)  # 404 before reading a large body
-        raw = await read_body(request, limits)
-        shot = parse_json(raw, limits).get("screenshot")
+        self.router.episode(episode_id)  # 404 before reading a large body
+        raw = await read_body(request, self.limits)
+        shot = parse_json(raw, self.limits).get("screenshot")
         if not isinstance(shot, str) or not shot:
             raise bad_request("'screenshot' must be a base64 string", param="screenshot")
-        return _passed(await router.step(episode_id, raw, shot))
+        return _passed(await self.router.step(episode_id, raw, shot))
 
-    async def episode_list(request: Request) -> Response:
+    async def episode_list(self, request: Request) -> Response:
         data: list[dict[str, Any]] = []
-        for host in router.alive():
+        for host in self.router.alive():
             try:
-                out = await router.http.forward(host, "GET", "/v1/episodes", b"")
+                out = await self.router.http.forward(host, "GET", "/v1/episodes", b"")
             except HostLost:
                 continue
             if out.status == 200:
                 data += [{**item, "host": host.name} for item in json.loads(out.content)["data"]]
         return JSONResponse({"object": "list", "data": data})
 
-    async def episode_get(request: Request) -> Response:
+    async def episode_get(self, request: Request) -> Response:
+        router = self.router
         episode_id = request.path_params["episode_id"]
         routed = router.episodes.get(episode_id)
         hosts = ([routed.host] if routed is not None and routed.host is not None
@@ -190,13 +179,14 @@ def create_front_door(router: Router, limits: Limits = Limits()) -> Starlette:
         router.episode(episode_id)  # 404 unless routed (then: its host was lost)
         raise unavailable(f"episode {episode_id}'s host was lost; its next step rebuilds it")
 
-    async def episode_end(request: Request) -> Response:
-        out = await router.end(request.path_params["episode_id"])
+    async def episode_end(self, request: Request) -> Response:
+        out = await self.router.end(request.path_params["episode_id"])
         return _passed(out) if out is not None else Response(status_code=204)
 
-    async def chat(request: Request) -> Response:
-        raw = await read_body(request, limits)
-        key = conversation_key(request.headers, parse_json(raw, limits))
+    async def chat(self, request: Request) -> Response:
+        router = self.router
+        raw = await read_body(request, self.limits)
+        key = conversation_key(request.headers, parse_json(raw, self.limits))
         headers = {"content-type": "application/json"}
         for _ in range(2):
             host = router.conversation_host(key) or await router.best_host()
@@ -211,29 +201,6 @@ def create_front_door(router: Router, limits: Limits = Limits()) -> Starlette:
                                      headers={**passed, HOST_HEADER: host.name},
                                      background=BackgroundTask(upstream.aclose))
         raise unavailable("the conversation's host was lost twice; retry")
-
-    routes = [
-        Route("/health", _guard("health", health), methods=["GET"]),
-        Route("/v1/models", _guard("models", models), methods=["GET"]),
-        Route("/metrics", _guard("metrics", metrics), methods=["GET"]),
-        Route("/v1/chat/completions", _guard("chat", chat), methods=["POST"]),
-        Route("/v1/episodes", _guard("episode_create", episode_create), methods=["POST"]),
-        Route("/v1/episodes", _guard("episode_list", episode_list), methods=["GET"]),
-        Route("/v1/episodes/{episode_id}", _guard("episode_get", episode_get),
-              methods=["GET"]),
-        Route("/v1/episodes/{episode_id}/step", _guard("episode_step", episode_step),
-              methods=["POST"]),
-        Route("/v1/episodes/{episode_id}", _guard("episode_end", episode_end),
-              methods=["DELETE"]),
-    ]
-
-    async def no_route(request: Request, exc: Exception) -> Response:
-        status = getattr(exc, "status_code", 404)
-        return _error(ApiError(status, f"{request.method} {request.url.path}: "
-                                       f"{'no such route' if status == 404 else 'not allowed'}",
-                               code="unknown_route"))
-
-    return Starlette(routes=routes, exception_handlers={404: no_route, 405: no_route})
 
 
 async def _statuses(router: Router) -> dict[str, Any]:

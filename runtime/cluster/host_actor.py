@@ -1,7 +1,7 @@
 """One model host as a Ray actor: the SAME app and ``ModelHost`` as ``kvagent serve``.
 
 ``HostActor.serve`` (a long-running actor call; its ObjectRef is how the front door learns
-the host ended or died) runs ``runtime.serve.app.create_app`` under uvicorn on the actor's
+the host ended or died) runs ``runtime.serve.http.app.create_app`` under uvicorn on the actor's
 event loop, on a free port of the node's IP: the front door forwards the HTTP APIs (steps,
 chat completions, deletes) to it unchanged.  The rest are actor methods on the same loop (the
 host is single-threaded: everything touching it runs there):
@@ -31,7 +31,11 @@ import structlog
 
 from runtime.cluster.resume import RecordedStep, open_episode
 from runtime.engine_setup import available_memory, default_threads
-from runtime.serve.host import ModelHost, ServeConfig
+from runtime.logs import configure_logging
+from runtime.serve.config import ServeConfig
+from runtime.serve.host import ModelHost
+from runtime.serve.http.app import create_app
+from runtime.serve.http.errors import api_error
 from runtime.serve.prometheus import ServeMetrics
 from scheduler.sizes import UNLIMITED_BYTES
 
@@ -69,8 +73,6 @@ class HostActor:
     def __init__(self, name: str, config: ServeConfig, *, log_level: str = "warning",
                  auto_budget: bool = False, auto_threads: bool = False,
                  bind: str | None = None) -> None:
-        from runtime.logs import configure_logging
-
         configure_logging(log_level)
         if auto_budget or auto_threads:
             budget, threads = node_share()
@@ -91,8 +93,6 @@ class HostActor:
         """Run the host until ``stop`` (returns "stopped") or the model fails to load
         (raises).  The front door holds this call's ref for as long as the host lives."""
         import uvicorn
-
-        from runtime.serve.app import create_app
 
         sock = socket.create_server((self.bind, 0))
         port = sock.getsockname()[1]
@@ -141,8 +141,6 @@ class HostActor:
 
     async def open_episode(self, body: Mapping[str, Any], number: int,
                            replay: Sequence[RecordedStep] = ()) -> Reply:
-        from runtime.serve.app import api_error
-
         host = self._running()
         try:
             created = await open_episode(host, body, number, replay)

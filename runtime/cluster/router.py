@@ -35,7 +35,7 @@ from runtime.cluster.hosts import HostPool
 from runtime.cluster.placement import placement_order
 from runtime.cluster.resume import RecordedStep
 from runtime.cluster.spawn import HostHandle
-from runtime.serve.errors import ApiError, busy, not_found, unavailable
+from runtime.serve.http.errors import ApiError, busy, not_found, unavailable
 
 log = structlog.get_logger("kvagent.cluster")
 

@@ -17,7 +17,7 @@ import attrs
 import structlog
 
 from runtime.cluster.host_actor import HostActor, HostInfo
-from runtime.serve.host import ServeConfig
+from runtime.serve.config import ServeConfig
 
 log = structlog.get_logger("kvagent.cluster")
 

@@ -60,8 +60,7 @@ def _config(args: argparse.Namespace) -> object:
     from runtime.arg_parsers import parse_memory_budget
     from runtime.commands.options import agent_config, engine_fields
     from runtime.engine_setup import available_memory, check_memory, resolve_model
-    from runtime.serve.host import ServeConfig, check_slots
-    from runtime.serve.requests import Limits
+    from runtime.serve.config import Limits, ServeConfig, check_slots
 
     if not 0 <= args.port <= 65535:
         raise ValueError("--port must be 0..65535")
@@ -101,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return run_cluster(args, config)
     import uvicorn
 
-    from runtime.serve.app import create_app
+    from runtime.serve.http.app import create_app
 
     try:
         sock = socket.create_server((args.host, args.port))

@@ -1,9 +1,19 @@
 """``kvagent serve``: one model host (engine, scheduler, memory ledger) for many agents.
 
-Two HTTP APIs on one Starlette app (``app.py``): an OpenAI-compatible chat completions API
-(``chat.py``: existing agents keep their prompts — faithful mode — or get kvagent's terminal
-layout — terminal mode) and an episode API (``episodes.py``) that ``KvAgent(server=URL)``
-speaks, so OSWorld's parallel workers share one model and one budget.  ``host.py`` owns the
-running parts; ``requests.py`` turns request bodies into validated records; ``errors.py``
-gives every failure OpenAI's error shape and the right status.
+Two layers, imports pointing down only (``tests/test_import_layers.py`` checks it):
+
+- **HTTP** (``runtime/serve/http/``): the Starlette app and its route table (shared with the
+  cluster's front door), request parsing, response bodies, server-sent events, and the ONE
+  mapping of failures to OpenAI-shaped errors with their status and ``Retry-After``;
+- **the domain** (here), which knows no HTTP: ``host.py`` (``ModelHost``: the running parts
+  and the services over them), ``episodes.py`` (the episode API's service),
+  ``chat.py`` (chat completions) with its two strategies ``terminal.py`` and
+  ``faithful.py``, ``conversation.py`` / ``conversations.py`` (what a host holds of a chat
+  and the open ones), ``messages.py`` (a chat request as values), ``config.py``,
+  ``ids.py`` and ``prometheus.py`` (the counters behind ``GET /metrics``).
 """
+
+from runtime.serve.config import Limits, ServeConfig
+from runtime.serve.host import ModelHost
+
+__all__ = ["Limits", "ModelHost", "ServeConfig"]

@@ -14,17 +14,73 @@ appending client's next request holds.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import attrs
 
 from cachepolicy.context_log import Segment
 from cachepolicy.policies.faithful import PLACES
 from cachepolicy.segments import SegmentFactory
-from runtime.serve.requests import ChatRequest, ImagePart, Message, TextPart
+from runtime.config import AgentConfig
+from runtime.driver import DriverStep
+from runtime.pool import EpisodePool
+from runtime.serve.conversation import Conversation, signature
+from runtime.serve.conversations import Conversations
+from runtime.serve.ids import NewId
+from runtime.serve.messages import ImagePart, Message, TextPart
+from scheduler.transaction import StepOptions
 
-if TYPE_CHECKING:
-    from runtime.serve.chat import ChatOutcome, ChatService, Conversation
+
+class FaithfulChat:
+    """Answers faithful-mode requests (and terminal-mode ones that are not agent steps);
+    ``agent`` is the server's agent configuration conversations are opened with."""
+
+    def __init__(self, pool: EpisodePool, factory: SegmentFactory,
+                 conversations: Conversations, agent: AgentConfig, new_id: NewId) -> None:
+        self._pool, self._factory, self._conversations = pool, factory, conversations
+        self._agent, self._new_id = agent, new_id
+
+    async def complete(self, messages: tuple[Message, ...], key: str | None,
+                       options: StepOptions, *, arrived_at: float) -> tuple[str, DriverStep]:
+        """Answer ``messages`` in the conversation ``key`` names (or the one sharing the
+        most leading messages); returns the conversation's id and the decided step."""
+        conv = self._conversations.get(key) if key is not None else self._find(messages)
+        if conv is None or conv.mode != "faithful":
+            if conv is not None:
+                await self._conversations.close(conv.conversation_id)
+            conv = await self._open(messages, key)
+        factory, n = self._factory, len(messages)
+        step = await self._pool.decide(conv.conversation_id, lambda d: d.respond(
+            lambda: render(factory, messages), options=options,
+            continuation=continuation(factory, n), arrived_at=arrived_at))
+        conv.signature = signature(messages)
+        return conv.conversation_id, step
+
+    def _find(self, messages: tuple[Message, ...]) -> Conversation | None:
+        """The idle faithful conversation that shares the most leading messages with the
+        request (at least one; ties: the most recently used), else None.  Agents that send
+        the same system prompt may share one this way — still exact, only reuse suffers; an
+        explicit conversation id keeps them apart."""
+        sig = signature(messages)
+        best, best_key = None, (0, 0.0)
+        for conv in self._conversations.implicit("faithful"):
+            pooled = self._conversations.pooled(conv.conversation_id)
+            if pooled is None or pooled.busy:
+                continue
+            n = conv.shared_messages(sig)
+            if n >= 1 and (n, pooled.last_used) > best_key:
+                best, best_key = conv, (n, pooled.last_used)
+        return best
+
+    async def _open(self, messages: tuple[Message, ...], key: str | None) -> Conversation:
+        new_id, _ = self._new_id("chat")  # drawn even for a named one: ids stay as they were
+        conv_id = key if key is not None else new_id
+        system = "\n".join(m.text for m in messages if m.role == "system")
+        config = attrs.evolve(self._agent, profile="chat", grammar=False, policy="faithful",
+                              system_prompt=system, decode_tokens=None)
+        images = [p for m in messages for p in m.parts if isinstance(p, ImagePart)]
+        conv = Conversation(conv_id, key is not None, system, "", mode="faithful")
+        await self._conversations.open(conv, config, images[-1].size if images else (1, 1))
+        return conv
 
 
 def render(factory: SegmentFactory, messages: tuple[Message, ...]) -> tuple[Segment, ...]:
@@ -66,70 +122,3 @@ def continuation(factory: SegmentFactory, n_messages: int) -> Callable[[str], tu
     def next_turn(answer: str) -> tuple[Segment, ...]:
         return (factory.text(n_messages * PLACES + 1, answer + factory.chat.assistant_suffix),)
     return next_turn
-
-
-async def complete_faithful(service: ChatService, req: ChatRequest, key: str | None, *,
-                            arrived: float, on_token: Callable[[int], None] | None,
-                            ) -> ChatOutcome:
-    from runtime.serve.chat import ChatOutcome, finish_reason
-
-    host = service.host
-    conv = service.conversations.get(key) if key is not None else _find(service, req)
-    if conv is None or conv.mode != "faithful":
-        if conv is not None:
-            await service.close(conv.conversation_id)
-        conv = await _open(service, req, key)
-    factory = host.factory
-    options = service.options(req, on_token)
-    n = len(req.messages)
-    step = await host.episodes.decide(conv.conversation_id, lambda d: d.respond(
-        lambda: render(factory, req.messages), options=options,
-        continuation=continuation(factory, n), arrived_at=arrived))
-    host.metrics.step("chat", step.metrics)
-    conv.signature = signature(req.messages)
-    return ChatOutcome(conv.conversation_id, "faithful", step, step.act.record.output_text,
-                       finish_reason(host, step, options))
-
-
-def signature(messages: tuple[Message, ...]) -> list[tuple[str, str, tuple[str, ...]]]:
-    """Each message's identity (role, text, image keys): what a later request repeats."""
-    from runtime.serve.chat import image_key
-
-    return [(m.role, m.text, tuple(image_key(i) for i in m.images)) for m in messages]
-
-
-def _find(service: ChatService, req: ChatRequest) -> Conversation | None:
-    """The idle faithful conversation that shares the most leading messages with the
-    request (at least one; ties: the most recently used), else None.  Agents that send the
-    same system prompt may share one this way — still exact, only reuse suffers; an
-    explicit conversation id keeps them apart."""
-    sig = signature(req.messages)
-    best, best_key = None, (0, 0.0)
-    for conv in service.conversations.values():
-        hosted = service.host.episodes.episodes.get(conv.conversation_id)
-        if conv.mode != "faithful" or conv.explicit or hosted is None or hosted.busy:
-            continue
-        n = 0
-        while n < min(len(sig), len(conv.signature)) and sig[n] == conv.signature[n]:
-            n += 1
-        if n >= 1 and (n, hosted.last_used) > best_key:
-            best, best_key = conv, (n, hosted.last_used)
-    return best
-
-
-async def _open(service: ChatService, req: ChatRequest, key: str | None) -> Conversation:
-    from runtime.serve.chat import Conversation
-
-    host = service.host
-    new_id, n = host.new_id("chat")
-    conv_id = key if key is not None else new_id
-    system = "\n".join(m.text for m in req.messages if m.role == "system")
-    config = attrs.evolve(host.config.agent, profile="chat", grammar=False, policy="faithful",
-                          system_prompt=system, decode_tokens=None)
-    images = [p for m in req.messages for p in m.parts if isinstance(p, ImagePart)]
-    screen = images[-1].size if images else (1, 1)
-    await host.episodes.open(conv_id, config, "", screen, seed=0,
-                             evictable=service._evictable)
-    conv = Conversation(conv_id, key is not None, system, "", mode="faithful")
-    service.conversations[conv_id] = conv
-    return conv

@@ -1,97 +1,60 @@
 """The model host behind ``kvagent serve``: one engine, one scheduler, one memory ledger and
-the episodes of every client.
+the episodes of every client — the serve domain's root, which HTTP (``runtime/serve/http``)
+and a cluster's host actor sit on.
 
 ``ModelHost.running(config)`` loads the engine (off the event loop), runs an ``EpisodePool``
 in a task group it owns, and on the way out stops it (prefetches cancelled, episodes closed,
-the ledger back to zero) and frees the engine.  The HTTP layer (``app.py``) calls
-``episode_*`` / the chat service and reads ``status`` / ``gauges``.
+the ledger back to zero) and frees the engine.  It wires the domain's collaborators, each
+given what it uses: ``episodes`` (the episode API), ``chat`` (chat completions) and the
+``conversations`` both see, over the one ``pool``; ``status`` / ``gauges`` report on it.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
-import attrs
 import structlog
 
-from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.engine import Engine
 from cachepolicy.segments import SegmentFactory
-from runtime.config import AgentConfig
 from runtime.engine_setup import load_engine, resolve_model
-from runtime.pool import EpisodePool, PooledEpisode
+from runtime.pool import EpisodePool
+from runtime.serve.chat import ChatService
+from runtime.serve.config import ServeConfig
+from runtime.serve.conversations import Conversations
+from runtime.serve.episodes import EpisodeService
+from runtime.serve.ids import IdCounter
 from runtime.serve.prometheus import ServeMetrics
-from runtime.serve.requests import Limits
 from scheduler.ledger import MemoryLedger
-from scheduler.sizes import UNLIMITED_BYTES
 
 log = structlog.get_logger("kvagent.serve")
 
-MODES = ("terminal", "faithful")
-
-
-@attrs.frozen
-class ServeConfig:
-    """What ``kvagent serve`` runs (see ``runtime/commands/serve.py`` for the flags)."""
-
-    model_path: Path | None = attrs.field(default=None,
-                                          converter=attrs.converters.optional(Path))
-    mmproj_path: Path | None = attrs.field(default=None,
-                                           converter=attrs.converters.optional(Path))
-    model_name: str | None = None  # the id clients send as "model" (default: the file stem)
-    #: the engine's sizes: one sequence per episode slot (``n_seq_max`` is
-    #: ``max_episodes``), ``n_ctx_per_seq`` context positions each
-    engine: EngineConfig = attrs.field(
-        default=EngineConfig(n_ctx_per_seq=16384, n_seq_max=4),
-        validator=lambda _s, _a, e: check_slots(e.n_seq_max))
-    memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=attrs.validators.ge(1))
-    agent: AgentConfig = attrs.Factory(AgentConfig)  # episodes' defaults
-    mode: str = attrs.field(default="terminal", validator=attrs.validators.in_(MODES))
-    limits: Limits = attrs.Factory(Limits)
-    wait_s: float = 30.0  # the scheduler's wait-for-memory bound
-    #: an episode idle this long gives its slot to a new one when every slot is taken (its
-    #: client is gone, or thinks longer than any VM action takes)
-    idle_s: float = attrs.field(default=900.0, validator=attrs.validators.gt(0))
-
-    def __attrs_post_init__(self) -> None:
-        if (self.model_path is None) != (self.mmproj_path is None):
-            raise ValueError("give both --model and --mmproj (a vision projector), or "
-                             "neither (the forged tiny test model)")
-
-    @property
-    def max_episodes(self) -> int:
-        """Episodes (and chat conversations) held at once: one engine sequence each."""
-        return self.engine.n_seq_max
-
-
-#: More episode slots than this on one host is a typo (each holds a sequence's KV cache).
-MAX_EPISODE_SLOTS = 64
-
-
-def check_slots(n: int) -> None:
-    if not 1 <= n <= MAX_EPISODE_SLOTS:
-        raise ValueError(f"--max-episodes must be 1..{MAX_EPISODE_SLOTS}, got {n}")
-
 
 class ModelHost:
+    """One model's running parts and the domain services over them (see the module
+    docstring); made by ``running``."""
+
     def __init__(self, config: ServeConfig, engine: Engine, model_name: str) -> None:
         self.config, self.engine, self.model_name = config, engine, model_name
         self.factory = SegmentFactory(engine)
         self.ledger = MemoryLedger(config.memory_budget)
-        self.episodes = EpisodePool(self.factory, self.ledger,
-                                    max_episodes=config.max_episodes,
-                                    options=config.agent.step_options((1920, 1080)),
-                                    wait_s=config.wait_s)
+        self.pool = EpisodePool(self.factory, self.ledger, max_episodes=config.max_episodes,
+                                options=config.agent.step_options(config.screen),
+                                wait_s=config.wait_s)
         self.metrics = ServeMetrics()
-        self._ids = _counter()
-        from runtime.serve.chat import ChatService  # (it builds on this class)
-        self.chat = ChatService(self)
+        self._ids = IdCounter()
+        self.conversations = Conversations(self.pool)
+        self.episodes = EpisodeService(self.pool, self.conversations, screen=config.screen,
+                                       idle_s=config.idle_s, new_id=self.new_id,
+                                       metrics=self.metrics)
+        self.chat = ChatService(self.pool, self.factory, self.conversations, config,
+                                new_id=self.new_id, metrics=self.metrics,
+                                is_end_of_generation=engine.is_end_of_generation)
 
     @classmethod
     @asynccontextmanager
@@ -99,41 +62,36 @@ class ModelHost:
         engine, name = await anyio.to_thread.run_sync(functools.partial(_load, config))
         try:
             host = cls(config, engine, name)
-            config.agent.make_policy(host.factory, (1920, 1080))  # refuse what it cannot run
+            config.agent.make_policy(host.factory, config.screen)  # refuse what it cannot run
             async with anyio.create_task_group() as tg:
-                await tg.start(host.episodes.run)
+                await tg.start(host.pool.run)
                 log.info("serve_host_ready", model=name, kind=engine.kind.value,
                          max_episodes=config.max_episodes, mode=config.mode)
                 try:
                     yield host
                 finally:
-                    host.episodes.stop()
+                    host.pool.stop()
         finally:
             engine.close()
             log.info("serve_host_closed")
 
-    def idle_too_long(self, hosted: PooledEpisode) -> bool:
-        """May ``hosted`` give its slot to a new episode?  (Idle longer than ``idle_s``.)"""
-        return time.monotonic() - hosted.last_used > self.config.idle_s
-
     def new_id(self, prefix: str) -> tuple[str, int]:
-        """A fresh id (``ep-7``) and its number (an episode's sampling seed)."""
-        n = next(self._ids)
-        return f"{prefix}-{n}", n
+        """A fresh id (``ep-7``) and its number, from the host's one counter (``ids.py``)."""
+        return self._ids.new_id(prefix)
 
     def status(self) -> dict[str, Any]:
         snap = self.ledger.snapshot()
         return {"status": "ok", "model": self.model_name,
-                "episodes": {"open": len(self.episodes.episodes),
+                "episodes": {"open": len(self.pool.episodes),
                              "max": self.config.max_episodes},
                 "ledger": {"budget_bytes": snap.budget, "held_bytes": snap.held,
                            "reserved_bytes": snap.reserved, "peak_bytes": snap.peak},
-                "summary": self.episodes.scheduler.summary()}
+                "summary": self.pool.scheduler.summary()}
 
     def gauges(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
         snap = self.ledger.snapshot()
         yield ("kvagent_episodes_open", "Open episodes (conversations included).", {},
-               len(self.episodes.episodes))
+               len(self.pool.episodes))
         yield ("kvagent_episodes_max", "Episode slots (--max-episodes).", {},
                self.config.max_episodes)
         for kind, value in (("budget", snap.budget), ("held", snap.held),
@@ -144,13 +102,6 @@ class ModelHost:
                stats.calls)
         yield ("kvagent_decode_rows", "Generated tokens fed back through the lanes.", {},
                stats.rows)
-
-
-def _counter() -> Iterator[int]:
-    n = 0
-    while True:
-        n += 1
-        yield n
 
 
 def _load(config: ServeConfig) -> tuple[Engine, str]:

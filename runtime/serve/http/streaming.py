@@ -1,4 +1,4 @@
-"""Chat completion responses: one JSON body, or ``stream: true`` as server-sent events.
+"""``stream: true`` chat completions as server-sent events.
 
 The stream is an ASGI app with one task group: the step (its tokens come from the engine's
 worker thread through a memory stream), the writer (text deltas as OpenAI's
@@ -11,41 +11,33 @@ after that is an ``error`` event.
 
 from __future__ import annotations
 
-import json
 import math
-import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.from_thread
 import structlog
-from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from runtime.serve.chat import ChatOutcome, completion_body, kvagent_fields
-from runtime.serve.errors import ApiError
+from runtime.serve.chat import ChatOutcome
 from runtime.serve.host import ModelHost
-from runtime.serve.requests import ChatRequest
+from runtime.serve.http.chat_bodies import chunk, event, last_chunk
+from runtime.serve.http.errors import api_error, error_response
+from runtime.serve.messages import ChatRequest
 
 log = structlog.get_logger("kvagent.serve")
 
 _HOLD = "\ufffd"  # an incomplete UTF-8 sequence so far: wait for the next token
 
 
-async def chat_response(host: ModelHost, req: ChatRequest, key: str | None) -> Response:
-    created = int(time.time())
-    if not req.stream:
-        out = await host.chat.complete(req, key)
-        return JSONResponse(completion_body(host, out, created))
-    return ChatStream(host, req, key, created)  # type: ignore[return-value]
-
-
 class _Text:
     """Tokens → text deltas that are safe to send: nothing that a later token could still
     change (a split UTF-8 sequence) or that may turn out to start a stop string."""
 
-    def __init__(self, host: ModelHost, stops: tuple[str, ...]) -> None:
-        self._host, self._stops = host, stops
+    def __init__(self, detokenize: Callable[[list[int]], str], stops: tuple[str, ...]) -> None:
+        self._detokenize, self._stops = detokenize, stops
         self.tokens: list[int] = []
         self.sent = 0
 
@@ -53,7 +45,7 @@ class _Text:
         if final is not None:  # the step's own text (cut at a stop string): the truth
             out, self.sent = final[self.sent:], len(final)
             return out
-        text = self._host.engine.detokenize(self.tokens)
+        text = self._detokenize(self.tokens)
         for stop in self._stops:
             cut = text.find(stop)
             if cut >= 0:
@@ -70,34 +62,28 @@ class _Text:
 
 
 class ChatStream:
+    """The ASGI app answering one streamed request (see the module docstring)."""
+
+    route = "chat"
+
     def __init__(self, host: ModelHost, req: ChatRequest, key: str | None,
                  created: int) -> None:
         self.host, self.req, self.key, self.created = host, req, key, created
-        self.route = "chat"
-
-    def _chunk(self, cid: str, delta: dict[str, Any], finish: str | None,
-               extra: dict[str, Any] | None = None) -> bytes:
-        body: dict[str, Any] = {
-            "id": cid, "object": "chat.completion.chunk", "created": self.created,
-            "model": self.host.model_name,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-        if extra:
-            body.update(extra)
-        return f"data: {json.dumps(body)}\n\n".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        host, created = self.host, self.created
         tokens_in, tokens_out = anyio.create_memory_object_stream[int](math.inf)
         outcome: dict[str, Any] = {}
-        text = _Text(self.host, self.req.sampling.stop)
-        cid = f"chatcmpl-stream-{self.host.new_id('s')[1]}"
+        text = _Text(host.engine.detokenize, self.req.sampling.stop)
+        cid = f"chatcmpl-stream-{host.new_id('s')[1]}"
 
         def on_token(tok: int) -> None:  # in the engine's worker thread
             anyio.from_thread.run_sync(tokens_in.send_nowait, tok)
 
         async def produce() -> None:
             try:
-                outcome["out"] = await self.host.chat.complete(self.req, self.key,
-                                                               on_token=on_token)
+                outcome["out"] = await host.chat.complete(self.req, self.key,
+                                                          on_token=on_token)
             except Exception as exc:  # noqa: BLE001  reported to the client below;
                 outcome["error"] = exc  # cancellation (a disconnect) passes through
             finally:
@@ -108,6 +94,9 @@ class ChatStream:
                 pass
             log.info("chat_client_disconnected", route=self.route)
             tg.cancel_scope.cancel()  # the step rolls back; nothing is published
+
+        async def body(data: bytes, more: bool = True) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": more})
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(produce)
@@ -122,50 +111,34 @@ class ChatStream:
                 return
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
-            await send({"type": "http.response.body", "more_body": True,
-                        "body": self._chunk(cid, {"role": "assistant", "content": ""}, None)})
+            await body(chunk(cid, created, host.model_name,
+                             {"role": "assistant", "content": ""}, None))
             if first is not None:
                 text.tokens.append(first)
                 async for tok in tokens_out:  # the rest of the tokens
                     text.tokens.append(tok)
                     piece = text.delta()
                     if piece:
-                        await send({"type": "http.response.body", "more_body": True,
-                                    "body": self._chunk(cid, {"content": piece}, None)})
+                        await body(chunk(cid, created, host.model_name, {"content": piece},
+                                         None))
             if "error" in outcome:
-                error = _as_api_error(outcome["error"])
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": f"data: {json.dumps(error.body())}\n\n".encode()})
+                await body(event(api_error(outcome["error"]).body()))
             else:
                 out: ChatOutcome = outcome["out"]
                 rest = text.delta(out.text)
                 if rest:
-                    await send({"type": "http.response.body", "more_body": True,
-                                "body": self._chunk(cid, {"content": rest}, None)})
-                m = out.step.metrics
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": self._chunk(cid, {}, out.finish_reason, {
-                                "usage": {"prompt_tokens": m.context_tokens,
-                                          "completion_tokens": m.decode_tokens,
-                                          "total_tokens": m.context_tokens + m.decode_tokens},
-                                "kvagent": kvagent_fields(out)})})
-            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
-            self.host.metrics.response("chat_stream", 200)
+                    await body(chunk(cid, created, host.model_name, {"content": rest}, None))
+                await body(last_chunk(cid, created, host.model_name, out))
+            await body(b"data: [DONE]\n\n", more=False)
+            host.metrics.response("chat_stream", 200)
             tg.cancel_scope.cancel()  # the watcher
 
     async def _error_response(self, send: Send, exc: BaseException) -> None:
-        error = _as_api_error(exc)
-        response = JSONResponse(error.body(), status_code=error.status)
+        error = api_error(exc)
         self.host.metrics.response("chat_stream", error.status)
-        await response({"type": "http"}, _no_receive, send)
+        await error_response(error, retry_after=False)({"type": "http"}, _no_receive, send)
 
 
 async def _no_receive() -> dict[str, Any]:  # pragma: no cover - JSONResponse never reads
     await anyio.sleep_forever()
     return {}
-
-
-def _as_api_error(exc: BaseException) -> ApiError:
-    from runtime.serve.app import api_error
-
-    return api_error(exc)

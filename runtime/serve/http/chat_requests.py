@@ -1,112 +1,49 @@
-"""Request bodies of the HTTP APIs → validated records (or an ``ApiError`` saying what is
-wrong, with the parameter).
+"""A chat completions body → a validated ``ChatRequest`` (or an ``ApiError`` saying what is
+wrong, with the parameter), and the conversation the request names.
 
 Chat completions follow OpenAI's request shape: ``messages`` with string or list content,
 text parts and ``image_url`` parts carrying ``data:`` URLs (or bare base64); ``max_tokens``
 (or ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``,
-``user``.  ``max_tokens`` is a cap: a completion decodes at most ``Limits.max_tokens``
-(and half the context); only absurd values are refused.  Images are decoded with Pillow's decompression-bomb limit and converted to PNG
-(``vmenv.png.screenshot_png``); nothing is fetched from the network.
+``user``.  ``max_tokens`` is a cap: a completion decodes at most ``Limits.max_tokens`` (and
+half the context); only absurd values are refused.  Images are decoded with Pillow's
+decompression-bomb limit and converted to PNG (``vmenv.png.screenshot_png``); nothing is
+fetched from the network.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
+import anyio.to_thread
 
-from runtime.serve.errors import bad_request, too_large
+from runtime.serve.config import Limits
+from runtime.serve.http.errors import bad_request, not_found, too_large
+from runtime.serve.messages import ChatRequest, ImagePart, Message, Part, Sampling, TextPart
 from vmenv.errors import ScreenshotError
 from vmenv.png import screenshot_png
 
 ROLES = ("system", "user", "assistant")
+#: The header naming a request's conversation (else its ``user`` field; else none: the
+#: host matches the request by content).
+CONVERSATION_HEADER = "x-kvagent-conversation"
 
 
-@attrs.frozen
-class Limits:
-    """What one request may ask for (the server's settings)."""
-
-    max_body_bytes: int = 64 << 20
-    max_image_bytes: int = 16 << 20
-    max_images: int = 16
-    max_messages: int = 256
-    max_text_chars: int = 200_000
-    #: a completion decodes at most this many tokens: a larger ``max_tokens`` (OSWorld's
-    #: Qwen3-VL agent asks for 32768) is capped to it, as llama-server caps to its context
-    max_tokens: int = 4096
-    #: ``max_tokens`` above this is refused (a typo, not a budget)
-    max_tokens_refused_over: int = 1 << 20
-    max_stop: int = 4
-    max_stop_chars: int = 64
+async def read_chat(body: Mapping[str, Any], limits: Limits, model: str) -> ChatRequest:
+    """``parse_chat`` off the event loop (it decodes images), for the model ``model``."""
+    req = await anyio.to_thread.run_sync(parse_chat, body, limits)
+    if req.model != model:
+        raise not_found(f"the model {req.model!r} does not exist; this server serves "
+                        f"{model!r}", param="model", code="model_not_found")
+    return req
 
 
-@attrs.frozen
-class TextPart:
-    text: str
-
-
-@attrs.frozen
-class ImagePart:
-    png: bytes = attrs.field(repr=False)
-    size: tuple[int, int]
-
-
-Part = TextPart | ImagePart
-
-
-@attrs.frozen
-class Message:
-    role: str  # system | user | assistant
-    parts: tuple[Part, ...]
-
-    @property
-    def text(self) -> str:
-        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
-
-    @property
-    def images(self) -> tuple[ImagePart, ...]:
-        return tuple(p for p in self.parts if isinstance(p, ImagePart))
-
-
-@attrs.frozen
-class Sampling:
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop: tuple[str, ...]
-
-
-@attrs.frozen
-class ChatRequest:
-    model: str
-    messages: tuple[Message, ...]
-    sampling: Sampling
-    stream: bool
-    user: str | None
-    mode: str | None  # faithful | terminal (kvagent extension), None: the server's default
-
-    @property
-    def images(self) -> tuple[ImagePart, ...]:
-        return tuple(i for m in self.messages for i in m.images)
-
-
-def parse_json(body: bytes, limits: Limits) -> dict[str, Any]:
-    if len(body) > limits.max_body_bytes:
-        raise too_large(f"the request body has {len(body)} bytes; the limit is "
-                        f"{limits.max_body_bytes}")
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise bad_request("the request body must be a JSON object")
-    return data
+def conversation_key(headers: Mapping[str, str], req: ChatRequest) -> str | None:
+    """The conversation the client names: the header, else ``user``, else None."""
+    return headers.get(CONVERSATION_HEADER) or req.user
 
 
 def parse_chat(data: Mapping[str, Any], limits: Limits) -> ChatRequest:

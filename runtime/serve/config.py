@@ -1,0 +1,83 @@
+"""What ``kvagent serve`` runs: the model, the engine's sizes, the memory budget, the
+episodes' defaults, the chat mode and what one request may ask for.  Plain values, read by
+the model host and by the HTTP layer alike (see ``runtime/commands/serve.py`` for the
+flags)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from cachepolicy.engine import EngineConfig
+from runtime.actions import Screen
+from runtime.config import DEFAULT_SCREEN, AgentConfig
+from scheduler.sizes import UNLIMITED_BYTES
+
+
+@attrs.frozen
+class Limits:
+    """What one request may ask for (the server's settings)."""
+
+    max_body_bytes: int = 64 << 20
+    max_image_bytes: int = 16 << 20
+    max_images: int = 16
+    max_messages: int = 256
+    max_text_chars: int = 200_000
+    #: a completion decodes at most this many tokens: a larger ``max_tokens`` (OSWorld's
+    #: Qwen3-VL agent asks for 32768) is capped to it, as llama-server caps to its context
+    max_tokens: int = 4096
+    #: ``max_tokens`` above this is refused (a typo, not a budget)
+    max_tokens_refused_over: int = 1 << 20
+    max_stop: int = 4
+    max_stop_chars: int = 64
+
+
+MODES = ("terminal", "faithful")
+
+
+@attrs.frozen
+class ServeConfig:
+    """What ``kvagent serve`` runs (see ``runtime/commands/serve.py`` for the flags)."""
+
+    model_path: Path | None = attrs.field(default=None,
+                                          converter=attrs.converters.optional(Path))
+    mmproj_path: Path | None = attrs.field(default=None,
+                                           converter=attrs.converters.optional(Path))
+    model_name: str | None = None  # the id clients send as "model" (default: the file stem)
+    #: the engine's sizes: one sequence per episode slot (``n_seq_max`` is
+    #: ``max_episodes``), ``n_ctx_per_seq`` context positions each
+    engine: EngineConfig = attrs.field(
+        default=EngineConfig(n_ctx_per_seq=16384, n_seq_max=4),
+        validator=lambda _s, _a, e: check_slots(e.n_seq_max))
+    memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=attrs.validators.ge(1))
+    agent: AgentConfig = attrs.Factory(AgentConfig)  # episodes' defaults
+    mode: str = attrs.field(default="terminal", validator=attrs.validators.in_(MODES))
+    limits: Limits = attrs.Factory(Limits)
+    wait_s: float = 30.0  # the scheduler's wait-for-memory bound
+    #: an episode idle this long gives its slot to a new one when every slot is taken (its
+    #: client is gone, or thinks longer than any VM action takes)
+    idle_s: float = attrs.field(default=900.0, validator=attrs.validators.gt(0))
+    #: the screen an episode's prompt assumes until its first screenshot (the episode API's
+    #: default), the one the policy is checked for at startup and the pool's default steps
+    #: are sized for
+    screen: Screen = DEFAULT_SCREEN
+
+    def __attrs_post_init__(self) -> None:
+        if (self.model_path is None) != (self.mmproj_path is None):
+            raise ValueError("give both --model and --mmproj (a vision projector), or "
+                             "neither (the forged tiny test model)")
+
+    @property
+    def max_episodes(self) -> int:
+        """Episodes (and chat conversations) held at once: one engine sequence each."""
+        return self.engine.n_seq_max
+
+
+#: More episode slots than this on one host is a typo (each holds a sequence's KV cache).
+MAX_EPISODE_SLOTS = 64
+
+
+def check_slots(n: int) -> None:
+    if not 1 <= n <= MAX_EPISODE_SLOTS:
+        raise ValueError(f"--max-episodes must be 1..{MAX_EPISODE_SLOTS}, got {n}")

@@ -1,0 +1,66 @@
+"""The HTTP face of the model host: a Starlette app (ASGI; served by uvicorn).
+
+Routes (``routes.ROUTES``): ``GET /health``, ``GET /v1/models``, ``GET /metrics``
+(Prometheus text), ``POST /v1/chat/completions`` (OpenAI-compatible, ``stream`` = SSE), and
+the episode API (``POST /v1/episodes``, ``GET /v1/episodes``, ``GET /v1/episodes/{id}``,
+``POST /v1/episodes/{id}/step``, ``DELETE /v1/episodes/{id}``); handlers in ``handlers.py``.
+
+Every failure is an OpenAI-shaped JSON error with the right status (``errors.api_error``):
+400 for bad input, 404 unknown model / episode, 409 a step of that episode is already
+running, 413 too large, 429 every episode slot is busy (retry later), 503 the memory budget
+cannot take the step.  An unexpected exception is logged with its cause and answered 500
+without internals.  Every response is counted by route and status (a stream counts its own
+when it knows it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runtime.serve.config import ServeConfig
+from runtime.serve.host import ModelHost
+from runtime.serve.http.errors import api_error, error_response
+from runtime.serve.http.handlers import HostHandlers
+from runtime.serve.http.routes import Endpoint, bind, unknown_route_handlers
+
+log = structlog.get_logger("kvagent.serve")
+
+
+def create_app(config: ServeConfig, *,
+               on_ready: Callable[[ModelHost], None] | None = None) -> Starlette:
+    """The app; its lifespan runs the model host (loaded at startup, closed at shutdown)."""
+    handlers = HostHandlers()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with ModelHost.running(config) as host:
+            handlers.attach(host)
+            if on_ready is not None:
+                on_ready(host)
+            yield
+
+    def guard(name: str, handler: Endpoint) -> Endpoint:
+        async def endpoint(request: Request) -> Response:
+            host = handlers.host
+            try:
+                response = await handler(request)
+            except Exception as exc:  # noqa: BLE001  every failure becomes an HTTP error;
+                error = api_error(exc)  # cancellation (BaseException) passes through
+                if error.status >= 500:
+                    log.error("serve_error", route=name, error=f"{type(exc).__name__}: {exc}",
+                              exc_info=exc if error.status == 500 else None)
+                response = error_response(error)
+            status = getattr(response, "status_code", None)
+            if status is not None:  # (a stream records its own status when it knows it)
+                host.metrics.response(name, status)
+            return response
+        return endpoint
+
+    return Starlette(routes=bind(handlers, guard), lifespan=lifespan,
+                     exception_handlers=unknown_route_handlers())

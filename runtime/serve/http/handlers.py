@@ -1,0 +1,88 @@
+"""The model host's HTTP handlers: one method per route of ``routes.ROUTES`` (by name).
+
+Each reads and parses its request, calls the serve domain (``ModelHost``'s ``episodes``,
+``chat``, ``status``, ``metrics``) and builds the answer; failures propagate as exceptions
+for the app's guard to map (``errors.api_error``).  The host exists only while the app's
+lifespan runs it (``attach``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from runtime.serve.host import ModelHost
+from runtime.serve.http.body import read_json
+from runtime.serve.http.chat_bodies import completion_body
+from runtime.serve.http.chat_requests import conversation_key, read_chat
+from runtime.serve.http.episode_bodies import (created_body, listing_body, parse_create,
+                                               read_screenshot, step_body, view_body)
+from runtime.serve.http.streaming import ChatStream
+
+
+class HostHandlers:
+    def __init__(self) -> None:
+        self._host: ModelHost | None = None
+
+    def attach(self, host: ModelHost) -> None:
+        self._host = host
+
+    @property
+    def host(self) -> ModelHost:
+        if self._host is None:
+            raise RuntimeError("the model host is not running")
+        return self._host
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse(self.host.status())
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.host.model_name, "object": "model", "created": 0,
+             "owned_by": "kvagent"}]})
+
+    async def metrics(self, request: Request) -> Response:
+        host = self.host
+        return PlainTextResponse(host.metrics.exposition(host.gauges()),
+                                 media_type="text/plain; version=0.0.4")
+
+    async def chat(self, request: Request) -> Response:
+        host = self.host
+        body = await read_json(request, host.config.limits)
+        req = await read_chat(body, host.config.limits, host.model_name)
+        key = conversation_key(request.headers, req)
+        created = int(time.time())
+        if req.stream:
+            return ChatStream(host, req, key, created)  # type: ignore[return-value]
+        out = await host.chat.complete(req, key)
+        return JSONResponse(completion_body(host.model_name, out, created))
+
+    async def episode_create(self, request: Request) -> Response:
+        host = self.host
+        create = parse_create(await read_json(request, host.config.limits), host.config.agent)
+        episode_id = await host.episodes.create(create.config, create.instruction,
+                                                create.screen)
+        return JSONResponse(created_body(episode_id, create.config), status_code=201)
+
+    async def episode_step(self, request: Request) -> Response:
+        host = self.host
+        episode_id = request.path_params["episode_id"]
+        body = await read_json(request, host.config.limits)
+        arrived = time.perf_counter()  # the screenshot's bytes are in hand
+        host.episodes.get(episode_id)  # an unknown episode: 404 before the screenshot's 400
+        png, size = await read_screenshot(body, host.config.limits)
+        out = await host.episodes.step(episode_id, png, size, arrived_at=arrived)
+        return JSONResponse(step_body(out))
+
+    async def episode_list(self, request: Request) -> Response:
+        return JSONResponse(listing_body(self.host.episodes.listing()))
+
+    async def episode_get(self, request: Request) -> Response:
+        return JSONResponse(view_body(self.host.episodes.describe(
+            request.path_params["episode_id"])))
+
+    async def episode_end(self, request: Request) -> Response:
+        await self.host.episodes.end(request.path_params["episode_id"])
+        return Response(status_code=204)
