@@ -16,13 +16,15 @@ import pytest
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.train.dataset import (
-    LAYOUTS, MANIFEST, DatasetConfig, DatasetError, generate, load_manifest, rollout, shards,
+    LAYOUTS, MANIFEST, PERTURBED, SLIPPED, DatasetConfig, DatasetError, generate, load_manifest,
+    rollout, shards,
 )
 from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, TextPiece
 from vmenv.simdesk import is_eval_seed
 from vmenv.simdesk.render import render_png
 
-CONFIG = DatasetConfig(seed=7, episodes=6, shard_episodes=3, perturbed=0.5, variants=3)
+CONFIG = DatasetConfig(seed=7, episodes=6, shard_episodes=3, perturbed=0.3, slipped=0.4,
+                       variants=3)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +95,7 @@ def test_stored_examples_are_the_prompt_builder_s(dataset: Path, engine: object)
 
 
 def test_layouts_mix_terminal_interleaved_and_windows(engine: object, tmp_path: Path) -> None:
-    config = attrs.evolve(CONFIG, episodes=8, shard_episodes=8, perturbed=0.0)
+    config = attrs.evolve(CONFIG, episodes=8, shard_episodes=8, perturbed=0.0, slipped=0.0)
     m = generate(engine, config, tmp_path)  # type: ignore[arg-type]
     t = m["totals"]
     assert set(t["by_layout"]) == set(LAYOUTS)
@@ -103,21 +105,50 @@ def test_layouts_mix_terminal_interleaved_and_windows(engine: object, tmp_path: 
     steps = {(int(a), int(b)) for a, b in zip(shard.a["meta_episode"], shard.a["meta_step"])}
     per_step = len(shard) / len(steps)
     assert 2 <= per_step <= config.variants  # identical prompts are kept once
-    assert t["recovery_examples"] == 0
+    assert t["recovery_examples"] == 0 and t["by_mode"] == {"clean": len(shard)}
 
 
 def test_perturbed_episodes_teach_recovery(engine: object, tmp_path: Path) -> None:
-    config = attrs.evolve(CONFIG, episodes=4, shard_episodes=4, perturbed=1.0, variants=1)
+    config = attrs.evolve(CONFIG, episodes=4, shard_episodes=4, perturbed=1.0, slipped=0.0,
+                          variants=1)
     generate(engine, config, tmp_path)  # type: ignore[arg-type]
     (shard,) = shards(tmp_path)
     for e in range(4):
         ep = rollout(config, e)
-        assert ep.perturb_at is not None and ep.steps[ep.perturb_at].perturbed
+        assert ep.mode == PERTURBED and ep.steps[ep.off_at].perturbed
         rows = np.flatnonzero(shard.a["meta_episode"] == e)
         recovery = shard.a["meta_recovery"][rows]
-        assert list(recovery) == [s >= ep.perturb_at for s in shard.a["meta_step"][rows]]
-        # the perturbed step is a target: the expert's first recovery action
-        assert sum(recovery) == len(ep.steps) - ep.perturb_at
+        assert list(recovery) == [s >= ep.off_at for s in shard.a["meta_step"][rows]]
+        # every step is a target, the perturbed one too: the expert's first recovery action
+        assert len(rows) == len(ep.steps) and sum(recovery) == len(ep.steps) - ep.off_at
+        assert set(shard.a["meta_mode"][rows]) == {PERTURBED}
+
+
+def test_a_slip_is_in_the_history_and_never_a_target(engine: object, tmp_path: Path) -> None:
+    config = attrs.evolve(CONFIG, episodes=4, shard_episodes=4, perturbed=0.0, slipped=1.0,
+                          variants=1)
+    generate(engine, config, tmp_path)  # type: ignore[arg-type]
+    (shard,) = shards(tmp_path)
+    factory = SegmentFactory(engine)  # type: ignore[arg-type]
+    for e in range(4):
+        ep = rollout(config, e)
+        k = ep.off_at
+        assert ep.mode == SLIPPED and [s.slip for s in ep.steps].count(True) == 1
+        assert ep.steps[k].slip
+        rows = np.flatnonzero(shard.a["meta_episode"] == e)
+        steps = [int(x) for x in shard.a["meta_step"][rows]]
+        assert k not in steps and len(steps) == len(ep.steps) - 1  # no example of the slip
+        wrong = PromptBuilder(factory, AgentConfig(), CONFIG.screen).response(
+            ep.steps[k].action)
+        for row, step in zip(rows, steps):
+            pieces = shard.pieces(int(row))
+            history = engine.detokenize(  # type: ignore[attr-defined]
+                [t for p in pieces[:-1] if isinstance(p, TextPiece) for t in p.tokens])
+            target = engine.detokenize(pieces[-1].tokens[:-1])  # type: ignore[attr-defined]
+            assert (f"Step {k}: {wrong}" in history) == (step > k)  # what the agent did
+            assert shard.meta(int(row))["recovery"] == (step > k)
+            assert target == PromptBuilder(factory, AgentConfig(), CONFIG.screen).response(
+                ep.steps[step].action)  # the expert's
 
 
 def test_screenshots_are_stored_once_with_the_encoder_s_bits(dataset: Path,

@@ -9,13 +9,17 @@ Per episode ``e``:
 
 * the instance: kind ``kinds[e mod n]``, a seed from ``train_seeds()`` (never an
   evaluation seed) starting at a random point of the seed range;
-* the rollout: ``demonstration`` at ``screen`` (byte-for-byte the env's screenshots); a
-  ``perturbed`` fraction of episodes is knocked off-track once, before a random step
-  (``perturb_at``).  A perturbation is a change of the desktop's state, not an action: the
-  step it lands on shows a screen the previous action did not cause (``DemoStep.perturbed``),
-  and its label is the expert's first recovery action.  The history holds the actions the
-  agent took (the expert's), so every step is a target: there is no wrong action to keep out
-  of the loss;
+* the rollout: ``demonstration`` at ``screen`` (byte-for-byte the env's screenshots), with
+  recovery states in two ways, once per episode at a random step:
+
+  - ``perturbed`` (a fraction of episodes): the desktop is knocked off-track before the step
+    (``perturb_at``).  A perturbation changes the state, it is not an action: the step shows
+    a screen the previous action did not cause (``DemoStep.perturbed``) and is labelled with
+    the expert's first recovery action — a target like every other step;
+  - ``slipped`` (another fraction): the agent's action at the step is a mistake
+    (``slip_at``, ``vmenv.simdesk.slips``), executed and entered in the history like any
+    action the agent took — and never a target (``DemoStep.slip``): no example is made of
+    that step, the steps after it teach the recovery with the mistake in the history;
 * per step, ``variants`` examples, alternating the terminal layout (``terminal-scratch``,
   which ``terminal-slot`` equals) and the interleaved one (``evict``; ``noevict`` — every
   screenshot — a ``noevict_share`` of those), each with K drawn from ``windows``; prompts
@@ -74,14 +78,20 @@ class DatasetConfig:
     episodes: int = attrs.field(default=512, validator=attrs.validators.ge(1))
     screen: tuple[int, int] = (640, 360)  # kvagent run's default
     kinds: tuple[str, ...] = attrs.field(factory=task_kinds, converter=tuple)
-    perturbed: float = attrs.field(default=0.5, validator=[attrs.validators.ge(0.0),
+    perturbed: float = attrs.field(default=0.3, validator=[attrs.validators.ge(0.0),
                                                             attrs.validators.le(1.0)])
+    slipped: float = attrs.field(default=0.3, validator=[attrs.validators.ge(0.0),
+                                                          attrs.validators.le(1.0)])
     windows: tuple[int, ...] = attrs.field(default=(1, 2, 3, 4, 5), converter=tuple)
     variants: int = attrs.field(default=2, validator=attrs.validators.ge(1))
     noevict_share: float = 0.2
     with_done: bool = False  # also label the solved state done() (simdesk ends without it)
     profile: str = "kvagent"
     shard_episodes: int = attrs.field(default=64, validator=attrs.validators.ge(1))
+
+    def __attrs_post_init__(self) -> None:
+        if self.perturbed + self.slipped > 1.0:
+            raise ValueError("perturbed + slipped is a share of the episodes: at most 1")
 
     @property
     def n_shards(self) -> int:
@@ -91,16 +101,22 @@ class DatasetConfig:
         return range(k * self.shard_episodes, min(self.episodes, (k + 1) * self.shard_episodes))
 
 
+CLEAN, PERTURBED, SLIPPED = 0, 1, 2  # how an episode went off-track (``Episode.mode``)
+MODES = ("clean", "perturbed", "slipped")
+
+
 @attrs.frozen
 class Episode:
-    """One rollout: the instance, its labelled steps, and where it was knocked off-track."""
+    """One rollout: the instance, its labelled steps, and where (``off_at``) and how
+    (``mode``) it went off-track."""
 
     index: int
     kind: str
     seed: int
     instruction: str
     steps: tuple[DemoStep, ...]
-    perturb_at: int | None
+    mode: int = CLEAN
+    off_at: int | None = None
 
 
 def episode_rng(config: DatasetConfig, e: int, what: str = "rollout") -> random.Random:
@@ -117,13 +133,14 @@ def rollout(config: DatasetConfig, e: int) -> Episode:
     assert not is_eval_seed(seed), seed  # train_seeds' promise, kept here too
     task = sample_task(kind, seed)
     w, h = config.screen
-    perturb_at = None
-    if rng.random() < config.perturbed:
-        plain = demonstration(task, w, h)
-        perturb_at = rng.randrange(len(plain))
-    steps = demonstration(task, w, h, perturb_at=perturb_at, rng=rng,
-                          with_done=config.with_done)
-    return Episode(e, kind, seed, task.instruction, steps, perturb_at)
+    draw = rng.random()
+    mode = (PERTURBED if draw < config.perturbed
+            else SLIPPED if draw < config.perturbed + config.slipped else CLEAN)
+    at = rng.randrange(len(demonstration(task, w, h))) if mode != CLEAN else None
+    steps = demonstration(task, w, h, rng=rng, with_done=config.with_done,
+                          perturb_at=at if mode == PERTURBED else None,
+                          slip_at=at if mode == SLIPPED else None)
+    return Episode(e, kind, seed, task.instruction, steps, mode, at)
 
 
 class Generator:
@@ -171,6 +188,8 @@ class Generator:
                    for png, log in zip(pngs, logs)}
         n = 0
         for i, (log_i, step) in enumerate(zip(logs, ep.steps)):
+            if step.slip:  # the agent's mistake: in the later steps' history, never a target
+                continue
             seen: set[bytes] = set()
             for policy, k in self.layouts(rng):
                 ex = self.builders[(policy, k)].example(log_i, step.action)
@@ -194,8 +213,8 @@ class Generator:
                     pieces, episode=ep.index, kind=c.kinds.index(ep.kind), seed=ep.seed,
                     step=i, layout=LAYOUTS.index(policy), window=k,
                     shown=sum(isinstance(p, ImagePiece) for p in ex.pieces), rows=rows,
-                    target_tokens=len(ex.target.tokens),
-                    recovery=ep.perturb_at is not None and i >= ep.perturb_at)
+                    target_tokens=len(ex.target.tokens), mode=ep.mode,
+                    recovery=ep.off_at is not None and i >= ep.off_at)
                 n += 1
         return n
 
@@ -225,6 +244,7 @@ def shard_stats(shard: Shard, config: DatasetConfig) -> dict[str, Any]:
         "target_tokens_sum": int(m["target_tokens"].sum()),
         "target_tokens_max": int(m["target_tokens"].max(initial=0)),
         "recovery_examples": int(m["recovery"].sum()),
+        "by_mode": dict(Counter(MODES[int(x)] for x in m["mode"])),
     }
 
 
@@ -256,6 +276,7 @@ def summarize(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "examples": n, "images": total("images"),
         "recovery_examples": total("recovery_examples"),
         "by_kind": counts("by_kind"), "by_layout": counts("by_layout"),
+        "by_mode": counts("by_mode"),
         "rows": {"mean": total("rows_sum") / n if n else 0.0,
                  "max": max((e["stats"]["rows_max"] for e in entries), default=0),
                  "by_window": {key: {"examples": d["examples"],
@@ -370,7 +391,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--episodes", type=int, default=d.episodes)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--perturbed", type=float, default=d.perturbed)
+    p.add_argument("--perturbed", type=float, default=d.perturbed,
+                   help="share of episodes knocked off-track once (a changed desktop)")
+    p.add_argument("--slipped", type=float, default=d.slipped,
+                   help="share of episodes where the agent makes one mistake (in the "
+                        "history, not a target)")
     p.add_argument("--variants", type=int, default=d.variants)
     p.add_argument("--shard-episodes", type=int, default=d.shard_episodes)
     p.add_argument("--with-done", action="store_true")
@@ -380,6 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true")
     args = p.parse_args(argv)
     config = DatasetConfig(seed=args.seed, episodes=args.episodes, perturbed=args.perturbed,
+                           slipped=args.slipped,
                            variants=args.variants, shard_episodes=args.shard_episodes,
                            with_done=args.with_done)
     files = resolve_model(args.model, args.mmproj, default=DEMO_MODEL)

@@ -59,7 +59,8 @@ META: dict[str, str] = {
     "shown": "int8",  # screenshots the prompt shows
     "rows": "int32",  # rows of the whole example (prompt + target)
     "target_tokens": "int16",
-    "recovery": "bool",  # at or after the step the episode was knocked off-track
+    "mode": "uint8",  # the episode: 0 clean, 1 perturbed once, 2 one slip (a mistake)
+    "recovery": "bool",  # at or after the step the episode went off-track
 }
 
 
