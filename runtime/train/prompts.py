@@ -145,7 +145,8 @@ class PromptBuilder:
         """The context log before each step's decision, built as the session appends it
         (step 0: head + screenshot 0; step i: history line i-1 + screenshot i): entry i shows
         screenshots 0..i and the history lines of steps 0..i-1.  ``steps`` are the steps
-        taken; ``current`` (if given) is one more screenshot, the last entry's."""
+        taken; ``current`` (if given) is one more screenshot, the last entry's.  Logs depend
+        on the profile and the screen only: builders of other layouts may share them."""
         pngs = [s.png for s in steps] + ([current] if current is not None else [])
         out: list[ContextLog] = []
         log = ContextLog()
