@@ -185,3 +185,20 @@ def test_deterministic_and_resumable(dataset: Path, engine: object, tmp_path: Pa
     generate(engine, attrs.evolve(other, episodes=3), tmp_path / "other")  # type: ignore[arg-type]
     assert _sha(tmp_path / "other" / "shard-00000.npz") != first[0]
     assert json.loads((again / MANIFEST).read_text())["config"]["seed"] == 7
+
+
+def test_a_code_typed_after_its_screen_left_the_window_is_left_out(engine: object,
+                                                                   tmp_path: Path) -> None:
+    config = attrs.evolve(CONFIG, kinds=("remember-code",), episodes=3, shard_episodes=3,
+                          perturbed=0.0, slipped=0.0, variants=4)
+    m = generate(engine, config, tmp_path)  # type: ignore[arg-type]
+    assert m["totals"]["unanswerable_skipped"] > 0
+    (shard,) = shards(tmp_path)
+    typed = 0
+    for e in range(len(shard)):
+        target = engine.detokenize(shard.pieces(e)[-1].tokens)  # type: ignore[attr-defined]
+        meta = shard.meta(e)
+        if target.startswith("type("):
+            typed += 1
+            assert meta["shown"] == meta["step"] + 1  # the code's screen is in the prompt
+    assert typed > 0

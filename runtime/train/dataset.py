@@ -23,7 +23,9 @@ Per episode ``e``:
 * per step, ``variants`` examples, alternating the terminal layout (``terminal-scratch``,
   which ``terminal-slot`` equals) and the interleaved one (``evict``; ``noevict`` — every
   screenshot — a ``noevict_share`` of those), each with K drawn from ``windows``; prompts
-  that come out identical are kept once.
+  that come out identical are kept once, and prompts that cannot answer their target are
+  left out (``answerable``: remember-code's code typed after its screenshot left the
+  window; counted in the manifest).
 
 Each screenshot is encoded once by the engine's (frozen) vision encoder and stored once per
 shard with its embedding.  The manifest (``manifest.json``) records the config, the model
@@ -52,8 +54,9 @@ from cachepolicy.engine import Engine
 from cachepolicy.pieces import digests
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
-from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, TextPiece
+from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, StepExample, TextPiece
 from runtime.train.shards import META, PieceKind, Projector, Shard, ShardWriter
+from vmenv.actions import Action, TypeText
 from vmenv.simdesk import (
     DemoStep, demonstration, is_eval_seed, sample_task, task_kinds, train_seeds,
 )
@@ -117,6 +120,7 @@ class Episode:
     steps: tuple[DemoStep, ...]
     mode: int = CLEAN
     off_at: int | None = None
+    code: bool = False  # the text to type is a code shown on the first screen only
 
 
 def episode_rng(config: DatasetConfig, e: int, what: str = "rollout") -> random.Random:
@@ -140,7 +144,8 @@ def rollout(config: DatasetConfig, e: int) -> Episode:
     steps = demonstration(task, w, h, rng=rng, with_done=config.with_done,
                           perturb_at=at if mode == PERTURBED else None,
                           slip_at=at if mode == SLIPPED else None)
-    return Episode(e, kind, seed, task.instruction, steps, mode, at)
+    return Episode(e, kind, seed, task.instruction, steps, mode, at,
+                   code=task.goal is not None and task.goal.code)
 
 
 class Generator:
@@ -177,8 +182,9 @@ class Generator:
                            else (INTERLEAVED, k))
         return out
 
-    def add_episode(self, ep: Episode, shard: ShardWriter) -> int:
-        """Write ``ep``'s examples into ``shard``; returns how many."""
+    def add_episode(self, ep: Episode, shard: ShardWriter) -> tuple[int, int]:
+        """Write ``ep``'s examples into ``shard``; returns how many, and how many were left
+        out as unanswerable (``answerable``)."""
         c, rng = self.config, episode_rng(self.config, ep.index, "layouts")
         pngs = [render_png(s.state) for s in ep.steps]
         # the logs' screenshot segments run the encoder, once per screenshot
@@ -186,7 +192,7 @@ class Generator:
             ep.instruction, [PastStep(p, s.action) for p, s in zip(pngs, ep.steps)])
         encoded = {png: self.engine.encode_image(png, image_id=log.screenshots[-1].image_id)
                    for png, log in zip(pngs, logs)}
-        n = 0
+        n = skipped = 0
         for i, (log_i, step) in enumerate(zip(logs, ep.steps)):
             if step.slip:  # the agent's mistake: in the later steps' history, never a target
                 continue
@@ -197,6 +203,9 @@ class Generator:
                 if key in seen:  # another K that shows the same (e.g. at step 0)
                     continue
                 seen.add(key)
+                if not answerable(ep, ex, step.action):
+                    skipped += 1
+                    continue
                 pieces: list[tuple[PieceKind, Any]] = []
                 rows = 0
                 for p in ex.pieces:
@@ -216,7 +225,17 @@ class Generator:
                     target_tokens=len(ex.target.tokens), mode=ep.mode,
                     recovery=ep.off_at is not None and i >= ep.off_at)
                 n += 1
-        return n
+        return n, skipped
+
+
+def answerable(ep: Episode, ex: StepExample, action: Action) -> bool:
+    """Whether the prompt holds what the target needs.  The one thing a screen shows once is
+    remember-code's code (the first screenshot only; the history holds actions, never the
+    code): typing it is unanswerable once that screenshot left the window — training on it
+    would teach the model to invent a code."""
+    if not (ep.code and isinstance(action, TypeText)):
+        return True
+    return any(p.image is not None and p.image.step == 0 for p in ex.layout)
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -275,6 +294,7 @@ def summarize(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "episodes": sum(e["episodes"][1] - e["episodes"][0] for e in entries),
         "examples": n, "images": total("images"),
         "recovery_examples": total("recovery_examples"),
+        "unanswerable_skipped": total("unanswerable_skipped"),
         "by_kind": counts("by_kind"), "by_layout": counts("by_layout"),
         "by_mode": counts("by_mode"),
         "rows": {"mean": total("rows_sum") / n if n else 0.0,
@@ -335,13 +355,15 @@ def generate(engine: Engine, config: DatasetConfig, out: Path, *, files: Any = N
         t0 = time.perf_counter()
         writer = ShardWriter()
         eps = config.shard_range(k)
+        unanswerable = 0
         for e in eps:
-            gen.add_episode(rollout(config, e), writer)
+            unanswerable += gen.add_episode(rollout(config, e), writer)[1]
         assert writer.projector is not None, "every episode shows a screenshot"
         name = f"shard-{k:05d}.npz"
         size = writer.write(out / name)
         seconds = time.perf_counter() - t0
         stats = shard_stats(Shard(out / name, writer.projector), config)
+        stats["unanswerable_skipped"] = unanswerable
         done.append({"index": k, "file": name, "episodes": [eps.start, eps.stop],
                      "bytes": size, "seconds": seconds, "stats": stats})
         done.sort(key=lambda s: s["index"])
