@@ -13,11 +13,18 @@ import pytest
 from runtime.bench.evaluate import (
     ArmRun, judge, kind_table, reference_of, step_agreement, success_table, with_references,
 )
-from runtime.cli import main
+from runtime.cli import build_parser
 from runtime.metrics import EpisodeResult, StepMetrics
 from vmenv.simdesk import eval_seeds, is_eval_seed, task_kinds
 
 FAST = ("--max-steps", "2", "--threads", "1", "--screen", "320x240", "--concurrency", "3")
+
+
+def main(argv: list[str]) -> int:
+    """The command as the CLI runs it, without ``runtime.cli.main``'s logging setup (which
+    would bind structlog to this test's captured, soon closed, stderr)."""
+    args = build_parser().parse_args(argv)
+    return int(args.run(args))
 
 
 def _eval(forged: Callable[..., object], arch: str, tmp_path: Path, *args: str,

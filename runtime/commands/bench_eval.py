@@ -19,6 +19,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cachepolicy.engine import Engine
+    from runtime.engine_setup import ModelFiles
 
 HELP = ("task success per cache policy on held-out simdesk instances (95% CI, per kind) and "
         "per-step agreement with each policy's exact reference")
@@ -94,7 +99,7 @@ def _check(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _load(args: argparse.Namespace, files: object, arms: list[str]) -> object:
+def _load(args: argparse.Namespace, files: ModelFiles, arms: list[str]) -> Engine:
     """The engine, each sequence sized for the largest arm's prompt (measured with the
     projector on a real first screen)."""
     import attrs
@@ -116,11 +121,11 @@ def _load(args: argparse.Namespace, files: object, arms: list[str]) -> object:
     probe = render_png(resolve_task(args.tasks[0], default_tasks()).setup(DeskState.empty(w, h)))
     return load_engine(
         files, lambda n_ctx: engine_config(
-            files.model, what="--max-steps, --concurrency, --window and --screen",  # type: ignore[attr-defined]
+            files.model, what="--max-steps, --concurrency, --window and --screen",
             n_ctx_per_seq=max(n_ctx, 512), n_seq_max=args.concurrency + 1,
             **args.engine_fields),
         need=lambda e: need(e.image_tokens(probe)[0]),
-        n_ctx=need(estimate_image_tokens(files.mmproj, args.screen_wh)).tokens)  # type: ignore[attr-defined]
+        n_ctx=need(estimate_image_tokens(files.mmproj, args.screen_wh)).tokens)
 
 
 def run(args: argparse.Namespace) -> int:
