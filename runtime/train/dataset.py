@@ -408,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m runtime.train.dataset",
                                 description="write simdesk training shards (see the module "
-                                            "docstring and docs/training.md)")
+                                            "docstring and docs/training-data.md)")
     d = DatasetConfig()
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--episodes", type=int, default=d.episodes)
