@@ -132,6 +132,21 @@ def step_agreement(episode: EpisodeResult, reference: EpisodeResult) -> list[boo
     return out
 
 
+def _agreement(pairs: Sequence[tuple[EpisodeResult, EpisodeResult]], exact: bool,
+               window: int) -> tuple[dict[str, Any], list[list[bool]]]:
+    """The agreement summary of (episode, reference episode) pairs, and each pair's steps."""
+    per = [step_agreement(e, f) for e, f in pairs]
+    flat = [a for ag in per for a in ag]
+    within = [a for ag in per for a in ag[:window]]
+    same_length = all(e.n_steps == f.n_steps for e, f in pairs)
+    return {"compared_steps": len(flat), "agreed_steps": sum(flat),
+            "rate": sum(flat) / len(flat) if flat else None,
+            "within_window_rate": sum(within) / len(within) if within else None,
+            "identical_episodes": sum(e.output_sha256 == f.output_sha256
+                                      and e.n_steps == f.n_steps for e, f in pairs),
+            "exact_holds": all(flat) and same_length if exact else None}, per
+
+
 def _episode(e: EpisodeResult, agree: list[bool] | None) -> dict[str, Any]:
     return {"episode_id": e.episode_id, "task": e.task, "status": e.status,
             "reward": e.reward, "success": succeeded(e.reward, e.status),
@@ -165,26 +180,14 @@ def judge(runs: Sequence[ArmRun], tasks: Sequence[str], window: int) -> list[dic
             out.append(entry)
             continue
         ref = by_arm.get(ref_arm)
-        comparable = ref is not None and ref.refused is None and ref.arm != r.arm
-        agrees = [step_agreement(e, f) if comparable else None
-                  for e, f in zip(r.episodes, ref.episodes if comparable else r.episodes)]
         entry["success"] = _success(r.episodes).as_dict()
         entry["success_by_kind"] = {k: _success(r.episodes, k).as_dict() for k in kinds}
-        if comparable:
-            flat = [a for ag in agrees for a in ag]  # type: ignore[union-attr]
-            within = [a for ag in agrees for a in ag[:window]]  # type: ignore[union-attr]
-            entry["agreement"] = {
-                "compared_steps": len(flat), "agreed_steps": sum(flat),
-                "rate": sum(flat) / len(flat) if flat else None,
-                "within_window_rate": sum(within) / len(within) if within else None,
-                "identical_episodes": sum(
-                    e.output_sha256 == f.output_sha256 and e.n_steps == f.n_steps
-                    for e, f in zip(r.episodes, ref.episodes)),  # type: ignore[union-attr]
-                "exact_holds": (all(flat) and all(e.n_steps == f.n_steps for e, f in
-                                                  zip(r.episodes, ref.episodes))  # type: ignore[union-attr]
-                                if exact else None)}
-        else:
-            entry["agreement"] = None  # the reference itself (or it was refused)
+        agrees: list[list[bool] | None] = [None] * len(r.episodes)
+        entry["agreement"] = None  # the reference itself (or its reference was refused)
+        if ref is not None and ref.refused is None and ref.arm != r.arm:
+            entry["agreement"], per = _agreement(list(zip(r.episodes, ref.episodes)), exact,
+                                                 window)
+            agrees = list(per)
         drifts = [d for e in r.episodes for d in (s.drift_kl for s in e.steps) if d is not None]
         if drifts:
             top1 = [t for e in r.episodes for t in (s.drift_top1_agree for s in e.steps)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from cachepolicy.engine import Engine
     from runtime.engine_setup import ModelFiles
+    from runtime.run.agents import EpisodeEvent
 
 HELP = ("task success per cache policy on held-out simdesk instances (95% CI, per kind) and "
         "per-step agreement with each policy's exact reference")
@@ -154,10 +155,10 @@ def run(args: argparse.Namespace) -> int:
               f"{files.model.name}, profile {args.agent.profile}, window {args.agent.window}, "
               f"screen {w}x{h}", file=sys.stderr, flush=True)
 
-        def progress(arm: str, e: object) -> None:
-            if getattr(e, "kind", "") == "end":
-                print(f"[{arm}] {e.spec.task}: {e.status} after {e.step} step(s), "  # type: ignore[attr-defined]
-                      f"reward {e.reward:g}", file=sys.stderr, flush=True)  # type: ignore[attr-defined]
+        def progress(arm: str, e: EpisodeEvent) -> None:
+            if e.kind == "end":
+                print(f"[{arm}] {e.spec.task}: {e.status} after {e.step} step(s), reward "
+                      f"{e.reward or 0:g}", file=sys.stderr, flush=True)
 
         runs = run_arms(engine, arms, args.tasks, args.agent, max_steps=args.max_steps,
                         screen=args.screen_wh, vm_seconds=args.vm_seconds,

@@ -45,7 +45,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import structlog
@@ -64,6 +64,9 @@ from vmenv.simdesk.demos import DemonstrationError
 from vmenv.simdesk.render import render_png
 from vmenv.simdesk.seeds import MAX_SEED
 from vmenv.trajectory_writer import write_durably
+
+if TYPE_CHECKING:
+    from runtime.engine_setup import ModelFiles
 
 log = structlog.get_logger("kvagent.train.dataset")
 
@@ -317,7 +320,8 @@ class DatasetError(ValueError):
     """The output directory holds another dataset (other config or model)."""
 
 
-def _identity(engine: Engine, files: Any) -> dict[str, Any]:
+def _identity(engine: Engine, files: ModelFiles | None) -> dict[str, Any]:
+    # the engine's core loads llama.cpp: imported when a dataset is written, not when read
     from cachepolicy.engine.core import file_identity
 
     out: dict[str, Any] = {"kind": engine.kind.value, "n_vocab": engine.n_vocab,
@@ -329,7 +333,8 @@ def _identity(engine: Engine, files: Any) -> dict[str, Any]:
     return out
 
 
-def generate(engine: Engine, config: DatasetConfig, out: Path, *, files: Any = None,
+def generate(engine: Engine, config: DatasetConfig, out: Path, *,
+             files: ModelFiles | None = None,
              overwrite: bool = False,
              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Write ``config``'s shards into ``out`` (kept: shards a previous run with the same
@@ -404,6 +409,7 @@ def shards(out: Path) -> Iterator[Shard]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # model files and engine sizing (the forge, llama.cpp): the command line's only
     from runtime.engine_setup import DEMO_MODEL, engine_config, load_engine, resolve_model
 
     p = argparse.ArgumentParser(prog="python -m runtime.train.dataset",
