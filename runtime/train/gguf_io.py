@@ -24,8 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 import structlog
 
-from cachepolicy.forge import QUANTS, TextSpec
+from cachepolicy.forge import QUANTS, TextSpec, vision_spec
 from cachepolicy.forge.build import write_quantized
+from cachepolicy.forge.mmproj import write_mmproj
 from cachepolicy.forge.text_model import write_text_model
 from cachepolicy.forge.tokenizer import Vocab, build_vocab
 from runtime.train.model import check_spec
@@ -62,6 +63,12 @@ def _field(reader: gguf.GGUFReader, key: str, default: object = None) -> object:
     return field.contents()
 
 
+def _f32(value: object) -> float:
+    """A stored f32 as the shortest decimal that rounds to it (1e-06, not 9.9999997e-07): the
+    spec then equals the one the file was written from, and writes the same bits again."""
+    return float(str(np.float32(value)))
+
+
 def spec_from_gguf(reader: gguf.GGUFReader) -> TextSpec:
     """The ``TextSpec`` a GGUF's metadata describes (ValueError for what the forge's spec
     cannot express: another arch, other RoPE dims or sections, head sizes that differ)."""
@@ -78,8 +85,8 @@ def spec_from_gguf(reader: gguf.GGUFReader) -> TextSpec:
         n_embd=n_embd, n_layer=u("block_count"), n_head=n_head,
         n_head_kv=u("attention.head_count_kv"), head_dim=head_dim,
         n_ff=u("feed_forward_length"), n_ctx_train=u("context_length"),
-        rope_freq_base=float(_field(reader, f"{arch}.rope.freq_base")),
-        rms_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")))
+        rope_freq_base=_f32(_field(reader, f"{arch}.rope.freq_base")),
+        rms_eps=_f32(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")))
     if arch == "qwen35":
         spec = attrs.evolve(
             spec, full_attention_interval=u("full_attention_interval"),
@@ -162,3 +169,16 @@ def export_gguf(path: str | Path, spec: TextSpec, params: Mapping[str, jax.Array
     log.info("train_export_written", path=str(path), quant=quant, n_bytes=size,
              sha256=digest[:16])
     return ExportedModel(path=path, n_bytes=size, sha256=digest, quant=quant)
+
+
+def write_mmproj_for(spec: TextSpec, path: str | Path, *, seed: int = 0,
+                     like_size: str = "XS") -> Path:
+    """Forge the frozen vision projector for a (custom) ``spec``: the forge's projector of
+    ``like_size`` for the arch (``qwen3vl_merger`` for qwen35, LLaVA ``mlp`` for llama) with
+    its output width set to ``spec.n_embd``; random weights from ``seed``, like ``forge``'s.
+    Deterministic; returns ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    vspec = attrs.evolve(vision_spec(spec.arch, like_size), projection_dim=spec.n_embd)
+    write_mmproj(vspec, path, seed)
+    return path

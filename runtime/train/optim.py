@@ -63,9 +63,13 @@ class TrainState(NamedTuple):
 
 
 def init_state(params: Params) -> TrainState:
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=dict(params), mu=zeros,
-                      nu=jax.tree.map(jnp.zeros_like, params))
+    """Step 0 with zero moments.  The parameters are copied: the step donates the state's
+    buffers, and the caller's ``params`` must stay usable."""
+    return TrainState(step=jnp.zeros((), jnp.int32),
+                      params={k: jnp.array(v, dtype=jnp.float32, copy=True)
+                              for k, v in params.items()},
+                      mu=jax.tree.map(jnp.zeros_like, dict(params)),
+                      nu=jax.tree.map(jnp.zeros_like, dict(params)))
 
 
 def apply_updates(state: TrainState, grads: Params, opt: AdamW) -> tuple[TrainState, jax.Array]:
