@@ -4,6 +4,8 @@ differentiable on fixed shapes."""
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import jax
 import jax.numpy as jnp
@@ -13,8 +15,7 @@ import pytest
 from cachepolicy.forge import text_spec
 from runtime.train import ForwardOptions, Rows, forward, init_params
 from runtime.train.delta_net import delta_rule_chunked, delta_rule_scan
-
-jit_forward = jax.jit(forward, static_argnames=("spec", "options"))
+from runtime.train.model import jit_forward
 
 
 def random_rows(spec, n: int, n_valid: int | None = None, seed: int = 0) -> Rows:
@@ -55,18 +56,17 @@ def test_chunked_delta_rule_equals_the_scan_values_and_gradients() -> None:
     v = jnp.asarray(rng.standard_normal((t, h, d)), dtype=jnp.float32)
     g = jnp.asarray(-rng.uniform(0.0, 3.0, (t, h)), dtype=jnp.float32)
     beta = jnp.asarray(rng.uniform(0.0, 1.0, (t, h)), dtype=jnp.float32)
-    ref = delta_rule_scan(q, k, v, g, beta)
-    got = delta_rule_chunked(q, k, v, g, beta, chunk=16)
+    chunked = functools.partial(delta_rule_chunked, chunk=16)
+    ref = jax.jit(delta_rule_scan)(q, k, v, g, beta)
+    got = jax.jit(chunked)(q, k, v, g, beta)
     assert float(jnp.abs(ref - got).max()) < 1e-5
     weights = jnp.asarray(rng.standard_normal((t, h, d)), dtype=jnp.float32)
 
-    def scalar(fn, *args):  # noqa: ANN001, ANN202
-        return jnp.sum(fn(*args) * weights)
+    def grads(fn):  # noqa: ANN001, ANN202
+        return jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a) * weights), argnums=(0, 1, 2, 3, 4)))
 
-    grads_ref = jax.grad(lambda *a: scalar(delta_rule_scan, *a), argnums=(0, 1, 2, 3, 4))(
-        q, k, v, g, beta)
-    grads_got = jax.grad(lambda *a: scalar(lambda *b: delta_rule_chunked(*b, chunk=16), *a),
-                         argnums=(0, 1, 2, 3, 4))(q, k, v, g, beta)
+    grads_ref = grads(delta_rule_scan)(q, k, v, g, beta)
+    grads_got = grads(chunked)(q, k, v, g, beta)
     for a, b in zip(grads_ref, grads_got):
         scale = float(jnp.abs(a).max())
         assert float(jnp.abs(a - b).max()) < 1e-4 * max(1.0, scale)

@@ -16,8 +16,9 @@ from PIL import Image
 from cachepolicy.forge import ForgedModel
 from runtime.train import (
     ForwardOptions, ImagePiece, Numerics, TextPiece, build_example, compare, compare_with_engine,
-    forward, load_gguf, to_rows,
+    load_gguf, to_rows,
 )
+from runtime.train.model import jit_forward
 from runtime.train.parity import PARITY_OPTIONS, compare_logits, engine_logits
 
 ARCHES = ("llama", "qwen35")
@@ -114,7 +115,7 @@ def test_sequential_positions_for_image_rows_fail_the_check(engines, loaded) -> 
     wrong = np.stack([np.arange(n)] * 3 + [np.zeros(n, dtype=int)], axis=1).astype(np.int32)
     is_image = example.embed_index >= 0
     for positions, should_pass in ((rows.positions, True), (wrong, False)):
-        got = forward(model.params, model.spec,
+        got = jit_forward(model.params, model.spec,
                       jax.tree.map(jnp.asarray, rows._replace(positions=positions)),
                       PARITY_OPTIONS)
         numbers = compare_logits(reference, np.asarray(got), is_image=is_image)
@@ -134,3 +135,32 @@ def test_f16_rounding_brings_jax_closer_to_llama_cpp(engines, loaded) -> None:
         assert report.passed, report.summary()
         diffs[f16] = report.max_abs_diff
     assert diffs[True] < diffs[False]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_image_rows_are_what_the_engine_feeds(arch: str, engines) -> None:
+    """``image_rows`` returns the encoder's own embedding bits, positions that move with the
+    start (t, y, x by the start; z stays 0), and the next position the engine reaches."""
+    from runtime.train import image_rows
+
+    engine = engines(arch)
+    png = png_bytes(160, 96)
+    at0, at9 = image_rows(engine, png, 0), image_rows(engine, png, 9)
+    enc = engine.encode_image(png)
+    assert np.array_equal(at0.embeddings, enc.embeddings) and at0.embeddings.dtype == np.float32
+    assert at0.embeddings.shape == (at0.n_rows, engine.n_embd)
+    moved = at9.positions - at0.positions
+    if arch == "qwen35":
+        assert at0.positions.shape == (at0.n_rows, 4)
+        assert (moved[:, :3] == 9).all() and (moved[:, 3] == 0).all()
+        assert (at0.positions[:, 0] == 0).all()  # every image row shares the start as t
+        assert at0.next_pos < at0.n_rows  # M-RoPE: fewer positions than rows
+    else:
+        assert at0.positions.shape == (at0.n_rows, 1) and (moved == 9).all()
+        assert np.array_equal(at0.positions[:, 0], np.arange(at0.n_rows))
+        assert at0.next_pos == at0.n_rows
+    engine.prefill_tokens(0, engine.tokenize("<|im_start|>user\nlook here"), logits=False)
+    start = engine.seq_info(0).next_pos
+    engine.prefill_image(0, enc)
+    assert engine.seq_info(0).next_pos == image_rows(engine, png, start).next_pos
+    engine.clear(0)

@@ -24,7 +24,7 @@ from runtime.train.example import (
 )
 from runtime.train.gguf_io import ExportedModel, LoadedModel, export_gguf, load_gguf
 from runtime.train.loss import loss_fn, token_losses
-from runtime.train.model import ForwardOptions, Rows, forward, hidden_states, project
+from runtime.train.model import ForwardOptions, Rows, forward, hidden_states, jit_forward, project
 from runtime.train.numerics import Numerics
 from runtime.train.optim import AdamW, TrainState, init_state, make_eval_step, make_train_step
 from runtime.train.params import check_params, count_params, init_params, param_shapes
@@ -36,6 +36,6 @@ __all__ = [
     "LoadedModel", "Numerics", "ParityReport", "Piece", "Rows", "TextPiece", "TrainState",
     "bucket_for", "build_example", "check_params", "collate", "compare", "compare_with_engine",
     "count_params", "export_gguf", "forward", "hidden_states", "image_rows", "init_params",
-    "init_state", "load_gguf", "loss_fn", "make_eval_step", "make_train_step", "param_shapes",
+    "init_state", "jit_forward", "load_gguf", "loss_fn", "make_eval_step", "make_train_step", "param_shapes",
     "project", "to_rows", "token_losses",
 ]

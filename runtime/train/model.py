@@ -116,6 +116,10 @@ def forward(params: Params, spec: TextSpec, rows: Rows,
     return project(params, hidden, options.numerics)
 
 
+#: ``forward`` compiled per (spec, options, shapes): what the parity check and tests call
+jit_forward = jax.jit(forward, static_argnames=("spec", "options"))
+
+
 def check_spec(spec: TextSpec) -> None:
     """Raise ValueError for what this forward does not implement (qwen35moe's experts)."""
     if spec.arch not in ("llama", "qwen35"):

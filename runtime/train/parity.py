@@ -46,7 +46,7 @@ from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.forge import TextSpec
 from runtime.train.example import ImagePiece, Piece, TextPiece, build_example, to_rows
 from runtime.train.gguf_io import load_gguf
-from runtime.train.model import ForwardOptions, Rows, forward
+from runtime.train.model import ForwardOptions, Rows, jit_forward
 from runtime.train.numerics import Numerics
 
 log = structlog.get_logger("kvagent.train")
@@ -55,7 +55,6 @@ log = structlog.get_logger("kvagent.train")
 TOLERANCE_REL = 5e-3
 PARITY_OPTIONS = ForwardOptions(numerics=Numerics(f16=True))
 
-_forward = jax.jit(forward, static_argnames=("spec", "options"))
 
 
 @attrs.frozen
@@ -170,9 +169,9 @@ def compare_with_engine(engine: Engine, spec: TextSpec, params: Mapping[str, jax
     engine.clear(seq)
     rows = jax.tree.map(jnp.asarray, to_rows(example))
     params = dict(params)
-    got = np.asarray(_forward(params, spec, rows, options))
+    got = np.asarray(jit_forward(params, spec, rows, options))
     moved_params, moved_rows = _ulp_jitter(params, rows)
-    noise = np.abs(np.asarray(_forward(moved_params, spec, moved_rows, options)) - got)
+    noise = np.abs(np.asarray(jit_forward(moved_params, spec, moved_rows, options)) - got)
     if reference.shape[0] != example.n_rows:  # the two walks disagree on the rows
         raise AssertionError(f"engine fed {reference.shape[0]} rows, the trainer laid out "
                              f"{example.n_rows}")
