@@ -66,27 +66,38 @@ def delta_rule_scan(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
     return out * (1.0 / d ** 0.5)
 
 
-#: XLA's CPU triangular solve is fast up to 32x32 and ~500x slower per element beyond
-#: (measured: 4 solves of 64x64 take 43 ms, of 32x32 60 us); larger blocks are split.
-_SOLVE_BLOCK = 32
-
-
 def unit_lower_inverse(a: jax.Array) -> jax.Array:
-    """``(I + a)^-1`` for strictly lower-triangular ``a [..., C, C]``, by 2x2 blocks:
-    ``[[L11, 0], [L21, L22]]^-1 = [[X11, 0], [-X22 L21 X11, X22]]`` down to blocks of
-    ``_SOLVE_BLOCK``, which a triangular solve inverts."""
+    """``(I + a)^-1`` for strictly lower-triangular ``a [..., C, C]``, with matmuls only.
+
+    Bottom-up block inversion: the inverses of the diagonal blocks of size b (all blocks of a
+    level at once) combine pairwise into those of size 2b,
+    ``[[L11, 0], [L21, L22]]^-1 = [[X11, 0], [-X22 L21 X11, X22]]``, from b = 1 (a unit
+    diagonal inverts to 1) up to C (padded to a power of two with identity rows).  As stable
+    as forward substitution.  (Not ``solve_triangular``: XLA's CPU version is a LAPACK custom
+    call that is ~500x slower per element above 32x32 and, under load, was seen to leave
+    the step waiting forever.)
+    """
     c = a.shape[-1]
-    eye = jnp.eye(c, dtype=a.dtype)
-    if c <= _SOLVE_BLOCK:
-        return jax.scipy.linalg.solve_triangular(eye + a, jnp.broadcast_to(eye, a.shape),
-                                                 lower=True, unit_diagonal=True)
-    h = c // 2
-    x11 = unit_lower_inverse(a[..., :h, :h])
-    x22 = unit_lower_inverse(a[..., h:, h:])
+    size = 1 << max(0, (c - 1).bit_length())
+    if size != c:  # identity rows/columns after the real ones do not change its inverse
+        pad = [(0, 0)] * (a.ndim - 2) + [(0, size - c), (0, size - c)]
+        return unit_lower_inverse(jnp.pad(a, pad))[..., :c, :c]
+    batch = a.shape[:-2]
     hp = jax.lax.Precision.HIGHEST
-    x21 = -jnp.einsum("...ij,...jk,...kl->...il", x22, a[..., h:, :h], x11, precision=hp)
-    top = jnp.concatenate([x11, jnp.zeros(x11.shape[:-1] + (c - h,), a.dtype)], axis=-1)
-    return jnp.concatenate([top, jnp.concatenate([x21, x22], axis=-1)], axis=-2)
+    inv = jnp.ones(batch + (size, 1, 1), dtype=a.dtype)  # inverses of the 1x1 diagonal blocks
+    b = 1
+    while b < size:
+        m = size // (2 * b)
+        # the m diagonal blocks of size 2b: [..., m, 2b, 2b]
+        tiles = a.reshape(batch + (m, 2 * b, m, 2 * b))
+        diag = jnp.moveaxis(jnp.diagonal(tiles, axis1=-4, axis2=-2), -1, -3)
+        pairs = inv.reshape(batch + (m, 2, b, b))
+        x11, x22 = pairs[..., 0, :, :], pairs[..., 1, :, :]
+        x21 = -jnp.einsum("...ij,...jk,...kl->...il", x22, diag[..., b:, :b], x11, precision=hp)
+        top = jnp.concatenate([x11, jnp.zeros_like(x11)], axis=-1)
+        inv = jnp.concatenate([top, jnp.concatenate([x21, x22], axis=-1)], axis=-2)
+        b *= 2
+    return inv[..., 0, :, :]
 
 
 def delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
