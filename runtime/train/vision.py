@@ -18,7 +18,7 @@ import attrs
 import numpy as np
 
 from cachepolicy.engine import Engine
-from cachepolicy.images import DecodedImage, EncodedImage
+from cachepolicy.engine.images import DecodedImage, EncodedImage
 
 
 @attrs.frozen(eq=False)
