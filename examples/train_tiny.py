@@ -42,21 +42,23 @@ def screen(rgb: tuple[int, int, int]) -> bytes:
     return out.getvalue()
 
 
+HEAD = "<|im_start|>user\nclick the button on this screen:"
+TAIL = "<|im_end|>\n<|im_start|>assistant\n"
+
+
 def prompt(engine: Engine, png: bytes) -> list[TextPiece | ImagePiece]:
     """One user turn with the screenshot, then the assistant's turn opens."""
-    tok = engine.tokenize
-    return [TextPiece(tok("<|im_start|>user\nclick the button on this screen:")),
-            ImagePiece(png), TextPiece(tok("<|im_end|>\n<|im_start|>assistant\n"))]
+    return [TextPiece(engine.tokenize(HEAD)), ImagePiece(png), TextPiece(engine.tokenize(TAIL))]
 
 
 def greedy(engine: Engine, png: bytes, n: int) -> str:
     """What llama.cpp answers: prefill the prompt as the runtime does, decode greedily."""
-    head, image, tail = prompt(engine, png)
     enc = engine.encode_image(png)
-    engine.prefill_tokens(0, [*head.tokens, *enc.prefix_tokens], logits=False)  # type: ignore[union-attr]
+    engine.prefill_tokens(0, [*engine.tokenize(HEAD), *enc.prefix_tokens], logits=False)
     engine.prefill_image(0, enc)
-    logits = engine.prefill_tokens(0, [*enc.suffix_tokens, *tail.tokens])  # type: ignore[union-attr]
-    tokens = engine.generate(0, logits, n)  # type: ignore[arg-type]
+    logits = engine.prefill_tokens(0, [*enc.suffix_tokens, *engine.tokenize(TAIL)])
+    assert logits is not None
+    tokens = engine.generate(0, logits, n)
     engine.clear(0)
     return engine.detokenize(tokens, special=False)
 

@@ -20,26 +20,25 @@ from runtime.train import (
 from test_train_parity import png_bytes
 
 CONFIG = EngineConfig(n_ctx_per_seq=1024, n_seq_max=1, n_threads=2, decode_rows=1)
+HEAD = "<|im_start|>user\nclick the submit button"
+TAIL = "<|im_end|>\n<|im_start|>assistant\n"
 ANSWER = "click(10, 20)<|im_end|>"
+SCREEN = png_bytes(160, 96)
 
 
 def prompt(engine: Engine) -> list[TextPiece | ImagePiece]:
-    tok = engine.tokenize
-    return [TextPiece(tok("<|im_start|>user\nclick the submit button")),
-            ImagePiece(png_bytes(160, 96)),
-            TextPiece(tok("<|im_end|>\n<|im_start|>assistant\n"))]
+    return [TextPiece(engine.tokenize(HEAD)), ImagePiece(SCREEN), TextPiece(engine.tokenize(TAIL))]
 
 
-def greedy_answer(engine: Engine, pieces: list[TextPiece | ImagePiece], n: int) -> list[int]:
+def greedy_answer(engine: Engine, n: int) -> list[int]:
     """Prefill the prompt as the runtime does (text, image, text) and decode greedily."""
-    head, image, tail = pieces
-    enc = engine.encode_image(image.png)  # type: ignore[union-attr]
-    engine.prefill_tokens(0, list(head.tokens) + list(enc.prefix_tokens),  # type: ignore[union-attr]
-                          logits=False)
+    enc = engine.encode_image(SCREEN)
+    engine.prefill_tokens(0, [*engine.tokenize(HEAD), *enc.prefix_tokens], logits=False)
     engine.prefill_image(0, enc)
-    logits = engine.prefill_tokens(0, list(enc.suffix_tokens) + list(tail.tokens))  # type: ignore[union-attr]
+    logits = engine.prefill_tokens(0, [*enc.suffix_tokens, *engine.tokenize(TAIL)])
+    assert logits is not None
     try:
-        return engine.generate(0, logits, n)  # type: ignore[arg-type]
+        return engine.generate(0, logits, n)
     finally:
         engine.clear(0)
 
@@ -52,7 +51,7 @@ def test_overfit_in_jax_then_llama_cpp_decodes_the_trained_answer(
     with Engine(m.model_path, m.mmproj_path, CONFIG) as engine:
         pieces = prompt(engine)
         answer = list(engine.tokenize(ANSWER))
-        before = greedy_answer(engine, pieces, len(answer))
+        before = greedy_answer(engine, len(answer))
         example = build_example(engine, [*pieces, TextPiece(answer, train=True)])
     assert before != answer  # the random model does not already say it
     assert example.n_train_tokens == len(answer)
@@ -64,7 +63,7 @@ def test_overfit_in_jax_then_llama_cpp_decodes_the_trained_answer(
     assert float(metrics["loss"]) < 0.05 and float(metrics["accuracy"]) == 1.0
     out = export_gguf(tmp_path / "trained.gguf", model.spec, state.params, vocab=model.vocab)
     with Engine(out.path, m.mmproj_path, CONFIG) as engine:
-        assert greedy_answer(engine, prompt(engine), len(answer)) == answer
+        assert greedy_answer(engine, len(answer)) == answer
 
 
 def test_training_is_deterministic_from_a_seed(forged: Callable[..., ForgedModel]) -> None:

@@ -36,6 +36,6 @@ __all__ = [
     "LoadedModel", "Numerics", "ParityReport", "Piece", "Rows", "TextPiece", "TrainState",
     "bucket_for", "build_example", "check_params", "collate", "compare", "compare_with_engine",
     "count_params", "export_gguf", "forward", "hidden_states", "image_rows", "init_params",
-    "init_state", "jit_forward", "load_gguf", "loss_fn", "make_eval_step", "make_train_step", "param_shapes",
-    "project", "to_rows", "token_losses",
+    "init_state", "jit_forward", "load_gguf", "loss_fn", "make_eval_step", "make_train_step",
+    "param_shapes", "project", "to_rows", "token_losses",
 ]

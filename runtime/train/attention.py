@@ -33,7 +33,8 @@ def visibility(positions: jax.Array, valid: jax.Array) -> jax.Array:
     seen = t[None, :] <= t[:, None]
     if positions.shape[1] >= 3:  # multi-section RoPE: 2-D causal order among equal t
         y, x = positions[:, 1], positions[:, 2]
-        later_2d = (y[None, :] > y[:, None]) | ((y[None, :] == y[:, None]) & (x[None, :] > x[:, None]))
+        same_y = y[None, :] == y[:, None]
+        later_2d = (y[None, :] > y[:, None]) | (same_y & (x[None, :] > x[:, None]))
         seen = (t[None, :] < t[:, None]) | ((t[None, :] == t[:, None]) & ~later_2d)
     return seen & valid[None, :]
 

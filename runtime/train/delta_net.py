@@ -111,9 +111,10 @@ def delta_rule_chunked(q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array,
     """The same recurrence as ``delta_rule_scan``, chunk by chunk.
 
     Within a chunk with cumulative gates ``G`` and start state ``S0`` the updates ``Δ`` (rows
-    of δ) solve ``(I + A) Δ = β ⊙ (V − e^G ⊙ K S0)`` with ``A[t,i] = β_t e^(G_t−G_i) k_t·k_i``
-    for ``i < t``; then ``O = e^G ⊙ (Q S0) + (D ⊙ Q Kᵀ) Δ`` with ``D[t,i] = e^(G_t−G_i)``
-    (``i ≤ t``) and ``S_end = e^(G_last) S0 + Kᵀ (e^(G_last−G) ⊙ Δ)``.
+    of δ) solve ``(I + A) Δ = β ⊙ (V − e^G ⊙ K S0)`` with
+    ``A[t,i] = β_t e^(G_t−G_i) k_t·k_i`` for ``i < t``; then
+    ``O = e^G ⊙ (Q S0) + (D ⊙ Q Kᵀ) Δ`` with ``D[t,i] = e^(G_t−G_i)`` (``i ≤ t``) and
+    ``S_end = e^(G_last) S0 + Kᵀ (e^(G_last−G) ⊙ Δ)``.
     """
     n_tok, n_head, d = v.shape
     pad = (-n_tok) % chunk

@@ -16,6 +16,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 import gguf
@@ -54,7 +55,8 @@ class ExportedModel:
     quant: str
 
 
-def _field(reader: gguf.GGUFReader, key: str, default: object = None) -> object:
+def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
+    """A metadata value (ValueError if absent and no default is given)."""
     field = reader.fields.get(key)
     if field is None:
         if default is None:
@@ -63,10 +65,24 @@ def _field(reader: gguf.GGUFReader, key: str, default: object = None) -> object:
     return field.contents()
 
 
+def _array(reader: gguf.GGUFReader, key: str) -> list[Any]:
+    value = _field(reader, key)
+    if not isinstance(value, list):
+        raise ValueError(f"GGUF key {key} is not an array")
+    return value
+
+
 def _f32(value: object) -> float:
     """A stored f32 as the shortest decimal that rounds to it (1e-06, not 9.9999997e-07): the
     spec then equals the one the file was written from, and writes the same bits again."""
     return float(str(np.float32(value)))
+
+
+def _size_label(reader: gguf.GGUFReader, arch: str) -> str:
+    """The forge's size name from ``general.name`` (kvagent-forge-<arch>-<size>), else
+    "custom"; it only names the model again on export."""
+    name, prefix = str(_field(reader, "general.name", "")), f"{_FORGE_NAME}{arch}-"
+    return name[len(prefix):] if name.startswith(prefix) else "custom"
 
 
 def spec_from_gguf(reader: gguf.GGUFReader) -> TextSpec:
@@ -75,15 +91,16 @@ def spec_from_gguf(reader: gguf.GGUFReader) -> TextSpec:
     arch = str(_field(reader, "general.architecture"))
     if arch not in ("llama", "qwen35"):
         raise ValueError(f"arch {arch!r} is not trainable here (llama and qwen35 only)")
-    name = str(_field(reader, "general.name", ""))
-    size = name[len(f"{_FORGE_NAME}{arch}-"):] if name.startswith(f"{_FORGE_NAME}{arch}-") else "custom"
-    u = lambda key: int(_field(reader, f"{arch}.{key}"))  # noqa: E731
+
+    def u(key: str) -> int:
+        return int(_field(reader, f"{arch}.{key}"))
+
     n_embd, n_head = u("embedding_length"), u("attention.head_count")
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head))
     spec = TextSpec(
-        arch=arch, size=size, n_vocab=len(_field(reader, "tokenizer.ggml.tokens")),
-        n_embd=n_embd, n_layer=u("block_count"), n_head=n_head,
-        n_head_kv=u("attention.head_count_kv"), head_dim=head_dim,
+        arch=arch, size=_size_label(reader, arch),
+        n_vocab=len(_array(reader, "tokenizer.ggml.tokens")), n_embd=n_embd,
+        n_layer=u("block_count"), n_head=n_head, n_head_kv=u("attention.head_count_kv"),
+        head_dim=int(_field(reader, f"{arch}.attention.key_length", n_embd // n_head)),
         n_ff=u("feed_forward_length"), n_ctx_train=u("context_length"),
         rope_freq_base=_f32(_field(reader, f"{arch}.rope.freq_base")),
         rms_eps=_f32(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")))
@@ -92,9 +109,10 @@ def spec_from_gguf(reader: gguf.GGUFReader) -> TextSpec:
             spec, full_attention_interval=u("full_attention_interval"),
             ssm_state=u("ssm.state_size"), ssm_groups=u("ssm.group_count"),
             ssm_v_heads=u("ssm.time_step_rank"), ssm_conv_kernel=u("ssm.conv_kernel"))
-        sections = tuple(int(s) for s in _field(reader, f"{arch}.rope.dimension_sections"))  # type: ignore[union-attr]
+        sections = tuple(int(x) for x in _array(reader, f"{arch}.rope.dimension_sections"))
         if sections != spec.rope_sections:
-            raise ValueError(f"rope sections {sections} differ from the spec's {spec.rope_sections}")
+            raise ValueError(f"rope sections {sections} differ from the spec's "
+                             f"{spec.rope_sections}")
         if u("ssm.inner_size") != spec.ssm_inner:
             raise ValueError("ssm.inner_size != state_size * time_step_rank")
     if u("rope.dimension_count") != spec.rope_dims:
@@ -104,9 +122,10 @@ def spec_from_gguf(reader: gguf.GGUFReader) -> TextSpec:
 
 
 def vocab_from_gguf(reader: gguf.GGUFReader) -> Vocab:
-    return Vocab(tuple(str(t) for t in _field(reader, "tokenizer.ggml.tokens")),  # type: ignore[union-attr]
-                 tuple(float(s) for s in _field(reader, "tokenizer.ggml.scores")),  # type: ignore[union-attr]
-                 tuple(int(t) for t in _field(reader, "tokenizer.ggml.token_type")))  # type: ignore[union-attr]
+    """The tokenizer arrays (scores as stored: f32)."""
+    return Vocab(tuple(str(t) for t in _array(reader, "tokenizer.ggml.tokens")),
+                 tuple(float(x) for x in _array(reader, "tokenizer.ggml.scores")),
+                 tuple(int(x) for x in _array(reader, "tokenizer.ggml.token_type")))
 
 
 def _tensor_values(tensor: gguf.ReaderTensor) -> np.ndarray:

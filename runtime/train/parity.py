@@ -56,6 +56,9 @@ TOLERANCE_REL = 5e-3
 PARITY_OPTIONS = ForwardOptions(numerics=Numerics(f16=True))
 
 
+class LayoutMismatch(RuntimeError):
+    """The engine and the trainer walked the same pieces into different row counts."""
+
 
 @attrs.frozen
 class ParityReport:
@@ -106,8 +109,10 @@ def engine_logits(engine: Engine, pieces: Sequence[Piece], seq: int = 0) -> np.n
 
     def flush() -> None:
         if pending:  # a lone token takes llama.cpp's 1-row kernel: allowed, slightly noisier
-            out.append(engine.prefill_tokens(seq, pending, all_logits=True,  # type: ignore[arg-type]
-                                             allow_single=len(pending) == 1))
+            rows = engine.prefill_tokens(seq, pending, all_logits=True,
+                                         allow_single=len(pending) == 1)
+            assert rows is not None  # all_logits always returns them
+            out.append(rows)
             pending.clear()
 
     for piece in pieces:
@@ -117,7 +122,9 @@ def engine_logits(engine: Engine, pieces: Sequence[Piece], seq: int = 0) -> np.n
         enc = engine.encode_image(piece.png)
         pending.extend(enc.prefix_tokens)
         flush()
-        out.append(engine.prefill_image(seq, enc, all_logits=True))  # type: ignore[arg-type]
+        rows = engine.prefill_image(seq, enc, all_logits=True)
+        assert rows is not None
+        out.append(rows)
         pending.extend(enc.suffix_tokens)
     flush()
     return np.concatenate(out)
@@ -173,7 +180,7 @@ def compare_with_engine(engine: Engine, spec: TextSpec, params: Mapping[str, jax
     moved_params, moved_rows = _ulp_jitter(params, rows)
     noise = np.abs(np.asarray(jit_forward(moved_params, spec, moved_rows, options)) - got)
     if reference.shape[0] != example.n_rows:  # the two walks disagree on the rows
-        raise AssertionError(f"engine fed {reference.shape[0]} rows, the trainer laid out "
+        raise LayoutMismatch(f"engine fed {reference.shape[0]} rows, the trainer laid out "
                              f"{example.n_rows}")
     numbers = compare_logits(reference, got, is_image=example.embed_index >= 0,
                              tolerance=tolerance)
@@ -208,5 +215,5 @@ def compare(model_path: str | Path, mmproj_path: str | Path | None,
                                    prompt_segments, options=options, tolerance=tolerance)
 
 
-__all__ = ["ImagePiece", "ParityReport", "TextPiece", "compare", "compare_logits",
-           "compare_with_engine", "engine_logits"]
+__all__ = ["ImagePiece", "LayoutMismatch", "ParityReport", "TextPiece", "compare",
+           "compare_logits", "compare_with_engine", "engine_logits"]
