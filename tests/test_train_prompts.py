@@ -25,6 +25,7 @@ from cachepolicy.engine.checkpoint import RunKind
 from cachepolicy.engine.images import decode_png
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
+from runtime.train.example import build_example
 from runtime.train.prompts import (
     ImagePiece, LayoutError, PastStep, PromptBuilder, StepExample, TextPiece, end_of_generation,
     history_text,
@@ -186,15 +187,14 @@ def test_policies_without_a_from_scratch_layout_are_refused(engine: Engine) -> N
 
 
 def test_trainer_examples_hold_the_runtime_s_rows(engine: Engine, episode: Episode) -> None:
-    """With the trainer core: ``build_example`` of a step's pieces has the runtime's rows
+    """The trainer core's ``build_example`` of a step's pieces has the runtime's rows
     (tokens, positions, image rows) and trains exactly the target's tokens."""
-    example_mod = pytest.importorskip("runtime.train.example")
     factory = SegmentFactory(engine)
     step, window = 4, 3
     builder = PromptBuilder(factory, AgentConfig(policy="terminal-slot", window=window), SCREEN)
     ex = builder.step(episode.task.instruction, episode.past(step), episode.pngs[step],
                       episode.demo[step].action)
-    built = example_mod.build_example(engine, ex.pieces)
+    built = build_example(engine, ex.pieces)
     history = recorded(engine, episode, "terminal-slot", window).histories[step]
     runtime = history_rows(history, episode.image_ids)
     n_prompt = built.n_rows - len(ex.target.tokens)

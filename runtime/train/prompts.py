@@ -40,24 +40,8 @@ from cachepolicy.segments import SegmentFactory
 from runtime.actions import Screen
 from runtime.config import AgentConfig
 from runtime.session import PromptText
+from runtime.train.example import ImagePiece, TextPiece
 from vmenv.actions import Action
-
-try:  # the trainer core's pieces (branch i21-train-core: runtime/train/example.py)
-    from runtime.train.example import ImagePiece, TextPiece
-except ImportError:  # pragma: no cover — until that branch is merged: the same interface
-    @attrs.frozen
-    class TextPiece:  # type: ignore[no-redef]
-        """Text tokens; ``train=True``: response tokens the loss is computed on."""
-
-        tokens: tuple[int, ...] = attrs.field(converter=lambda t: tuple(int(x) for x in t))
-        train: bool = False
-
-    @attrs.frozen
-    class ImagePiece:  # type: ignore[no-redef]
-        """A screenshot; the trainer lays it out as the projector's marker tokens around
-        its embedding rows."""
-
-        png: bytes = attrs.field(repr=lambda b: f"<{len(b)} bytes>")
 
 TrainPiece = TextPiece | ImagePiece
 
