@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from runtime.commands import (
     bench, bench_decode, bench_encode, bench_eval, bench_kernels, bench_serve, check_exact, demo,
-    forge, run, serve,
+    forge, run, serve, train,
 )
 from runtime.logs import configure_logging
 
@@ -17,7 +17,7 @@ COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo, "bench": b
             "bench-eval": bench_eval,
             "bench-kernels": bench_kernels,
             "bench-serve": bench_serve, "run": run,
-            "serve": serve}
+            "serve": serve, "train": train}
 
 
 def build_parser() -> argparse.ArgumentParser:
