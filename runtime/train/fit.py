@@ -51,6 +51,7 @@ class FitConfig:
     weight_decay: float = 0.01
     seed: int = 0
     log_every: int = 50
+    checkpoint_every: int = 1000
 
 @attrs.frozen
 class FitReport:
@@ -120,9 +121,12 @@ def _order(kinds: Sequence[int], seed: int) -> Iterator[int]:
 
 def fit(spec: TextSpec, params: Params, data: Path, config: FitConfig = FitConfig(), *,
         progress: Callable[[str], None] | None = None,
+        checkpoint: Callable[[int, Params], None] | None = None,
         options: ForwardOptions = ForwardOptions()) -> tuple[Params, FitReport]:
     """Train ``params`` (a ``spec`` model) on the dataset in ``data``; returns the trained
-    parameters and a report.  ValueError if the dataset was made for another width."""
+    parameters and a report.  ``checkpoint(step, params)`` is called every
+    ``config.checkpoint_every`` updates (not at the end).  ValueError if the dataset was made
+    for another width."""
     manifest = load_manifest(data)
     if manifest["model"]["n_embd"] != spec.n_embd or manifest["model"]["n_vocab"] != spec.n_vocab:
         raise ValueError(f"{data} was generated with a model of width "
@@ -147,6 +151,9 @@ def fit(spec: TextSpec, params: Params, data: Path, config: FitConfig = FitConfi
         example = build_example(images, shard.pieces(e))
         state, metrics = step(state, collate([example], bucket_for(example.n_rows, buckets)))
         window.append((float(metrics["loss"]), float(metrics["accuracy"])))
+        if checkpoint is not None and (i + 1) % config.checkpoint_every == 0 \
+                and i + 1 < config.steps:
+            checkpoint(i + 1, state.params)
         if len(window) == config.log_every or i == config.steps - 1:
             report_loss = float(np.mean([w[0] for w in window]))
             report_acc = float(np.mean([w[1] for w in window]))

@@ -28,11 +28,13 @@ import attrs
 import structlog
 
 from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.forge import TextSpec
 from vmenv.trajectory_writer import write_durably
 from runtime.train.agents import AGENT_ARCHES, agent_shape, agent_vocab
 from runtime.train.dataset import DatasetConfig, generate
 from runtime.train.fit import FitConfig, FitReport, fit
 from runtime.train.gguf_io import export_gguf
+from runtime.train.model import Params
 from runtime.train.params import init_params
 from runtime.train.readable_vision import write_readable_mmproj
 
@@ -94,8 +96,14 @@ def train_agents(config: RecipeConfig, out: Path, *,
     for arch in config.arches:
         shape = agent_shape(arch)
         progress(f"{arch}: training {config.fit.steps} steps")
+        def keep(step: int, params: Params, arch: str = arch, spec: TextSpec = shape.spec) -> None:
+            # intermediate models, to evaluate a long run while it trains
+            export_gguf(out / "checkpoints" / f"agent-{arch}-step{step}.gguf", spec, params,
+                        vocab=vocab)
+
         params, report = fit(shape.spec, init_params(shape.spec, seed=config.seed), data,
-                             config.fit, progress=lambda s, a=arch: progress(f"{a}: {s}"))
+                             config.fit, progress=lambda s, a=arch: progress(f"{a}: {s}"),
+                             checkpoint=keep)
         exported = export_gguf(out / model_name(arch), shape.spec, params, vocab=vocab)
         record["models"][arch] = _model_record(exported.path, exported.sha256, report)
         progress(f"{arch}: wrote {exported.path} ({exported.n_bytes / 2**20:.1f} MiB) in "
