@@ -3,7 +3,10 @@
 Routes (``routes.ROUTES``): ``GET /health``, ``GET /v1/models``, ``GET /metrics``
 (Prometheus text), ``POST /v1/chat/completions`` (OpenAI-compatible, ``stream`` = SSE), and
 the episode API (``POST /v1/episodes``, ``GET /v1/episodes``, ``GET /v1/episodes/{id}``,
-``POST /v1/episodes/{id}/step``, ``DELETE /v1/episodes/{id}``); handlers in ``handlers.py``.
+``POST /v1/episodes/{id}/step``, ``DELETE /v1/episodes/{id}``, ``GET
+/v1/episodes/{id}/lease``); handlers in ``handlers.py``.  With API keys (``auth.py``) every
+route but ``/health`` answers 401 without one of them; what a request opens belongs to its
+key.
 
 Every failure is an OpenAI-shaped JSON error with the right status (``errors.api_error``):
 400 for bad input, 404 unknown model / episode, 409 a step of that episode is already
@@ -20,11 +23,13 @@ from contextlib import asynccontextmanager
 
 import structlog
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
 from runtime.serve.config import ServeConfig
 from runtime.serve.host import ModelHost
+from runtime.serve.http.auth import ApiKeys, RequireKey
 from runtime.serve.http.errors import api_error, error_response
 from runtime.serve.http.handlers import HostHandlers
 from runtime.serve.http.routes import Endpoint, bind, unknown_route_handlers
@@ -32,9 +37,10 @@ from runtime.serve.http.routes import Endpoint, bind, unknown_route_handlers
 log = structlog.get_logger("kvagent.serve")
 
 
-def create_app(config: ServeConfig, *,
+def create_app(config: ServeConfig, *, keys: ApiKeys = ApiKeys(),
                on_ready: Callable[[ModelHost], None] | None = None) -> Starlette:
-    """The app; its lifespan runs the model host (loaded at startup, closed at shutdown)."""
+    """The app; its lifespan runs the model host (loaded at startup, closed at shutdown);
+    ``keys``: the API keys it takes (none: no check)."""
     handlers = HostHandlers()
 
     @asynccontextmanager
@@ -63,4 +69,5 @@ def create_app(config: ServeConfig, *,
         return endpoint
 
     return Starlette(routes=bind(handlers, guard), lifespan=lifespan,
+                     middleware=[Middleware(RequireKey, keys=keys)],
                      exception_handlers=unknown_route_handlers())
