@@ -64,17 +64,27 @@ def single(model_dir, tmp_path_factory):
         yield served
 
 
+#: Every episode's number (its sampling seed), from the create answers: ids are unguessable.
+NUMBERS: dict[str, int] = {}
+
+
+def _create(c: httpx.Client, body: dict) -> str:
+    """Create an episode (on the cluster); its number is remembered."""
+    r = c.post("/v1/episodes", json=body)
+    assert r.status_code == 201, r.text
+    NUMBERS[r.json()["episode_id"]] = r.json()["episode_number"]
+    return r.json()["episode_id"]
+
+
 def _number(episode_id: str) -> int:
-    return int(episode_id.removeprefix("ep-"))
+    return NUMBERS[episode_id]
 
 
 def _create_as(c: httpx.Client, number: int, body: dict) -> str:
-    """Create an episode on a single host under ``number`` (its id and sampling seed): the
-    host numbers episodes in order, so earlier numbers are created and ended first."""
+    """Create an episode on a single host under ``number`` (its sampling seed): the host
+    numbers episodes in order, so earlier numbers are created and ended first."""
     while True:
-        r = c.post("/v1/episodes", json=body)
-        assert r.status_code == 201, r.text
-        ep = r.json()["episode_id"]
+        ep = _create(c, body)
         if _number(ep) == number:
             return ep
         assert _number(ep) < number, "the reference host is ahead of the cluster"
@@ -150,7 +160,7 @@ def test_metrics_sum_over_hosts_and_errors_pass_through(cluster) -> None:
         # a host's own error passes through in OpenAI's shape; the front door's too
         r = c.post(f"/v1/episodes/{eps[0]}/step", json={"screenshot": _b64(b"not an image")})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image"
-        r = c.post("/v1/episodes/ep-999999/step", json=_shot(0))
+        r = c.post("/v1/episodes/ep-unknown/step", json=_shot(0))
         assert r.status_code == 404 and r.json()["error"]["code"] == "episode_not_found"
         # chat completions go to a host and stick to it by conversation
         chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -166,7 +176,7 @@ def test_outputs_equal_one_host(cluster, single) -> None:
     body = {"instruction": "Open the terminal.", "options": {"temperature": 1.0}}
     with httpx.Client(base_url=cluster.url, timeout=120) as cc, \
             httpx.Client(base_url=single.url, timeout=120) as sc:
-        eps = [cc.post("/v1/episodes", json=body).json()["episode_id"] for _ in range(4)]
+        eps = [_create(cc, body) for _ in range(4)]
         shots = [[_shot(3 * k + i, 320 + 80 * k) for i in range(3)] for k in range(4)]
         got: list[list[str]] = [[] for _ in eps]
         hosts = set()
@@ -239,7 +249,7 @@ def test_a_killed_host_episode_continues_elsewhere_exactly(cluster, single) -> N
     body = {"instruction": "Click OK.", "options": {"temperature": 1.0}}
     with httpx.Client(base_url=cluster.url, timeout=120) as cc, \
             httpx.Client(base_url=single.url, timeout=120) as sc:
-        eps = [cc.post("/v1/episodes", json=body).json()["episode_id"] for _ in range(2)]
+        eps = [_create(cc, body) for _ in range(2)]
         where = {}
         for ep in eps:
             for i in range(2):
@@ -286,7 +296,7 @@ def test_a_host_killed_during_a_step_the_step_is_answered_by_another(cluster, si
     big = [{"screenshot": _b64(screenshot(20 + i, 960, 720))} for i in range(2)]
     with httpx.Client(base_url=cluster.url, timeout=180) as cc, \
             httpx.Client(base_url=single.url, timeout=120) as sc:
-        ep = cc.post("/v1/episodes", json=body).json()["episode_id"]
+        ep = _create(cc, body)
         r = cc.post(f"/v1/episodes/{ep}/step", json=big[0])
         assert r.status_code == 200, r.text
         host, seconds = r.headers[HOST], r.elapsed.total_seconds()
@@ -320,7 +330,7 @@ def test_every_host_killed_the_episode_waits_for_a_replacement(cluster, single) 
     body = {"instruction": "Type hello.", "options": {"temperature": 1.0}}
     with httpx.Client(base_url=cluster.url, timeout=180) as cc, \
             httpx.Client(base_url=single.url, timeout=120) as sc:
-        ep = cc.post("/v1/episodes", json=body).json()["episode_id"]
+        ep = _create(cc, body)
         for i in range(2):
             assert cc.post(f"/v1/episodes/{ep}/step", json=_shot(i)).status_code == 200
         before = cc.get("/health").json()
