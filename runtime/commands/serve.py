@@ -113,9 +113,8 @@ def _config(args: argparse.Namespace) -> object:
         raise ValueError("--idle-seconds must be more than 0 and at most a week")
     if not 0 <= args.lease_grace_seconds <= 3600:
         raise ValueError("--lease-grace-seconds must be 0..3600")
-    if not (1 <= args.max_image_pixels <= args.max_request_pixels <= 1 << 31):
-        raise ValueError("--max-image-pixels / --max-request-pixels: 1 <= image <= request "
-                         "<= 2**31")
+    if not (1 <= args.max_image_pixels <= 1 << 31 and 1 <= args.max_request_pixels <= 1 << 31):
+        raise ValueError("--max-image-pixels / --max-request-pixels must be 1..2**31")
     if not 8 <= args.max_connections <= 1 << 20:
         raise ValueError("--max-connections must be 8..2**20")
     if not (0 < args.header_timeout <= 3600 and 0 < args.body_timeout <= 3600):
