@@ -44,11 +44,13 @@ def _smart_resize(height: int, width: int, factor: int = 28,
 def install_qwen_vl_utils() -> bool:
     """Register the ``mm_agents.utils.qwen_vl_utils`` stand-in if the module is missing;
     True when it did."""
+    if QWEN_VL_UTILS in sys.modules:  # (imported, or the stand-in registered already)
+        return False
     try:
         found = importlib.util.find_spec(QWEN_VL_UTILS) is not None
     except ModuleNotFoundError:  # no mm_agents.utils package at all
         found = False
-    if found or QWEN_VL_UTILS in sys.modules:
+    if found:
         return False
     package = ModuleType("mm_agents.utils")
     package.__path__ = []  # a namespace for the stand-in only
