@@ -41,7 +41,7 @@ import attrs
 from cachepolicy.engine.sampling import MAX_TEMPERATURE
 from cachepolicy.policies import names as policy_names
 from runtime.actions import CoordConvention, Screen
-from runtime.config import MAX_WINDOW, AgentConfig
+from runtime.config import MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig
 from runtime.metrics import StepMetrics
 from runtime.profiles import names as profile_names
 from runtime.serve.config import Limits
@@ -114,8 +114,8 @@ def _option_problem(name: str, value: Any, limits: Limits) -> str | None:
         return None if _number(value) and 0 <= value <= MAX_TEMPERATURE else (
             f"must be a number 0..{MAX_TEMPERATURE:g}")
     if name == "decode_tokens":
-        return None if value is None or (_int(value) and 1 <= value <= limits.max_tokens) \
-            else f"must be null or an integer 1..{limits.max_tokens}"
+        return None if value is None or (_int(value) and 1 <= value <= MAX_DECODE_TOKENS) \
+            else f"must be null or an integer 1..{MAX_DECODE_TOKENS}"
     if name == "system_prompt":
         if value is None:
             return None
