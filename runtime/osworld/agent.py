@@ -37,11 +37,14 @@ it and end workers with ``os._exit``, which is fine: nothing an agent holds outl
 process (see ``runtime.osworld.local_host``).
 
 ``KvAgent(server="http://host:8000")`` is the same agent as a thin client of ``kvagent
-serve``: no model in this process, the episode (cache, overlapped prefetch, memory budget)
-lives on the server, shared with every other worker's agent.  It decides like the in-process
-agent with the same options — the server sends the action as data, this side parses it and
-generates the code (``runtime.osworld.remote``).  The model's sizes (``model_path``,
-``n_ctx``, ``n_threads``, ``memory_budget``) are then the server's flags.
+serve``: no model in this process (nor libllama), the episode (cache, overlapped prefetch,
+memory budget) lives on the server, shared with every other worker's agent.  It decides like
+the in-process agent with the same options — the server sends the action as data, this side
+parses it and generates the code (``runtime.osworld.remote``).  The model's sizes
+(``model_path``, ``n_ctx``, ``n_threads``, ``memory_budget``) are then the server's flags;
+``api_key`` (or ``$KVAGENT_API_KEY``) is the server's key.  While an episode is open the
+agent holds its lease on a thread of its own (``runtime.osworld.lease``), so a worker ended
+with ``os._exit`` gives its episode's slot back within seconds.
 """
 
 from __future__ import annotations
