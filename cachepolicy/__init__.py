@@ -1,4 +1,5 @@
-"""kvagent.cachepolicy: the llama.cpp engine, checkpoints, images and (later) cache policies.
+"""kvagent.cachepolicy: the llama.cpp engine (``engine/``) and, above it, the context log, the
+cache policies, the executor, the exactness oracle and the model forge.
 
 Importing this package does not load llama.cpp; import ``cachepolicy.engine`` for that.
 """

@@ -170,7 +170,7 @@ class Plan:
 
 @attrs.frozen
 class PolicyManifest:
-    """A policy's declared contract (see DESIGN.md, "Policies")."""
+    """A policy's declared contract (README, "Cache policies")."""
 
     changes: str  # the state it changes
     evidence: str  # what it uses to decide

@@ -1,1 +1,2 @@
-"""kvagent.runtime (see ../shared/DESIGN.md)."""
+"""kvagent.runtime: the episode loop and its surfaces (run, OSWorld agent, serve, cluster, bench,
+command line); the map of its modules is docs/structure.md."""

@@ -1,4 +1,5 @@
-"""Values of the command line, parsed and bounded in one place: screen sizes (WxH), memory
+"""Values of the command line, parsed and bounded in one place: screen sizes (WxH: the one
+parser lives with ``Screen`` in ``vmenv.actions.coords``, below every layer), memory
 budgets, thread counts, decode lanes.
 
 Each parser takes the option's text (or number) and returns the value, or raises
@@ -10,26 +11,12 @@ values of their own (``runtime/bench/study.py``'s grid) call them directly.
 
 from __future__ import annotations
 
-import re
-
 from cachepolicy.engine.records import MAX_DECODE_ROWS, MAX_THREADS, default_threads
 from scheduler.sizes import Budget, parse_budget
+from vmenv.actions.coords import parse_wxh
 
-Size = tuple[int, int]
-
-_WXH = re.compile(r"\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*")
-
-
-def parse_wxh(text: str, *, option: str, low: Size, high: Size) -> Size:
-    """'1280x720' (spaces and a capital X allowed) → (1280, 720), each side within
-    ``low``..``high``."""
-    m = _WXH.fullmatch(text)
-    if m is not None:
-        w, h = int(m[1]), int(m[2])
-        if low[0] <= w <= high[0] and low[1] <= h <= high[1]:
-            return w, h
-    raise ValueError(f"{option} {text!r}: give WxH between {low[0]}x{low[1]} and "
-                     f"{high[0]}x{high[1]}")
+__all__ = ["check_decode_rows", "check_range", "check_threads", "parse_memory_budget",
+           "parse_wxh"]
 
 
 def parse_memory_budget(text: str | None, *, option: str = "--memory-budget",

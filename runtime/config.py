@@ -22,6 +22,7 @@ import attrs
 from cachepolicy.base import CachePolicy
 from cachepolicy.engine.sampling import MAX_TEMPERATURE, SamplingParams
 from cachepolicy.policies import make_policy
+from cachepolicy.policies import names as policy_names
 from cachepolicy.segments import SegmentFactory, model_info
 from runtime.actions import CoordConvention, Screen
 from runtime.profiles import Profile, get, names
@@ -47,8 +48,6 @@ def _convention(value: CoordConvention | str) -> CoordConvention:
 
 
 def _known_policy(_: object, attribute: attrs.Attribute, name: str) -> None:
-    from cachepolicy.policies import names as policy_names
-
     if name not in policy_names():
         raise ValueError(f"unknown cache policy {name!r}; known: {', '.join(policy_names())}")
 
@@ -133,3 +132,10 @@ class AgentConfig:
         e.g. relocate on a hybrid model)."""
         return make_policy(policy or self.policy, model_info(factory.engine), factory.kit,
                            window=self.window, decode_tokens=self.max_tokens(screen))
+
+
+def system_prompt(config: AgentConfig, screen: Screen) -> str:
+    """The system prompt an agent with ``config`` sees on a ``screen``-sized screenshot."""
+    if config.system_prompt is not None:
+        return config.system_prompt
+    return config.make_profile().system_prompt(*screen)

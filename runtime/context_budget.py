@@ -22,7 +22,8 @@ from typing import Any
 import attrs
 
 from runtime.actions import Screen
-from runtime.config import AgentConfig
+from cachepolicy.policies import POLICIES
+from runtime.config import AgentConfig, system_prompt
 
 #: The chat template's turn markers around the system prompt and the instruction, plus room
 #: for the instruction itself (OSWorld's are a few hundred characters).
@@ -79,9 +80,6 @@ def context_need(agent: AgentConfig, screen: Screen, image_tokens: int, *,
     """What ``agent`` needs on ``screen``-sized screenshots of ``image_tokens`` tokens each,
     for episodes of up to ``steps`` steps (a policy that keeps every screenshot — not
     ``manifest.bounded`` — shows all of them)."""
-    from cachepolicy.policies import POLICIES
-    from runtime.session import system_prompt
-
     profile = agent.make_profile()
     layout = profile.layout
     bounded = POLICIES[agent.policy].manifest.bounded

@@ -27,7 +27,7 @@ import structlog
 from cachepolicy.context_log import Segment
 from cachepolicy.segments import SegmentFactory
 from runtime.actions import NoOp, Screen
-from runtime.config import AgentConfig
+from runtime.config import AgentConfig, system_prompt
 from runtime.profiles import Point, Profile, pointer_after
 from scheduler.records import StepRecord
 from scheduler.scheduler import Scheduler
@@ -38,13 +38,6 @@ log = structlog.get_logger("kvagent.session")
 
 #: Teacher forcing: the history text of step i, or None to use what the model decided.
 Teacher = Callable[[int], str | None]
-
-
-def system_prompt(config: AgentConfig, screen: Screen) -> str:
-    """The system prompt an agent with ``config`` sees on a ``screen``-sized screenshot."""
-    if config.system_prompt is not None:
-        return config.system_prompt
-    return config.make_profile().system_prompt(*screen)
 
 
 @attrs.frozen

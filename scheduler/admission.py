@@ -70,7 +70,16 @@ class Admission:
         self.wait_s = wait_s
         # FIFO of the slots whose job waits for memory (one job per slot at a time)
         self._mem_queue: deque[Slot] = deque()
+        self._on_ladder = 0  # jobs inside ``_under_pressure``
         self._log = structlog.get_logger("kvagent.scheduler")
+
+    @property
+    def settled(self) -> bool:
+        """No job is on the fallback ladder or queued for memory: memory released now is
+        nobody's in particular (the embedding cache may take capacity back).  While a job
+        climbs the ladder, what it freed stays free for it — a regrowing cache would undo
+        rung 1 under its feet."""
+        return not (self._mem_queue or self._on_ladder)
 
     async def begin(self, slot: Slot, segments: tuple[Segment, ...], priority: Priority,
                     policy: CachePolicy | None = None, degraded: str = "") -> Transaction:
@@ -166,6 +175,7 @@ class Admission:
         memory the job keeps its place in the queue (the work serializes)."""
         ep = slot.cache
         ticket: Slot | None = None
+        self._on_ladder += 1
         try:
             while True:
                 if ticket is not None and self._mem_queue[0] is not ticket:
@@ -212,6 +222,7 @@ class Admission:
                 if reason:
                     self._fallback(ep, 1, reason, txn.need_bytes)
         finally:
+            self._on_ladder -= 1
             if ticket is not None:
                 self._mem_queue.remove(ticket)
                 self._released.notify()  # the next in line may be first now

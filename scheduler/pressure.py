@@ -35,6 +35,7 @@ import structlog
 from cachepolicy.engine import Engine
 from cachepolicy.engine.images import EmbeddingCache
 from scheduler.admitted import Admitted
+from scheduler.errors import BudgetExceededError
 from scheduler.ledger import MemoryLedger
 from scheduler.slots import IMAGE_CACHE, Slot
 from scheduler.transaction import Transaction
@@ -67,7 +68,9 @@ class Evict:
 
 @attrs.frozen
 class Shrink:
-    """Give the embedding cache's bytes back (down to the floor)."""
+    """Give ``need`` bytes of the embedding cache's capacity back (not below its floor)."""
+
+    need: int
 
 
 @attrs.frozen
@@ -88,13 +91,23 @@ class MemoryPressure:
 
     def __init__(self, engine: Engine, ledger: MemoryLedger, slots: dict[str, Slot], *,
                  engine_call: EngineCall, notify_release: Callable[[], None],
+                 wake_waiters: Callable[[], None] | None = None,
                  counters: Counter[str], image_cache: EmbeddingCache,
-                 image_cache_floor: int = 0) -> None:
+                 image_cache_floor: int = 0, image_cache_target: int | None = None) -> None:
         self.engine, self.ledger, self.slots = engine, ledger, slots
-        self.image_cache = image_cache  # a ledger owner (``IMAGE_CACHE``): its capacity
+        # A ledger owner (``IMAGE_CACHE``) holding its capacity, so encoding never takes the
+        # ledger past its budget.  Rung 1 shrinks the capacity (``Shrink``); once memory is
+        # free again ``regrow_image_cache`` gives it back, up to ``image_cache_target``.
+        self.image_cache = image_cache
+        # ``notify_release``: what an admitted job's release does (the scheduler's: wake the
+        # waiters, maybe regrow the cache); ``wake_waiters``: what rung 1's own effects do
+        # (wake the waiters only — a cache regrowing on them would undo the rung)
         self._engine_call, self._notify = engine_call, notify_release
+        self._wake = wake_waiters or notify_release
         self.counters = counters
         self.image_cache_floor = image_cache_floor
+        self.image_cache_target = (image_cache.snapshot().max_bytes
+                                   if image_cache_target is None else image_cache_target)
         self._log = structlog.get_logger("kvagent.scheduler")
 
     # ------------------------------------------------------------------ decide (sync)
@@ -128,8 +141,8 @@ class MemoryPressure:
         for victim in victims:  # least recently used first
             return Evict(victim)
         cache = self.image_cache.snapshot()
-        if cache.max_bytes > self.image_cache_floor and cache.entries:
-            return Shrink()
+        if cache.max_bytes > self.image_cache_floor:
+            return Shrink(max(1, txn.need_bytes - self.ledger.free))
         # a job in flight, or an episode being closed, will release what it holds
         others_busy = any(s.jobs or s.closed for s in self.slots.values() if s is not slot)
         return Wait() if others_busy else GiveUp()
@@ -148,7 +161,7 @@ class MemoryPressure:
             freed = await self._evict(decision.victim)
             return f"evicted idle episode {decision.victim.cache.episode_id}'s cache state " \
                    f"({freed} bytes)"
-        freed = await self._shrink_image_cache()
+        freed = self._shrink_image_cache(decision.need)
         return f"shrank the image-embedding cache by {freed} bytes" if freed else ""
 
     async def trim_to_reuse_point(self, victim: Slot) -> int:
@@ -166,7 +179,7 @@ class MemoryPressure:
             yield
         finally:
             victim.evicting = False
-            self._notify()
+            self._wake()
 
     async def _trim(self, victim: Slot) -> int:
         ep = victim.cache
@@ -200,19 +213,36 @@ class MemoryPressure:
         self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed)
         return freed
 
-    async def _shrink_image_cache(self) -> int:
-        """Evict embeddings (least recently used first) and lower the capacity by what they
-        held, down to the floor; the ledger's holding follows the capacity."""
-        cache, floor = self.image_cache, self.image_cache_floor
-        freed = 0
-        while (snap := cache.snapshot()).max_bytes - freed > floor and snap.entries:
-            freed += await self._engine_call(cache.evict_lru)
+    def _shrink_image_cache(self, need: int) -> int:
+        """Give ``need`` bytes of the cache's capacity back (not below the floor): one atomic
+        step of the cache (evictions and the new capacity under its lock, whatever encoders
+        do meanwhile), then the ledger's holding follows the capacity.  Synchronous: no other
+        decision can interleave."""
+        freed = self.image_cache.shrink(need, floor=self.image_cache_floor)
         if freed:
-            cache.resize(max(floor, cache.snapshot().max_bytes - freed))
-            self.ledger.publish(IMAGE_CACHE, cache.snapshot().max_bytes, None)
+            self.ledger.publish(IMAGE_CACHE, self.image_cache.snapshot().max_bytes, None)
+            self.counters["image_cache_shrinks"] += 1
             self._log.info("evict", owner=IMAGE_CACHE, freed=freed)
-            self._notify()
+            self._wake()
         return freed
+
+    def regrow_image_cache(self) -> int:
+        """Rung 1 reversed: once memory is free again, give the embedding cache back the
+        capacity it gave up — up to its target, taking at most half of the ledger's free
+        bytes (the rest stays for the next step).  The ledger takes the bytes before the
+        cache may fill them.  Returns the capacity regained (0: nothing to do, or no room)."""
+        cap = self.image_cache.snapshot().max_bytes
+        grow = min(self.image_cache_target - cap, self.ledger.free // 2)
+        if grow <= 0:
+            return 0
+        try:
+            self.ledger.publish(IMAGE_CACHE, cap + grow, None)
+        except BudgetExceededError:  # another owner took the bytes meanwhile: next time
+            return 0
+        self.image_cache.resize(cap + grow)
+        self.counters["image_cache_regrows"] += 1
+        self._log.info("image_cache_regrown", owner=IMAGE_CACHE, capacity=cap + grow)
+        return grow
 
     async def wait_for_release(self, released: anyio.Event, timeout: float) -> bool:
         """Rung 2: wait for a release, at most ``timeout`` seconds; False when none came."""

@@ -82,19 +82,22 @@ class Scheduler:
         self._released = ReleaseSignal()
         self._clock = itertools.count(1)
         self._log = structlog.get_logger("kvagent.scheduler")
+        # The image cache is held at its capacity, so encoding never takes the ledger past
+        # its budget: at most a quarter of the budget (its target), which rung 1 may shrink
+        # and releases give back (``MemoryPressure.regrow_image_cache``); the cache's own
+        # capacity is restored on close.
+        self._cache_capacity = self.image_cache.snapshot().max_bytes
+        target = min(self._cache_capacity, ledger.budget // 4)
+        self.image_cache.resize(target)
+        ledger.publish(IMAGE_CACHE, target, None)
         self.pressure = MemoryPressure(
             engine, ledger, self._slots, counters=self.counters,
             engine_call=functools.partial(self._engine_call, priority=Priority.CRITICAL),
-            notify_release=self._notify_release, image_cache=self.image_cache,
-            image_cache_floor=image_cache_floor)
+            notify_release=self._notify_release, wake_waiters=self._released.notify,
+            image_cache=self.image_cache, image_cache_floor=image_cache_floor,
+            image_cache_target=target)
         self.admission = Admission(engine, ledger, factory.kit, self.pressure, self._slots,
                                    self._released, self.counters, wait_s=wait_s)
-        # The image cache is held at its capacity, so encoding never takes the ledger past
-        # its budget; rung 1 may shrink the capacity.
-        # (at most a quarter of the budget; the cache's own capacity is restored on close).
-        self._cache_capacity = self.image_cache.snapshot().max_bytes
-        self.image_cache.resize(min(self._cache_capacity, ledger.budget // 4))
-        ledger.publish(IMAGE_CACHE, self.image_cache.snapshot().max_bytes, None)
 
     async def __aenter__(self) -> Scheduler:
         return self
@@ -355,4 +358,8 @@ class Scheduler:
         return record
 
     def _notify_release(self) -> None:
+        """Memory came back: wake the waiters — and, with no job on the fallback ladder, let
+        the embedding cache take back capacity rung 1 took from it."""
+        if self.admission.settled:
+            self.pressure.regrow_image_cache()
         self._released.notify()

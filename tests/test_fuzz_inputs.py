@@ -129,7 +129,7 @@ def factory(engines):
 def test_arbitrary_instructions_and_model_text(factory, instruction: str,
                                                response: str) -> None:
     from runtime.config import AgentConfig
-    from runtime.session import system_prompt
+    from runtime.config import system_prompt
 
     seg = factory.instruction(instruction)
     assert seg.n_tokens >= 1

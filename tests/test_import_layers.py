@@ -1,14 +1,22 @@
-"""Import rules of ``runtime/serve`` and ``runtime/cluster``, read from the source (nothing
-is imported or run).
+"""The layers' import rules, read from the source (nothing is imported or run); the map of
+the layers is docs/structure.md.
 
-* Neither package has an import cycle among its modules.  Every import counts — inside a
-  function or under ``TYPE_CHECKING`` too: a lazy import only moves the cycle to run time.
+* ``cachepolicy/engine/`` is the closed bottom layer: its modules import nothing of
+  ``cachepolicy`` outside ``cachepolicy/engine/``, nor ``scheduler``, ``runtime`` or
+  ``vmenv`` — at module level, inside functions or under ``TYPE_CHECKING`` alike.
+* No package has an import cycle among its modules (``cachepolicy``, ``scheduler``,
+  ``runtime`` with ``runtime/serve`` and ``runtime/cluster``, ``vmenv``).  Every import
+  counts — inside a function or under ``TYPE_CHECKING`` too: a lazy import only moves the
+  cycle to run time.
+* Nothing in ``runtime/`` imports ``runtime/commands/`` (the CLI is the top): only the CLI
+  itself (``runtime.cli``) and the commands do.
 * The serve domain (``runtime/serve`` outside ``runtime/serve/http``: conversations, the chat
   strategies, the episode service, the model host) imports no HTTP library and nothing of
   ``runtime/serve/http``: request parsing, bodies, streaming and the error mapping live above
   it.
 * A project import inside a function says why on its line or the line above (a lazy import
-  is an exception to the layering, so it explains itself).
+  is an exception to the layering, so it explains itself) — everywhere but
+  ``runtime/commands/``, where lazy imports keep ``kvagent --help`` fast.
 
 Run as a script (``python tests/test_import_layers.py runtime/serve``) it prints the cycles
 it finds.
@@ -128,7 +136,31 @@ def cycles(package: str, root: Path = ROOT) -> list[list[str]]:
     return sorted(found)
 
 
-@pytest.mark.parametrize("package", ["runtime.serve", "runtime.cluster"])
+PACKAGES = ("cachepolicy", "scheduler", "runtime", "runtime.serve", "runtime.cluster", "vmenv")
+
+
+def test_the_engine_imports_nothing_from_above() -> None:
+    engine = "cachepolicy.engine"
+    paths = modules_under(engine)
+    assert len(paths) > 10  # the rule reads the real package
+    above = [f"{module_name(p)}:{i.line} imports {i.target}"
+             for p in paths for i in imports_of(p)
+             if any(is_within(i.target, top) for top in PROJECT)
+             and not is_within(i.target, engine)]
+    assert not above, "the engine must be closed below the rest of kvagent:\n" + "\n".join(above)
+
+
+def test_nothing_below_the_cli_imports_the_commands() -> None:
+    commands = "runtime.commands"
+    below = [p for p in modules_under("runtime")
+             if not is_within(module_name(p), commands) and module_name(p) != "runtime.cli"]
+    assert len(below) > 40
+    upward = [f"{module_name(p)}:{i.line} imports {i.target}"
+              for p in below for i in imports_of(p) if is_within(i.target, commands)]
+    assert not upward, "runtime/commands is the top layer:\n" + "\n".join(upward)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle(package: str) -> None:
     assert len(modules_under(package)) > 5  # the rule reads the real package
     assert not cycles(package), f"{package} has import cycles: {cycles(package)}"
@@ -164,10 +196,12 @@ def _comment_lines(path: Path) -> set[int]:
     return {t.start[0] for t in tokens if t.type == tokenize.COMMENT}
 
 
-@pytest.mark.parametrize("package", ["runtime.serve", "runtime.cluster"])
+@pytest.mark.parametrize("package", ("cachepolicy", "scheduler", "runtime", "vmenv"))
 def test_lazy_project_imports_say_why(package: str) -> None:
     unexplained = []
     for path in modules_under(package):
+        if is_within(module_name(path), "runtime.commands"):
+            continue
         comments = _comment_lines(path)
         for i in imports_of(path):
             if (i.in_function and any(is_within(i.target, top) for top in PROJECT)
@@ -177,6 +211,6 @@ def test_lazy_project_imports_say_why(package: str) -> None:
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or ["runtime.serve", "runtime.cluster"]:
+    for name in sys.argv[1:] or list(PACKAGES):
         name = name.strip("/").replace("/", ".")
         print(f"{name}: {cycles(name) or 'no cycle'}")

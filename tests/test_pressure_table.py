@@ -260,8 +260,8 @@ DECISIONS = [
      "evict b"),
     ("the cache is at its floor: nothing to shrink",
      Situation(budget=300, cache=(240, 3), floor=240), "give up"),
-    ("the cache is empty: nothing to shrink", Situation(budget=300, cache=(240, 0)),
-     "give up"),
+    ("the cache is empty but its capacity is held in the ledger: shrink the capacity",
+     Situation(budget=300, cache=(240, 0)), "shrink"),
     # rung 2: wait for a release, or give up when none can come
     ("a transaction in flight will release: wait",
      Situation(budget=150, reserved=100, others=(Ep("c", state="pinned"),)), "wait"),
@@ -324,7 +324,7 @@ LADDER = [
     ("rung 1: the embedding cache shrinks after the episodes are evicted",
      Situation(budget=KV * tokens(3) + 20, others=(Ep("b", held=50, trimmed=True),),
                cache=(40, 5)),
-     Outcome("terminal-slot/3", ("evict",), ("clear 1",) + ("evict an embedding",) * 5)),
+     Outcome("terminal-slot/3", ("evict",), ("clear 1",))),  # the cache shrinks itself
     ("rung 3: nothing to free, no one to wait for: the largest window that fits",
      Situation(budget=KV * tokens(2)),
      Outcome("terminal-scratch/2 degraded", ("evict", "wait", "downgrade"))),

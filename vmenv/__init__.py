@@ -1,4 +1,4 @@
-"""kvagent.vmenv: environments behind one async interface (see ../shared/DESIGN.md).
+"""kvagent.vmenv: environments behind one async interface (docs/structure.md).
 
 * ``SimDesk`` — a deterministic simulated desktop rendered with Pillow, with tasks and
   checkers and a VM-latency knob;

@@ -70,6 +70,7 @@ class DesktopEnvLike(Protocol):
 
 
 def _build_desktop_env(kwargs: Mapping[str, Any]) -> DesktopEnvLike:
+    # OSWorld's package is optional: imported only when a real DesktopEnv is built
     from vmenv.osworld_vm.desktop_env_import import DESKTOP_ENV_INSTALL, load_desktop_env
     try:  # light dependencies suffice; the loopback provider is registered
         desktop_env = load_desktop_env()

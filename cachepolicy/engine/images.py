@@ -186,6 +186,20 @@ class EmbeddingCache:
                 freed += self._evict_one()
             return freed
 
+    def shrink(self, by: int, *, floor: int = 0) -> int:
+        """Lower the capacity by ``by`` bytes, not below ``floor`` (mutates), evicting least
+        recently used entries until the rest fit — all under the cache's lock, so an encode
+        finishing meanwhile can neither slip in above the new capacity nor be counted as
+        freed.  Returns the capacity given up (what the ledger may release)."""
+        if by < 0 or floor < 0:
+            raise ValueError("by and floor must be >= 0")
+        with self._lock:
+            old = self.max_bytes
+            self.max_bytes = max(min(floor, old), old - by)
+            while self.nbytes > self.max_bytes:
+                self._evict_one()
+            return old - self.max_bytes
+
     def _evict_one(self) -> int:
         if not self._items:
             return 0

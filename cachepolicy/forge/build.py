@@ -73,7 +73,8 @@ def describe(arch: str, size: str, out_dir: Path, *, vision: bool, seed: int,
 
 def _write_quantized(arch: str, size: str, path: Path, seed: int, quant: str) -> None:
     """Write the f16 text model next to ``path``, quantize it into ``path`` (atomically)."""
-    from cachepolicy.engine.quantize import quantize_gguf  # the engine owns llama_cpp
+    # here, not at the top: forging an f16 model needs no libllama (the engine owns it)
+    from cachepolicy.engine.quantize import quantize_gguf
 
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)

@@ -19,12 +19,29 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 
 import attrs
 
 from vmenv.actions.errors import InvalidActionError
 
 Screen = tuple[int, int]
+
+_WXH = re.compile(r"\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*")
+
+
+def parse_wxh(text: str, *, option: str, low: Screen = (1, 1),
+              high: Screen = (16384, 16384)) -> Screen:
+    """'1280x720' (spaces and a capital X allowed) → (1280, 720), each side within
+    ``low``..``high``; ValueError naming ``option`` otherwise.  The one WxH parser: every
+    command's sizes (``runtime.arg_parsers``) and the VM stand-in's come through here."""
+    m = _WXH.fullmatch(text)
+    if m is not None:
+        w, h = int(m[1]), int(m[2])
+        if low[0] <= w <= high[0] and low[1] <= h <= high[1]:
+            return w, h
+    raise ValueError(f"{option} {text!r}: give WxH between {low[0]}x{low[1]} and "
+                     f"{high[0]}x{high[1]}")
 """(width, height) in pixels."""
 
 #: How far past an edge, as a fraction of that axis, the profiles still clamp a point.

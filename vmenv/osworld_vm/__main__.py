@@ -29,6 +29,7 @@ from vmenv.errors import UnknownTaskError
 from vmenv.simdesk.lookup import resolve_task
 from vmenv.simdesk.tasks import default_tasks
 
+from vmenv.actions.coords import parse_wxh
 from vmenv.osworld_vm.process import READY_EVENT
 #: Seconds uvicorn may take to start accepting on the bound socket.
 STARTUP_TIMEOUT_S = 30.0
@@ -36,12 +37,9 @@ STARTUP_TIMEOUT_S = 30.0
 
 def _size(text: str) -> tuple[int, int]:
     try:
-        w, h = (int(v) for v in text.lower().split("x"))
+        return parse_wxh(text, option="size")
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT, got {text!r}") from exc
-    if w < 1 or h < 1:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
-    return w, h
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _task(text: str) -> str:

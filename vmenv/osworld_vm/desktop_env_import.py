@@ -61,6 +61,7 @@ def load_desktop_env() -> ModuleType:
         for module, package in _IMPORT_ONLY.items():
             _install_placeholder(module, package)
     module = importlib.import_module("desktop_env.desktop_env")
+    # the provider subclasses OSWorld's classes: importable only once desktop_env is loaded
     from vmenv.osworld_vm.provider import install_loopback_provider
     install_loopback_provider(module)
     return module
