@@ -96,8 +96,9 @@ class EpisodeService:
                                        seed=number, teacher=teacher,
                                        evictable=self._slots.evictable)
         pooled.screen = screen
+        self._owners.prune(self._pool.episodes)  # (an open may have closed idle ones)
         self._owners.record(episode_id, owner)
-        self._conversations.prune()  # (an open may have closed an idle conversation)
+        self._conversations.prune()
         return EpisodeCreated(episode_id, number)
 
     def get(self, episode_id: str, owner: Owner) -> PooledEpisode:
