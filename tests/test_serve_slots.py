@@ -139,3 +139,39 @@ def test_a_client_ended_with_os_exit_gives_its_slot_back(server) -> None:
     text = server.stderr()
     assert all(f'"episode_id": "{eid}"' in text for eid in gone)
     assert text.count("serve_lease_expired") >= 1
+
+
+def test_a_dropped_lease_ends_its_episode_after_the_grace_never_mid_step() -> None:
+    """``Leases`` alone (no model): a lease that comes back within the grace keeps the
+    episode; one that does not ends it — after the running step, not during it."""
+    from runtime.serve.leases import Leases
+
+    async def main() -> None:
+        ended: list[tuple[str, float]] = []
+        busy = {"ep-a": False, "ep-b": True}
+
+        async def end(eid: str) -> None:
+            ended.append((eid, anyio.current_time()))
+            busy.pop(eid)
+
+        leases = Leases(grace_s=0.2, end=end, busy=lambda eid: busy.get(eid))
+        async with anyio.create_task_group() as tg:
+            await tg.start(leases.run)
+            for eid in ("ep-a", "ep-b"):
+                async with leases.hold(eid):
+                    assert not leases.dropped(eid)
+                assert leases.dropped(eid)  # the slot is free for the taking at once
+            async with leases.hold("ep-a"):  # ep-a's client comes back within the grace
+                await anyio.sleep(0.4)
+                assert not ended
+            t0 = anyio.current_time()
+            await anyio.sleep(0.6)  # ep-b's grace is over, but its step still runs
+            assert ended == []  # ep-a held again, ep-b mid-step
+            busy["ep-b"] = False  # the step ends: the episode with it
+            await anyio.sleep(0.5)
+            assert "ep-b" in [e for e, _ in ended]
+            assert dict(ended)["ep-b"] > t0 + 0.6
+            assert leases.summary() == "Leases: 0 held, 0 dropped"
+            leases.stop()
+
+    anyio.run(main)

@@ -85,8 +85,9 @@ class Leases:
             if lease.held == 0 and self._leases.get(episode_id) is lease:
                 lease.dropped_at = time.monotonic()
                 log.info("serve_lease_dropped", episode_id=episode_id, grace_s=self.grace_s)
-                if self._tg is not None:
-                    self._tg.start_soon(self._end_after_grace, episode_id, lease)
+                if self._tg is not None:  # (the drop's time: the task may start later)
+                    self._tg.start_soon(self._end_after_grace, episode_id, lease,
+                                        lease.dropped_at)
 
     def dropped(self, episode_id: str) -> bool:
         """Did ``episode_id``'s client hold a lease and let it go (its process ended)?"""
@@ -97,8 +98,8 @@ class Leases:
         """The episode ended: its lease (held or not) no longer matters."""
         self._leases.pop(episode_id, None)
 
-    async def _end_after_grace(self, episode_id: str, lease: _Lease) -> None:
-        dropped_at = lease.dropped_at
+    async def _end_after_grace(self, episode_id: str, lease: _Lease,
+                               dropped_at: float | None) -> None:
         await anyio.sleep(self.grace_s)
         while True:
             if self._leases.get(episode_id) is not lease or lease.dropped_at != dropped_at:
