@@ -264,13 +264,14 @@ class Engine:
 
     # prefill / decode: the Decoder
     def prefill_tokens(self, seq: int, tokens: Sequence[int], *, logits: bool = True,
-                       allow_single: bool = False) -> np.ndarray | None:
+                       allow_single: bool = False, all_logits: bool = False,
+                       ) -> np.ndarray | None:
         return self.decoder.prefill_tokens(seq, tokens, logits=logits,
-                                           allow_single=allow_single)
+                                           allow_single=allow_single, all_logits=all_logits)
 
-    def prefill_image(self, seq: int, image: EncodedImage, *,
-                      logits: bool = False) -> np.ndarray | None:
-        return self.decoder.prefill_image(seq, image, logits=logits)
+    def prefill_image(self, seq: int, image: EncodedImage, *, logits: bool = False,
+                      all_logits: bool = False) -> np.ndarray | None:
+        return self.decoder.prefill_image(seq, image, logits=logits, all_logits=all_logits)
 
 
     # checkpoints, edits and sizes: the SequenceState

@@ -74,6 +74,16 @@ class Decoder:
         ptr = llama_cpp.llama_get_logits_ith(self._native.ctx, row)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()
 
+    def _chunk(self, seq: int, *, tokens: np.ndarray | None, embd: np.ndarray | None,
+               pos: np.ndarray, want_logits: bool, rows_out: list[np.ndarray] | None) -> None:
+        """One chunk of a prefill: with ``rows_out`` every row asks for logits and their
+        copies are appended to it (row order), else only the last row if ``want_logits``."""
+        m = len(tokens) if tokens is not None else len(embd)  # type: ignore[arg-type]
+        mask: bool | np.ndarray = want_logits if rows_out is None else np.ones(m, dtype=np.int8)
+        self._decode(seq, tokens=tokens, embd=embd, pos=pos, want_logits=mask)
+        if rows_out is not None:
+            rows_out.extend(self.logits(i) for i in range(m))
+
     def _reserve_room(self, seq: int, n_tokens: int, n_pos: int) -> None:
         used = self._seqs.n_tokens(seq)
         limit = self.n_ctx_per_seq
@@ -101,8 +111,12 @@ class Decoder:
 
     @locked
     def prefill_tokens(self, seq: int, tokens: Sequence[int], *, logits: bool = True,
-                       allow_single: bool = False) -> np.ndarray | None:
-        """Append text tokens to ``seq``; returns the last position's logits if asked."""
+                       allow_single: bool = False, all_logits: bool = False,
+                       ) -> np.ndarray | None:
+        """Append text tokens to ``seq``; returns the last position's logits if asked, or
+        with ``all_logits`` every row's, shape ``(n, n_vocab)`` (the trainer's parity check:
+        the output matmul then has ``n`` rows, so the last row may differ from a
+        ``logits=True`` call's in the last bits, as any 1-row matmul does)."""
         runs = self._seqs.runs(seq)
         n = len(tokens)
         if n == 0:
@@ -117,22 +131,26 @@ class Decoder:
             raise ValueError(f"token id out of range 0..{self.n_vocab - 1}")
         pos0 = self._seqs.next_pos(seq)
         start = len(runs)
+        rows_out: list[np.ndarray] | None = [] if all_logits else None
         batches, off = [], 0
         for size in chunk_sizes(n, self.n_batch):
             batches.append(functools.partial(
-                self._decode, seq, tokens=toks[off:off + size], embd=None,
+                self._chunk, seq, tokens=toks[off:off + size], embd=None,
                 pos=np.arange(pos0 + off, pos0 + off + size, dtype=np.int32),
-                want_logits=logits and off + size == n))
+                want_logits=logits and off + size == n, rows_out=rows_out))
             off += size
         self._run_batches(seq, start, pos0, batches)
         digest = chain_digest(history_digest(tuple(runs)), RunKind.TEXT, toks.tobytes())
         runs.append(Run(RunKind.TEXT, pos0, n, n, digest, tuple(int(t) for t in toks)))
+        if rows_out is not None:
+            return np.stack(rows_out)
         return self.logits() if logits else None
 
     @locked
-    def prefill_image(self, seq: int, image: EncodedImage, *,
-                      logits: bool = False) -> np.ndarray | None:
-        """Append an encoded image's embedding rows at the decoder positions mtmd assigns."""
+    def prefill_image(self, seq: int, image: EncodedImage, *, logits: bool = False,
+                      all_logits: bool = False) -> np.ndarray | None:
+        """Append an encoded image's embedding rows at the decoder positions mtmd assigns;
+        returns the last row's logits if asked, or with ``all_logits`` every row's."""
         runs = self._seqs.runs(seq)
         if image.embeddings.shape[1] != self.n_embd:
             raise ImageError(f"image rows have width {image.embeddings.shape[1]}, "
@@ -145,12 +163,13 @@ class Decoder:
         positions = image.positions_at(pos0)  # (n_pos_per_embd, n)
         rows = np.ascontiguousarray(image.embeddings, dtype=np.float32)
         start = len(runs)
+        rows_out: list[np.ndarray] | None = [] if all_logits else None
         batches, off = [], 0
         for size in chunk_sizes(n, self.n_batch):
             batches.append(functools.partial(
-                self._decode, seq, tokens=None, embd=rows[off:off + size],
+                self._chunk, seq, tokens=None, embd=rows[off:off + size],
                 pos=positions[:, off:off + size].reshape(-1),
-                want_logits=logits and off + size == n))
+                want_logits=logits and off + size == n, rows_out=rows_out))
             off += size
         ctx = self._native.ctx
         if image.non_causal:
@@ -163,6 +182,8 @@ class Decoder:
         digest = chain_digest(history_digest(tuple(runs)), RunKind.EMBEDDINGS,
                               image.image_id.encode())
         runs.append(Run(RunKind.EMBEDDINGS, pos0, image.n_pos, n, digest, ()))
+        if rows_out is not None:
+            return np.stack(rows_out)
         return self.logits() if logits else None
 
     @locked

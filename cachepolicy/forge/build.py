@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -73,6 +74,12 @@ def describe(arch: str, size: str, out_dir: Path, *, vision: bool, seed: int,
 
 def _write_quantized(arch: str, size: str, path: Path, seed: int, quant: str) -> None:
     """Write the f16 text model next to ``path``, quantize it into ``path`` (atomically)."""
+    write_quantized(path, quant, lambda f16: write_text_model(text_spec(arch, size), f16, seed))
+
+
+def write_quantized(path: Path, quant: str, write_f16: Callable[[Path], object]) -> None:
+    """``write_f16(tmp)`` writes an f16 model next to ``path``; llama.cpp's quantizer turns it
+    into ``path`` (atomically: a reader never sees a half-written file)."""
     # here, not at the top: forging an f16 model needs no libllama (the engine owns it)
     from cachepolicy.engine.quantize import quantize_gguf
 
@@ -80,7 +87,7 @@ def _write_quantized(arch: str, size: str, path: Path, seed: int, quant: str) ->
     os.close(fd)
     f16, quantized = Path(tmp_name), Path(tmp_name + ".q")
     try:
-        write_text_model(text_spec(arch, size), f16, seed)
+        write_f16(f16)
         quantize_gguf(f16, quantized, quant)
         os.chmod(quantized, 0o644)
         os.replace(quantized, path)

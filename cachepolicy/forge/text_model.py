@@ -7,13 +7,18 @@ token_embd when `output.weight` is absent), as in small Qwen models.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import gguf
+import numpy as np
 
 from .specs import TextSpec
-from .tokenizer import add_tokenizer, build_vocab
-from .writer import TensorPlan, const, normal, uniform, write_gguf
+from .tokenizer import Vocab, add_tokenizer, build_vocab
+from .writer import TensorPlan, const, given, normal, uniform, write_gguf
+
+#: An untied LM head: llama.cpp uses it when present, else token_embd (the forge's default).
+OUTPUT = "output.weight"
 
 # Conv taps see few inputs; a larger std keeps the recurrent path's signal comparable to the
 # attention path's, so the recurrent state visibly matters for the logits.
@@ -93,7 +98,26 @@ def text_plans(spec: TextSpec) -> list[TensorPlan]:
     return plans
 
 
-def _add_metadata(writer: gguf.GGUFWriter, spec: TextSpec) -> None:
+def given_plans(spec: TextSpec, values: Mapping[str, np.ndarray]) -> list[TensorPlan]:
+    """``text_plans(spec)`` carrying ``values`` (a trained model's weights, numpy order).
+
+    Every planned tensor must be given, nothing else may be, except an untied
+    ``output.weight`` {n_embd, n_vocab}, written after ``output_norm``.  ValueError otherwise
+    (a missing, unknown or misshapen tensor).
+    """
+    plans = text_plans(spec)
+    if OUTPUT in values:
+        plans.insert(2, normal(OUTPUT, spec.n_embd, spec.n_vocab))
+    names = {plan.name for plan in plans}
+    missing = sorted(names - set(values))
+    unknown = sorted(set(values) - names)
+    if missing or unknown:
+        raise ValueError(f"tensors missing: {missing[:5]}, unknown: {unknown[:5]} "
+                         f"(spec {spec.arch}/{spec.size})")
+    return [given(plan, values[plan.name]) for plan in plans]
+
+
+def _add_metadata(writer: gguf.GGUFWriter, spec: TextSpec, vocab: Vocab) -> None:
     a = spec.arch
     writer.add_string("general.name", f"kvagent-forge-{a}-{spec.size}")
     writer.add_uint32("general.file_type", int(gguf.LlamaFileType.MOSTLY_F16))
@@ -122,9 +146,22 @@ def _add_metadata(writer: gguf.GGUFWriter, spec: TextSpec) -> None:
         writer.add_uint32(f"{a}.expert_used_count", spec.n_expert_used)
         writer.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)
         writer.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.n_ff_shexp)
-    add_tokenizer(writer, build_vocab(spec.n_vocab))
+    add_tokenizer(writer, vocab)
 
 
-def write_text_model(spec: TextSpec, path: Path, seed: int) -> int:
-    """Write the text model GGUF to `path`; returns the file size in bytes."""
-    return write_gguf(path, spec.arch, lambda w: _add_metadata(w, spec), text_plans(spec), seed)
+def write_text_model(spec: TextSpec, path: Path, seed: int, *,
+                     values: Mapping[str, np.ndarray] | None = None,
+                     vocab: Vocab | None = None) -> int:
+    """Write the text model GGUF to `path`; returns the file size in bytes.
+
+    By default the weights are drawn from ``seed`` and the vocabulary is the forge's
+    ``build_vocab(spec.n_vocab)``.  ``values`` writes given weights instead (``given_plans``:
+    a trained model; ``seed`` is then unused) and ``vocab`` another vocabulary of
+    ``spec.n_vocab`` tokens; metadata, tokenizer keys and chat template are the same either
+    way, so the file loads through the same llama.cpp path as a forged model.
+    """
+    vocab = vocab if vocab is not None else build_vocab(spec.n_vocab)
+    if len(vocab.tokens) != spec.n_vocab:
+        raise ValueError(f"vocabulary of {len(vocab.tokens)} tokens, spec has {spec.n_vocab}")
+    plans = text_plans(spec) if values is None else given_plans(spec, values)
+    return write_gguf(path, spec.arch, lambda w: _add_metadata(w, spec, vocab), plans, seed)

@@ -75,15 +75,17 @@ class Vocab:
         return self.tokens.index(token)
 
 
-def _pieces() -> list[str]:
+def _pieces(extra: tuple[str, ...] = ()) -> list[str]:
     """Normal pieces in priority order; every piece comes after all of its prefixes.
 
     build_vocab keeps a prefix of this list, so whatever fits stays merge-reachable.
+    ``extra`` pieces (already in SentencePiece spelling) come right after the single
+    characters, before the built-in words.
     """
     chars = [chr(c) for c in range(0x21, 0x7F)] + [SPACE]
-    # roles first (they follow <|im_start|>), then each word with and without "▁"
-    words = list(_ROLES) + [form for w in _WORDS for form in (SPACE + w, w)]
-    prefixed = [word[:k] for word in words for k in range(2, len(word) + 1)]
+    # extra pieces, then roles (they follow <|im_start|>), then each word with and without "▁"
+    words = list(extra) + list(_ROLES) + [form for w in _WORDS for form in (SPACE + w, w)]
+    prefixed = [p for word in words for p in _prefixes(word)]
     freq = _LETTERS_BY_FREQ
     bigrams = ["".join(p) for p in itertools.product(freq, repeat=2)]
     bigrams.sort(key=lambda s: freq.index(s[0]) + freq.index(s[1]))
@@ -93,8 +95,23 @@ def _pieces() -> list[str]:
     return list(dict.fromkeys(chars + prefixed + ngrams))  # de-duplicate, keep first
 
 
-def build_vocab(n_vocab: int) -> Vocab:
-    """A vocabulary of exactly n_vocab tokens (n_vocab >= 512)."""
+def _prefixes(piece: str) -> list[str]:
+    """The multi-character prefixes of ``piece``, shortest first, ending with itself."""
+    return [piece[:k] for k in range(2, len(piece) + 1)]
+
+
+def build_vocab(n_vocab: int, extra_pieces: tuple[str, ...] = ()) -> Vocab:
+    """A vocabulary of exactly n_vocab tokens (n_vocab >= 512).
+
+    ``extra_pieces`` adds word pieces that shorten a trained model's prompts (e.g. frequent
+    action words: ``"click"``, ``" pyautogui"``); a space is written as SentencePiece's "▁".
+    Each comes with all of its prefixes, ahead of the built-in pieces, so it is
+    merge-reachable and kept whatever the vocabulary size.  Without extra pieces the
+    vocabulary is exactly the forge's.  ValueError if the pieces leave no room or are empty.
+    """
+    if any(not piece for piece in extra_pieces):
+        raise ValueError("extra pieces must be non-empty strings")
+    extra = tuple(piece.replace(" ", SPACE) for piece in extra_pieces)
     tokens = [UNK, BOS, EOS, *CONTROL_TOKENS]
     types = [UNKNOWN, CONTROL, CONTROL] + [CONTROL] * len(CONTROL_TOKENS)
     tokens += [f"<0x{b:02X}>" for b in range(256)]
@@ -102,7 +119,12 @@ def build_vocab(n_vocab: int) -> Vocab:
     room = n_vocab - len(tokens)
     if room < 128:
         raise ValueError(f"vocab of {n_vocab} leaves no room for word pieces")
-    pieces = _pieces()[:room]
+    pieces = _pieces(extra)
+    n_extra = len(dict.fromkeys(p for piece in extra for p in _prefixes(piece)))
+    if n_extra > room:
+        raise ValueError(f"{n_extra} extra pieces (with prefixes) do not fit the {room} "
+                         f"normal tokens of a {n_vocab}-token vocabulary")
+    pieces = pieces[:room]
     tokens += pieces
     types += [NORMAL] * len(pieces)
     tokens += [f"<unused{i}>" for i in range(n_vocab - len(tokens))]

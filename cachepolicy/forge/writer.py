@@ -13,7 +13,7 @@ import attrs
 import gguf
 import numpy as np
 
-Init = Literal["normal", "const", "uniform"]
+Init = Literal["normal", "const", "uniform", "given"]
 
 
 @attrs.frozen
@@ -30,6 +30,9 @@ class TensorPlan:
     a: float = 0.02  # normal: std; const: value; uniform: low
     b: float = 0.0  # uniform: high
     force_f32: bool = False  # some kernels (ssm_conv1d) abort on f16
+    #: init "given": the values themselves (numpy order, i.e. reversed ``dims``), e.g. trained
+    #: weights being exported; excluded from equality so plans stay cheap to compare
+    values: np.ndarray | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def n_elements(self) -> int:
@@ -56,6 +59,22 @@ def uniform(name: str, *dims: int, low: float, high: float) -> TensorPlan:
     return TensorPlan(name, tuple(dims), "uniform", low, high)
 
 
+def given(plan: TensorPlan, values: np.ndarray) -> TensorPlan:
+    """``plan`` with its values supplied instead of drawn (a trained model's export).
+
+    The values must have the plan's shape (numpy order: ``dims`` reversed); they are written
+    as the plan's type (f16 matrices, f32 vectors and forced-f32 tensors), so a plan list
+    made of given plans writes the same tensor table as a forged model of that spec.
+    """
+    shape = tuple(reversed(plan.dims))
+    arr = np.asarray(values)
+    if arr.shape != shape:
+        raise ValueError(f"{plan.name}: values of shape {arr.shape}, the plan needs {shape}")
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise ValueError(f"{plan.name}: values must be floating point, got {arr.dtype}")
+    return attrs.evolve(plan, init="given", a=0.0, b=0.0, values=arr)
+
+
 def count_params(plans: Iterable[TensorPlan]) -> int:
     """Total number of elements over all planned tensors."""
     return sum(p.n_elements for p in plans)
@@ -71,6 +90,10 @@ def materialize(plan: TensorPlan, seed: int) -> np.ndarray:
     dtype = np.float32 if plan.is_f32 else np.float16
     if plan.init == "const":
         return np.full(shape, plan.a, dtype=dtype)
+    if plan.init == "given":
+        assert plan.values is not None and plan.values.shape == shape, plan.name
+        # round-to-nearest-even, as llama.cpp's own f32 -> f16 conversion
+        return np.ascontiguousarray(plan.values.astype(dtype))
     rng = np.random.default_rng([seed, zlib.crc32(plan.name.encode())])
     if plan.init == "normal":
         values = rng.standard_normal(shape, dtype=np.float32) * np.float32(plan.a)
