@@ -180,8 +180,10 @@ def test_a_public_address_without_a_key_is_refused() -> None:
 
 
 def test_a_context_that_does_not_fit_is_refused_before_loading(forged) -> None:
-    m = forged("qwen35")
-    out = _serve("--model", str(m.model_path), "--mmproj", str(m.mmproj_path),
+    # the M model: 64 sequences of 1M positions are ~220 GiB of KV cache, more than any
+    # machine running this has available (the tiny one's 21 GiB may fit)
+    m = forged("qwen35", size="M")
+    out = _serve("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--port", "0",
                  "--ctx", "1048576", "--max-episodes", "64")
     assert out.returncode == 2, out.stderr[-2000:]
     assert "--ctx" in out.stderr and "--max-episodes" in out.stderr

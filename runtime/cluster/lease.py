@@ -69,28 +69,36 @@ class LeaseRelay:
             await drain.wait()
             tg.cancel_scope.cancel()
 
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache")]})
         async with counted(ep):
+            upstream = await self._open(ep)  # held on the host before the client hears so
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache")]})
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch, tg)
                 tg.start_soon(drained, tg)
-                while self.router.episodes.get(ep.episode_id) is ep:
-                    await self._relay(ep, body)
-                    await body(line({"episode_id": ep.episode_id, "open": True}))
-                    await anyio.sleep(self.heartbeat_s)
+                try:
+                    while self.router.episodes.get(ep.episode_id) is ep:
+                        if upstream is not None:
+                            await self._pipe(upstream, body)
+                            upstream = None
+                        await body(line({"episode_id": ep.episode_id, "open": True}))
+                        await anyio.sleep(self.heartbeat_s)
+                        upstream = await self._open(ep)
+                finally:
+                    if upstream is not None:
+                        with anyio.CancelScope(shield=True):
+                            await upstream.aclose()
                 tg.cancel_scope.cancel()
         if not gone["client"]:
             open_ = self.router.episodes.get(ep.episode_id) is ep
             await body(line({"episode_id": ep.episode_id, "open": open_}), more=False)
 
-    async def _relay(self, ep: RoutedEpisode,
-                     body: Callable[[bytes], Awaitable[None]]) -> None:
-        """Hold the lease on the episode's host for as long as that request lasts,
-        passing its heartbeats on (returns when it ends or fails)."""
+    async def _open(self, ep: RoutedEpisode) -> httpx.Response | None:
+        """The episode's lease request to its host, answered 200 (None: no live host, or
+        it failed or refused: asked again after a heartbeat)."""
         host = ep.host
         if host is None or not host.alive:
-            return
+            return None
         path = f"/v1/episodes/{ep.episode_id}/lease"
         timeout = httpx.Timeout(self.heartbeat_s * 6, connect=10.0)
         try:
@@ -100,14 +108,21 @@ class LeaseRelay:
             # (HostLost: the host is marked lost; a 504 ApiError: it did not answer in time)
             log.info("cluster_lease_relay_failed", episode_id=ep.episode_id,
                      host=host.name, error=type(exc).__name__)
-            return
+            return None
+        if upstream.status_code != 200:  # (404: the host gave its slot away; the next step
+            await upstream.aclose()      # rebuilds the episode)
+            return None
+        return upstream
+
+    async def _pipe(self, upstream: httpx.Response,
+                    body: Callable[[bytes], Awaitable[None]]) -> None:
+        """Pass the host's heartbeats on for as long as its lease request lasts."""
         try:
-            if upstream.status_code != 200:
-                return  # (404: the host gave its slot away; the next step rebuilds it)
             async for chunk in upstream.aiter_lines():
                 if chunk:
                     await body(chunk.encode() + b"\n")
         except httpx.HTTPError:
             pass
         finally:
-            await upstream.aclose()
+            with anyio.CancelScope(shield=True):
+                await upstream.aclose()

@@ -7,8 +7,10 @@ so the server ends the worker's last episode soon after (``--lease-grace-seconds
 of holding its slot until ``--idle-seconds``.
 
 ``LeaseKeeper`` starts an anyio blocking portal (its event-loop thread) on first use and
-holds at most one lease at a time: ``hold(episode_id)`` opens the request (reopened after a
-dropped connection, with a growing pause, until the server says the episode is gone);
+holds at most one lease at a time: ``hold(episode_id)`` opens the request and returns once
+the server answered it, so the episode's steps are sent with the lease held (the request is
+reopened after a dropped connection, with a growing pause, until the server says the
+episode is gone);
 ``release`` cancels it and waits; ``close`` also stops the loop and joins its thread.
 """
 
@@ -56,14 +58,20 @@ class LeaseKeeper:
         return self._held[0] if self._held is not None and not self._held[2].done() else None
 
     def hold(self, episode_id: str) -> None:
-        """Hold ``episode_id``'s lease (releasing the one held before)."""
+        """Hold ``episode_id``'s lease (releasing the one held before); returns once the
+        server answered the lease request (or it could not, within ``CONNECT_TIMEOUT_S``),
+        so the episode's first step is sent with its lease held."""
         self.release()
         if self._closed:
             return
         portal = self._started()
-        future, scope = portal.start_task(self._keep, episode_id,
+        answered = threading.Event()
+        future, scope = portal.start_task(self._keep, episode_id, answered,
                                           name=f"lease-{episode_id[:12]}")
         self._held = (episode_id, scope, future)
+        if not answered.wait(timeout=CONNECT_TIMEOUT_S):
+            log.warning("remote_lease_slow", agent=self.name, episode_id=episode_id,
+                        waited_s=CONNECT_TIMEOUT_S)
 
     def release(self) -> None:
         """Let the held lease go (the server then ends the episode unless it is ended)."""
@@ -100,32 +108,41 @@ class LeaseKeeper:
             self._thread = self._portal.call(threading.current_thread)
         return self._portal
 
-    async def _keep(self, episode_id: str, *,
+    async def _keep(self, episode_id: str, answered: threading.Event, *,
                     task_status: anyio.abc.TaskStatus[anyio.CancelScope]) -> None:
+        """Hold the lease until cancelled (or the episode is gone); ``answered`` is set once
+        the server answered the first request (or gave up trying)."""
         with anyio.CancelScope() as scope:
             task_status.started(scope)
-            path = f"/v1/episodes/{episode_id}/lease"
-            pause = 0.5
-            async with httpx.AsyncClient(
-                    base_url=self.base_url, headers=self._headers, transport=self._transport,
-                    timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)) as http:
-                while True:
-                    try:
-                        async with http.stream("GET", path) as r:
-                            if r.status_code in (401, 403, 404):
-                                log.info("remote_lease_refused", agent=self.name,
-                                         episode_id=episode_id, status=r.status_code)
-                                return  # gone (or not this key's): nothing to hold
-                            if r.status_code == 200:
-                                pause = 0.5
-                                async for text in r.aiter_lines():
-                                    if not _still_open(text):
-                                        return  # the episode ended on the server
-                    except httpx.HTTPError as exc:  # dropped, refused, timed out: reopen
-                        log.info("remote_lease_reopen", agent=self.name, episode_id=episode_id,
-                                 reason=type(exc).__name__)
-                    await anyio.sleep(pause)
-                    pause = min(pause * 2, 10.0)
+            try:
+                await self._reopen(episode_id, answered)
+            finally:
+                answered.set()
+
+    async def _reopen(self, episode_id: str, answered: threading.Event) -> None:
+        path = f"/v1/episodes/{episode_id}/lease"
+        pause = 0.5
+        async with httpx.AsyncClient(
+                base_url=self.base_url, headers=self._headers, transport=self._transport,
+                timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)) as http:
+            while True:
+                try:
+                    async with http.stream("GET", path) as r:
+                        answered.set()  # the lease is held (200) or refused
+                        if r.status_code in (401, 403, 404):
+                            log.info("remote_lease_refused", agent=self.name,
+                                     episode_id=episode_id, status=r.status_code)
+                            return  # gone (or not this key's): nothing to hold
+                        if r.status_code == 200:
+                            pause = 0.5
+                            async for text in r.aiter_lines():
+                                if not _still_open(text):
+                                    return  # the episode ended on the server
+                except httpx.HTTPError as exc:  # dropped, refused, timed out: reopen
+                    log.info("remote_lease_reopen", agent=self.name, episode_id=episode_id,
+                             reason=type(exc).__name__)
+                await anyio.sleep(pause)
+                pause = min(pause * 2, 10.0)
 
 
 def _still_open(text: str) -> bool:

@@ -57,10 +57,10 @@ class LeaseStream:
             ended["draining"] = True
             tg.cancel_scope.cancel()
 
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache")]})
-        host.metrics.response(self.route, 200)
-        async with host.leases.hold(episode_id):
+        async with host.leases.hold(episode_id):  # held before the client hears so
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"application/x-ndjson"), (b"cache-control", b"no-cache")]})
+            host.metrics.response(self.route, 200)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch, tg)
                 tg.start_soon(drained, tg)
