@@ -8,7 +8,9 @@ line to stdout —
 ``{"event": "serve_ready", "url": ..., "port": ..., "model": ...}`` — which scripts (and the
 tests, with ``--port 0``) wait for.  SIGINT / SIGTERM shut it down gracefully: new requests
 are refused, in-flight steps finish (or roll back after the grace period), every episode
-closes and the ledger returns to zero.
+closes and the ledger returns to zero.  Exit status: 0 after a clean shutdown, 2 when it
+cannot start (a bad option, the model, the port), 1 when the shutdown failed (the cause is
+printed last).
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         from runtime.commands.cluster import run_cluster
 
         return run_cluster(args, config, keys)
-    from runtime.serve.http.app import create_app
+    from runtime.serve.http.app import create_app, shutdown_error
     from runtime.serve.http.server import uvicorn_server
 
     try:
@@ -201,7 +203,12 @@ def run(args: argparse.Namespace) -> int:
         anyio.run(_serve, server, sock)
     finally:
         sock.close()
-    return 0 if server.started else 2  # not started: the model did not load (logged)
+    if not server.started:
+        return 2  # the model did not load (logged)
+    if (error := shutdown_error(app)) is not None:
+        print(f"kvagent serve: error: the shutdown failed: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 async def _serve(server: object, sock: socket.socket) -> None:

@@ -14,6 +14,11 @@ running, 413 too large, 429 every episode slot is busy (retry later), 503 the me
 cannot take the step.  An unexpected exception is logged with its cause and answered 500
 without internals.  Every response is counted by route and status (a stream counts its own
 when it knows it).
+
+A host that fails while shutting down (an episode that does not close, the final integrity
+check, the engine's release) says so: ``app.state.shutdown_error`` holds the cause
+(``shutdown_error(app)``), so ``kvagent serve`` exits non-zero naming it — uvicorn alone
+logs the failure and exits 0.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
+from runtime.errors import describe_error
 from runtime.serve.config import ServeConfig
 from runtime.serve.host import ModelHost
 from runtime.serve.http.auth import ApiKeys, RequireKey
@@ -45,11 +51,20 @@ def create_app(config: ServeConfig, *, keys: ApiKeys = ApiKeys(),
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with ModelHost.running(config) as host:
-            handlers.attach(host)
-            if on_ready is not None:
-                on_ready(host)
-            yield
+        app.state.shutdown_error = None
+        started = False
+        try:
+            async with ModelHost.running(config) as host:
+                handlers.attach(host)
+                if on_ready is not None:
+                    on_ready(host)
+                started = True
+                yield
+        except Exception as exc:
+            if started:  # (a failed startup is the server not starting: told otherwise)
+                app.state.shutdown_error = describe_error(exc)
+                log.error("serve_shutdown_failed", error=app.state.shutdown_error)
+            raise  # uvicorn logs the traceback
 
     def guard(name: str, handler: Endpoint) -> Endpoint:
         async def endpoint(request: Request) -> Response:
@@ -68,6 +83,14 @@ def create_app(config: ServeConfig, *, keys: ApiKeys = ApiKeys(),
             return response
         return endpoint
 
-    return Starlette(routes=bind(handlers, guard), lifespan=lifespan,
-                     middleware=[Middleware(RequireKey, keys=keys)],
-                     exception_handlers=unknown_route_handlers())
+    app = Starlette(routes=bind(handlers, guard), lifespan=lifespan,
+                    middleware=[Middleware(RequireKey, keys=keys)],
+                    exception_handlers=unknown_route_handlers())
+    app.state.shutdown_error = None
+    return app
+
+
+def shutdown_error(app: Starlette) -> str | None:
+    """Why ``app``'s host failed to shut down cleanly (``"Type: message"``), or None."""
+    error: str | None = app.state.shutdown_error
+    return error
