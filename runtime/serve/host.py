@@ -37,6 +37,7 @@ from runtime.serve.leases import Leases
 from runtime.serve.prometheus import ServeMetrics
 from runtime.serve.slots import SlotRule
 from scheduler.ledger import MemoryLedger
+from scheduler.slots import IMAGE_CACHE
 
 log = structlog.get_logger("kvagent.serve")
 
@@ -113,6 +114,22 @@ class ModelHost:
         for kind, value in (("budget", snap.budget), ("held", snap.held),
                             ("reserved", snap.reserved), ("peak", snap.peak)):
             yield ("kvagent_ledger_bytes", "The memory ledger.", {"kind": kind}, value)
+        # the embedding cache, as three counts the idle integrity check compares: its
+        # capacity (rung 1 shrinks it, releases give it back up to the target), what its
+        # entries hold, and what the ledger holds for it
+        scheduler = self.pool.scheduler
+        cache = scheduler.image_cache.snapshot()
+        for kind, value in (("capacity", cache.max_bytes), ("entries", cache.entry_bytes),
+                            ("target", scheduler.pressure.image_cache_target),
+                            ("ledger", self.ledger.held_by(IMAGE_CACHE))):
+            yield ("kvagent_image_cache_bytes", "The image-embedding cache.", {"kind": kind},
+                   value)
+        # what the scheduler did: admissions, the fallback ladder's rungs (trims, evictions,
+        # the cache's shrinks and regrows), integrity checks (KVAGENT_DEBUG=1: at every idle
+        # moment)
+        for event, n in sorted(scheduler.counters.items()):
+            yield ("kvagent_scheduler_events", "What the scheduler did, by event (counts).",
+                   {"event": event}, n)
         stats = self.engine.decode_stats()
         yield ("kvagent_decode_calls", "llama_decode calls of the decode lanes.", {},
                stats.calls)
