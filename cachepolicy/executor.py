@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
 
-from cachepolicy.engine import Engine
 from cachepolicy.errors import PolicyError, Preempted
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import NamedCheckpoint, Plan, StartKind
 from cachepolicy.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:  # the engine's type only: a thin client's imports reach this module
+    from cachepolicy.engine import Engine
 
 
 @attrs.frozen

@@ -20,19 +20,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import structlog
 
-from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.engine import EngineConfig
 from cachepolicy.engine.records import default_threads
 from cachepolicy.engine.sizing import context_cost
 from cachepolicy.forge import forge_cached
 from runtime.context_budget import ContextNeed
 from scheduler.sizes import UNLIMITED_BYTES, format_bytes
 
-__all__ = ["BENCH_MODEL", "DEMO_MODEL", "Default", "DefaultModel", "ShippedAgent", "ModelFiles", "available_memory",
+if TYPE_CHECKING:  # loading libllama waits for ``load_engine``: a thin KvAgent(server=URL)
+    from cachepolicy.engine import Engine  # resolves nothing and loads nothing
+
+__all__ = ["BENCH_MODEL", "DEMO_MODEL", "Default", "DefaultModel", "ModelFiles", "ShippedAgent",
+           "available_memory",
            "check_memory", "default_threads", "engine_config", "load_engine",
            "resolve_model"]
 
@@ -199,6 +203,9 @@ def load_engine(files: ModelFiles, config: EngineConfig | Callable[[int], Engine
     loading) is loaded once more at the measured size, a size the user gave raises
     ``ContextBudgetError``.  With ``vision``, a projector that gives no vision encoder is a
     ``ValueError``.  Engines not returned are closed."""
+    # imported here: the engine's module loads libllama, which only a load needs
+    from cachepolicy.engine import Engine
+
     def make(size: int) -> Engine:
         cfg = config(size) if callable(config) else config
         engine = Engine(files.model, files.mmproj, cfg)

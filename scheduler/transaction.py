@@ -19,13 +19,13 @@ import itertools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import attrs
 import structlog
 
 from cachepolicy.base import CachePolicy
 from cachepolicy.context_log import ContextLog, Segment
-from cachepolicy.engine import Engine
 from cachepolicy.errors import StalePublishError
 from cachepolicy.executor import Execution, decode, prefill
 from cachepolicy.plan import CacheState, CacheView, Plan
@@ -33,6 +33,9 @@ from cachepolicy.engine.sampling import SamplingParams
 from scheduler.ledger import MemoryLedger, Reservation
 from scheduler.records import StepRecord
 from scheduler.trim import cut_to_reuse_point
+
+if TYPE_CHECKING:  # the engine's type only: a thin client imports this module (StepOptions)
+    from cachepolicy.engine import Engine
 
 log = structlog.get_logger("kvagent.transaction")
 _txn_ids = itertools.count(1)
