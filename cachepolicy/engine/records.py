@@ -116,6 +116,15 @@ class EngineConfig:
     # None: the engine decides per model (``decode_lanes_for``).
     decode_rows: int | None = attrs.field(default=None, validator=attrs.validators.optional(
         [attrs.validators.ge(1), attrs.validators.le(MAX_DECODE_ROWS)]))
+    # How decode calls are formed (``row_classes.DecodeShape``): None picks runs — one
+    # generation's tokens per call, which jump-forward and speculation need — False lanes
+    # (generations share calls, one token each), True runs.  Either is exact in itself;
+    # they compute a row with other kernels on some models, so outputs may differ between
+    # them (never within one).
+    decode_runs: bool | None = None
+    # Read and write the measured row classes in the kvagent cache (``row_probe``); False
+    # measures at every load.
+    row_class_cache: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.n_ctx_per_seq < self.n_batch:
@@ -137,6 +146,9 @@ class EngineConfig:
         """The whole context llama.cpp allocates: every sequence's share, lanes included."""
         return self.n_ctx_per_seq * self.n_seq_total
 
+
+#: What a pad row or a pad guess feeds (any valid id: its logits are thrown away).
+PAD_TOKEN = 0
 
 #: Decode lanes when ``decode_rows`` is not given: up to this many generations share a call.
 DEFAULT_DECODE_ROWS = 4
