@@ -389,7 +389,8 @@ class Engine:
                  should_stop: Callable[[], bool] | None = None,
                  stop_when: Callable[[list[int]], bool] | None = None,
                  on_token: Callable[[int], None] | None = None,
-                 drafting: Drafting | None = None) -> list[int]:
+                 drafting: Drafting | None = None,
+                 trace: Callable[[int, np.ndarray | None], None] | None = None) -> list[int]:
         """Sample up to ``max_tokens`` tokens starting from ``logits`` (the prompt's last).
 
         The tokens are fed in a decode lane holding a copy of ``seq`` (``DecodeBatcher``:
@@ -409,7 +410,8 @@ class Engine:
                     lane, sampler, logits, max_tokens, drafting=drafting, context=context,
                     spelling=self._spelling() if sampler.constrained and lane.runs else None,
                     is_eog=self.is_end_of_generation, stop_at_eog=stop_at_eog,
-                    should_stop=should_stop, stop_when=stop_when, on_token=on_token)
+                    should_stop=should_stop, stop_when=stop_when, on_token=on_token,
+                    trace=trace)
             self.batcher.note(counts)
         finally:
             sampler.close()

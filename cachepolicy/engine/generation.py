@@ -59,10 +59,13 @@ def generate(lane: Lane, sampler: Sampler, logits: np.ndarray, max_tokens: int, 
              spelling: Spelling | None = None,
              stop_at_eog: bool = True, should_stop: Callable[[], bool] | None = None,
              stop_when: Callable[[list[int]], bool] | None = None,
-             on_token: Callable[[int], None] | None = None) -> tuple[list[int], DecodeStats]:
+             on_token: Callable[[int], None] | None = None,
+             trace: Callable[[int, np.ndarray | None], None] | None = None,
+             ) -> tuple[list[int], DecodeStats]:
     """Up to ``max_tokens`` tokens from ``logits`` (the prompt's last), and the counts of
     what was forced, drafted and accepted.  ``context`` is the prompt's text (the drafts'
-    source); see ``Engine.generate`` for the stop rules."""
+    source); see ``Engine.generate`` for the stop rules.  ``trace`` (the oracle) sees each
+    emitted token with the logits it was chosen from (None: forced, chosen from none)."""
     out: list[int] = []
     forced = drafted = accepted = 0
     if max_tokens <= 0:
@@ -72,8 +75,10 @@ def generate(lane: Lane, sampler: Sampler, logits: np.ndarray, max_tokens: int, 
                if drafting.lookup and lane.runs else None)
     jump = drafting.jump_forward and sampler.constrained
 
-    def emit(tok: int) -> bool:
+    def emit(tok: int, chosen_from: np.ndarray | None) -> bool:
         """Emit ``tok``; True when the generation is over."""
+        if trace is not None:
+            trace(tok, chosen_from)
         out.append(tok)
         sampler.accept(tok)
         if on_token is not None:
@@ -95,14 +100,14 @@ def generate(lane: Lane, sampler: Sampler, logits: np.ndarray, max_tokens: int, 
     while True:
         if not waiting:
             tok = sampler.sample(nxt)
-            if emit(tok):
+            if emit(tok, nxt):
                 break
             waiting = [tok]
         over = False
         while jump and (f := sampler.forced()) is not None:
             sampler.take_forced(f)
             forced += 1
-            if emit(f):
+            if emit(f, None):
                 over = True
                 break
             waiting.append(f)
@@ -125,7 +130,7 @@ def generate(lane: Lane, sampler: Sampler, logits: np.ndarray, max_tokens: int, 
         nxt, waiting = rows[n_known - 1], []
         for d in drafts:
             tok = sampler.sample(nxt)
-            over = emit(tok)
+            over = emit(tok, nxt)
             if tok != d:
                 waiting = [tok]
                 break
