@@ -20,6 +20,7 @@ import math
 import attrs
 
 from cachepolicy.base import CachePolicy
+from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import MAX_TEMPERATURE, SamplingParams
 from cachepolicy.policies import make_policy
 from cachepolicy.policies import names as policy_names
@@ -95,6 +96,11 @@ class AgentConfig:
             attrs.validators.ge(1), attrs.validators.le(MAX_DECODE_TOKENS)]))
     stop_at_eog: bool = True  # False: always decode ``decode_tokens`` (benchmarks)
     system_prompt: str | None = None  # None: the profile's prompt for the screen size
+    #: where the engine decodes in runs: feed text the grammar forces (jump-forward) and
+    #: prompt-lookup drafts for verification in one call; speed only — the tokens are those
+    #: of plain decoding (``cachepolicy.engine.generation``)
+    jump_forward: bool = True
+    drafts: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.profile != DEFAULT_PROFILE and self.convention is not CoordConvention.ABSOLUTE:
@@ -124,7 +130,11 @@ class AgentConfig:
     def step_options(self, screen: Screen) -> StepOptions:
         """The scheduler's options for a step on a ``screen``-sized screenshot."""
         return StepOptions(decode_tokens=self.max_tokens(screen), stop_at_eog=self.stop_at_eog,
-                           sampling=self.sampling(screen))
+                           sampling=self.sampling(screen), drafting=self.drafting)
+
+    @property
+    def drafting(self) -> Drafting:
+        return Drafting(jump_forward=self.jump_forward, lookup=self.drafts)
 
     def make_policy(self, factory: SegmentFactory, screen: Screen, *,
                     policy: str | None = None) -> CachePolicy:

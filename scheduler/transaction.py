@@ -29,6 +29,7 @@ from cachepolicy.engine import Engine
 from cachepolicy.errors import StalePublishError
 from cachepolicy.executor import Execution, decode, prefill
 from cachepolicy.plan import CacheState, CacheView, Plan
+from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import SamplingParams
 from scheduler.ledger import MemoryLedger, Reservation
 from scheduler.records import StepRecord
@@ -83,6 +84,8 @@ class StepOptions:
     sampling: SamplingParams = attrs.Factory(SamplingParams)
     stop_at_eog: bool = False
     stop: tuple[str, ...] = ()  # decoding ends once the text holds one of these
+    #: jump-forward and drafts (speed only: the tokens are plain decoding's)
+    drafting: Drafting = attrs.Factory(Drafting)
     #: called with each decoded token as it comes (in the engine's worker thread): streaming
     on_token: Callable[[int], None] | None = attrs.field(default=None, eq=False)
 
@@ -196,7 +199,8 @@ def commit_finish(engine: Engine, txn: Transaction, ledger: MemoryLedger,
         exe = decode(engine, plan, ep.seq, prefilled, decode_tokens=options.decode_tokens,
                      sampling=step_sampling(options.sampling, ep.seed, txn.new_log),
                      stop_at_eog=options.stop_at_eog, should_stop=should_stop,
-                     stop=options.stop, on_token=options.on_token)
+                     stop=options.stop, on_token=options.on_token,
+                     drafting=options.drafting)
         if fault is not None:
             fault("before_publish")
         successor = _successor(engine, ep, plan, exe, txn.parent)

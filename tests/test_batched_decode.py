@@ -143,7 +143,7 @@ def test_injected_lane_classes_change_the_padding(forged) -> None:
     """The shape follows the classes: claiming one class for every count (as on Q8_0)
     lets a lone generation decode unpadded — which on this f16 model changes its logits
     (``check-exact``'s ``decode_lanes`` catches it: tests/test_oracle.py)."""
-    wrong = RowClasses(lanes=[[1, 2, 3, 4]], runs=range(2, 17), single_run=False)
+    wrong = RowClasses(lanes=[[1, 2, 3, 4]], runs=range(2, 17))
     with _engine(forged, "qwen35", rows=4, classes=wrong) as e:
         assert e.decode_shape.lane_rows == (1, 2, 3, 4)
         _generate(e, [0], 5)
@@ -151,7 +151,7 @@ def test_injected_lane_classes_change_the_padding(forged) -> None:
         assert stats.calls == stats.rows == 4 and stats.pad_rows == 0
 
 
-def test_bench_decode_reports_identical_tokens(forged, tmp_path) -> None:
+def test_bench_decode_reports_classes_costs_and_identical_tokens(forged, tmp_path) -> None:
     import json
     import subprocess
     import sys
@@ -160,12 +160,24 @@ def test_bench_decode_reports_identical_tokens(forged, tmp_path) -> None:
     out = tmp_path / "decode.json"
     res = subprocess.run([sys.executable, "-m", "runtime.cli", "bench-decode", "--model",
                           str(m.model_path), "--sequences", "3", "--context", "64",
-                          "--tokens", "6", "--threads", "1", "--json", str(out)],
+                          "--tokens", "6", "--threads", "1", "--rounds", "2",
+                          "--json", str(out)],
                          capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stderr
     report = json.loads(out.read_text())
     assert report["identical_to_one_at_a_time"] is True
+    assert report["runs_drafts_identical_to_plain"] is True
+    assert report["row_classes"] == {"lanes": [[1], [2, 3, 4]], "runs": list(range(2, 17))}
+    assert set(report["call_costs"]["lanes"]) == {"1", "2", "3", "4"}
+    assert report["call_costs"]["lanes"]["1"] == 1.0
+    assert set(report["call_costs"]["runs"]) == {str(k) for k in range(1, 17)}
+    lone = report["lone_generation"]
+    assert set(lone) == {"one_row", "lanes", "runs_plain", "runs_drafts"}
+    assert lone["lanes"]["pad_rows"] == lone["lanes"]["calls"] == 5  # padded to 2 rows
+    assert lone["one_row"]["pad_rows"] == 0
     calls = report["decode_calls"]
-    assert calls["batched"]["rows"] == calls["one_at_a_time"]["rows"] == 3 * 5
-    assert calls["batched"]["calls"] < calls["one_at_a_time"]["calls"] == 15
+    # lanes: together they share calls; the runs shape never shares one
+    assert calls["lanes_batched"]["calls"] < calls["lanes_one_at_a_time"]["calls"] == 15
+    assert calls["batched"]["tokens"] == calls["one_at_a_time"]["tokens"] == 15
+    assert "row classes on this CPU: lane calls {1} | {2..4}; runs {2..16}" in res.stdout
     assert "padding costs a lone generation" in res.stdout

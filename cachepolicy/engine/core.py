@@ -353,9 +353,9 @@ class Engine:
     def measure_row_classes(self) -> RowClasses:
         """Measure which decode calls compute a row alike on this model and CPU (no cache;
         every sequence and lane must be empty)."""
-        prompt, feed = row_probe.probe_tokens(self.tokenize)
+        prompt, feeds = row_probe.probe_tokens(self.tokenize)
         return row_probe.measure(self.decoder, scratch=0, clear=self.clear,
-                                 lanes=self._lane_ids, prompt=prompt, feed=feed)
+                                 lanes=self._lane_ids, prompt=prompt, feeds=feeds)
 
     def _row_classes(self) -> RowClasses:
         key = row_probe.cache_key(self.model_id, fast_kernels=self.config.fast_kernels,

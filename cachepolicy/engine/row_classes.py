@@ -10,19 +10,22 @@ sequence, over that sequence's tokens in the call.  So two kinds of calls matter
 Row counts that give bitwise-identical rows form classes, measured per model and CPU
 (``cachepolicy.engine.row_probe``, cached by the model file's identity).  Measured here (x86
 AVX-512, repacking off): f16 lane calls {1} | {2..}; Q8_0 one class; K-quants {1..7} | {8..};
-run calls of 2..16 tokens are one class on f16 and Q8_0 (2..7 on K-quants) — and on the
-hybrid qwen35 f16 and Q4_K_M a one-token call differs from every run (``ssm_out`` takes its
-one-row kernel per sequence), so there a generation never shares a class between one-token
-lane calls and runs.
+run calls of 2..16 tokens are one class on f16 and Q8_0 (2..7 on K-quants).  A one-token
+call is never in the run class: attention multiplies each sequence's queries by its keys,
+and ggml takes a vector kernel for one query row and a tiled one for two or more (they sum
+in another order: measured equal on most rows and unequal on some, by context length and
+tokens — a Q8_0 qwen35 agreed on 63 of 64 probe rows and then differed from the 36th token
+of another text on); qwen35's recurrent blocks also project their output per sequence
+(``ssm_out``), which on f16 differs on every row.
 
 An engine therefore decodes in one of two shapes (``DecodeShape``), each exact in itself:
 
 * ``LANES`` — generations share lane calls, one token each, every call padded with empty
   lanes to the smallest row count of one class (``lane_rows``): a lone f16 generation pays
   one pad row, a Q8_0 one none;
-* ``RUNS`` — every call holds one generation's run of ``min_run``..``max_run`` tokens:
-  grammar-forced tokens (jump-forward) and drafted ones (speculation) ride in the run, and a
-  run shorter than ``min_run`` is padded with a guess that is rolled back.  Generations do
+* ``RUNS`` — every call holds one generation's run of ``min_run`` (2)..``max_run`` tokens:
+  grammar-forced text (jump-forward) and drafted tokens (speculation) ride in the run, and a
+  lone token is paired with a guess that is rolled back when it is wrong.  Generations do
   not share calls.
 
 Pure records and arithmetic; nothing here touches llama.cpp.
@@ -49,13 +52,11 @@ class RowClasses:
 
     ``lanes`` partitions the lane-call row counts 1..n (n = the lanes measured) into classes
     of bitwise-identical rows; ``runs`` lists the run lengths (2..``MAX_RUN_ROWS``) whose rows
-    equal those of the same tokens fed two per call; ``single_run`` says whether a one-token
-    call of one generation alone equals them too.
+    equal those of the same tokens fed two per call.
     """
 
     lanes: tuple[tuple[int, ...], ...] = attrs.field(converter=_partition)
     runs: tuple[int, ...] = attrs.field(converter=lambda v: tuple(sorted(int(x) for x in v)))
-    single_run: bool
 
     def lane_class(self, rows: int) -> tuple[int, ...]:
         for c in self.lanes:
@@ -72,18 +73,15 @@ class RowClasses:
         return m
 
     def as_dict(self) -> dict[str, object]:
-        return {"lanes": [list(c) for c in self.lanes], "runs": list(self.runs),
-                "single_run": self.single_run}
+        return {"lanes": [list(c) for c in self.lanes], "runs": list(self.runs)}
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> RowClasses:
-        return cls(lanes=d["lanes"], runs=d["runs"],  # type: ignore[arg-type]
-                   single_run=bool(d["single_run"]))
+        return cls(lanes=d["lanes"], runs=d["runs"])  # type: ignore[arg-type]
 
     def describe(self) -> str:
         lanes = " | ".join(_span(c) for c in self.lanes)
-        return (f"lane calls {lanes}; runs {_span(self.runs)} one class, a one-token call "
-                f"{'in it' if self.single_run else 'not in it'}")
+        return f"lane calls {lanes}; runs {_span(self.runs)}"
 
 
 def _span(rows: Iterable[int]) -> str:
@@ -148,15 +146,12 @@ def lane_shape(classes: RowClasses, lanes: int) -> DecodeShape:
 
 
 def run_shape(classes: RowClasses, lanes: int, *, max_run_cap: int = MAX_RUN_ROWS) -> DecodeShape:
-    """Runs of the class of two-token calls (one token too when the probe says so), at most
-    ``max_run_cap`` (a mixture-of-experts cap)."""
+    """Runs of the class of two-token calls, at most ``max_run_cap`` tokens (the prefill
+    call's rows: a mixture-of-experts cap)."""
     top = max(2, min(classes.max_run, max_run_cap))
-    lo = 1 if classes.single_run else 2
-    why = (f"runs of {lo}..{top} tokens compute a row alike"
-           + ("" if classes.single_run else
-              "; a one-token call does not, so a lone token is paired with a guess that is "
-              "rolled back"))
-    return DecodeShape(DecodeMode.RUNS, max(1, lanes), min_run=lo, max_run=top, why=why)
+    why = (f"runs of 2..{top} tokens compute a row alike; a one-token call takes another "
+           f"attention kernel, so a lone token is paired with a guess, rolled back if wrong")
+    return DecodeShape(DecodeMode.RUNS, max(1, lanes), min_run=2, max_run=top, why=why)
 
 
 def choose_shape(classes: RowClasses, lanes: int, *, runs: bool | None,

@@ -7,12 +7,13 @@ every row's logits are compared bitwise:
 
 * lane calls of R = 1..n lanes (lane i feeds its own tokens), 4 calls each: R and R' are in
   one class when every lane both have computed the same bits at every step;
-* runs: the feed (``MAX_RUN_ROWS`` tokens) two tokens per call is the reference; a run of k
-  tokens is in its class when its k rows equal the reference's first k; a one-token call
-  alone is in it when every one-token row equals the reference's.
+* runs: each feed (``MAX_RUN_ROWS`` tokens) two tokens per call is the reference; a run of
+  k tokens is in its class when its k rows equal the reference's first k on every feed (a
+  one-token call is not measured: it is never in the run class, see ``row_classes``).
 
-Many rows per comparison, because two kernels that sum in another order still agree on
-some rows (measured: a K-quant run of 3 matched a one-token call on 2 of 3 rows).  The cache
+Many rows of several texts per comparison, because two kernels that sum in another order
+still agree on some rows (``PROBE_TEXTS``).  ``check-exact``'s ``decode_runs`` and
+``speculative_generation`` compare on other tokens again.  The cache
 (``<kvagent cache>/row-classes/<key>.json``) is keyed by the model file's identity, the
 kernels (repacked or not), the lanes measured, the probe's version, llama-cpp-python's
 version and the CPU's model name and flags; a file that does not parse is measured again.
@@ -38,9 +39,18 @@ from cachepolicy.engine.row_classes import MAX_RUN_ROWS, RowClasses
 log = structlog.get_logger("kvagent.engine")
 
 #: Bump when the probe changes what it measures (old cache entries are then ignored).
-PROBE_VERSION = 1
-PROBE_TEXT = ("The agent looks at the screen, clicks the terminal icon at (412, 388), types "
-              "'ls -la /home/user/Documents' and presses enter; then it waits for the output.")
+PROBE_VERSION = 3
+#: Texts of what agents read and write: two kernels that sum in another order may agree on
+#: most rows of some texts and differ on others (measured: a K-quant model's one-token calls
+#: matched its runs on every row of one text and differed on 2 of 16 of another).
+PROBE_TEXTS = (
+    "The agent looks at the screen, clicks the terminal icon at (412, 388), types "
+    "'ls -la /home/user/Documents' and presses enter; then it waits for the output.",
+    " click(120, 340) and then type the word hello into the box",
+    '<tool_call>\n{"name": "computer_use", "arguments": {"action": "left_click", '
+    '"coordinate": [512, 77]}}\n</tool_call>',
+    "Step 7: press('ctrl+s')\nStep 8: double_click(1033, 9)\nStep 9: scroll(-3)\n",
+)
 LANE_STEPS = 4
 
 
@@ -63,20 +73,22 @@ class ProbeDecoder(Protocol):
 
 
 def measure(decoder: ProbeDecoder, *, scratch: int, clear: Callable[[int], None],
-            lanes: Sequence[int], prompt: Sequence[int], feed: Sequence[int]) -> RowClasses:
-    """The row classes of lane calls over 1..len(lanes) lanes and of runs of 2..len(feed)
-    tokens.  ``scratch`` is an empty sequence, emptied again with ``clear``; the lanes are
-    left empty."""
-    if len(feed) < max(LANE_STEPS + 3 * len(lanes), 4):
-        raise ValueError("the probe feed is too short")
+            lanes: Sequence[int], prompt: Sequence[int],
+            feeds: Sequence[Sequence[int]]) -> RowClasses:
+    """The row classes of lane calls over 1..len(lanes) lanes and of runs of 2..16 tokens,
+    each feed (16 tokens of its own text) compared separately.  ``scratch`` is an empty
+    sequence, emptied again with ``clear``; the lanes are left empty."""
+    if any(len(f) != MAX_RUN_ROWS for f in feeds) or not feeds:
+        raise ValueError(f"probe feeds are {MAX_RUN_ROWS} tokens each")
     decoder.prefill_tokens(scratch, prompt, logits=False)
+    lane_feed = [t for f in feeds for t in f]
     try:
-        lane_rows = {r: _lane_calls(decoder, scratch, lanes[:r], feed)
+        lane_rows = {r: _lane_calls(decoder, scratch, lanes[:r], lane_feed)
                      for r in range(1, len(lanes) + 1)}
-        reference = _runs(decoder, scratch, lanes[0], feed, [2] * (len(feed) // 2))
-        runs = [k for k in range(2, len(feed) + 1)
-                if _same(_runs(decoder, scratch, lanes[0], feed[:k], [k]), reference[:k])]
-        single = _same(_runs(decoder, scratch, lanes[0], feed, [1] * len(feed)), reference)
+        refs = [_runs(decoder, scratch, lanes[0], f, [2] * (len(f) // 2)) for f in feeds]
+        runs = [k for k in range(2, MAX_RUN_ROWS + 1)
+                if all(_same(_runs(decoder, scratch, lanes[0], f[:k], [k]), ref[:k])
+                       for f, ref in zip(feeds, refs))]
     finally:
         clear(scratch)
         for lane in lanes:
@@ -88,7 +100,7 @@ def measure(decoder: ProbeDecoder, *, scratch: int, clear: Callable[[int], None]
             classes.append([r])
         else:
             home.append(r)
-    return RowClasses(lanes=classes, runs=runs, single_run=single)
+    return RowClasses(lanes=classes, runs=runs)
 
 
 def _lane_calls(decoder: ProbeDecoder, scratch: int, lanes: Sequence[int],
@@ -132,12 +144,17 @@ def _lanes_agree(a: list[list[np.ndarray]], b: list[list[np.ndarray]]) -> bool:
     return all(_same(x, y) for x, y in zip(a, b))
 
 
-def probe_tokens(tokenize: object) -> tuple[list[int], list[int]]:
-    """The probe's prompt and feed (``MAX_RUN_ROWS`` tokens), from the model's tokenizer."""
-    toks = list(tokenize(PROBE_TEXT))  # type: ignore[operator]
-    while len(toks) < 48 + MAX_RUN_ROWS:
-        toks += toks
-    return toks[:48], toks[48:48 + MAX_RUN_ROWS]
+def probe_tokens(tokenize: Callable[[str], Sequence[int]]) -> tuple[list[int], list[list[int]]]:
+    """The probe's prompt and feeds (``MAX_RUN_ROWS`` tokens of each text), from the model's
+    tokenizer."""
+    def first(text: str, n: int, skip: int = 0) -> list[int]:
+        toks = list(tokenize(text))
+        while len(toks) < skip + n:
+            toks += toks
+        return toks[skip:skip + n]
+
+    return (first(PROBE_TEXTS[0], 48),
+            [first(t, MAX_RUN_ROWS, 48 if i == 0 else 0) for i, t in enumerate(PROBE_TEXTS)])
 
 
 # ---------------------------------------------------------------------- the cache

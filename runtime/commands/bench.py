@@ -213,7 +213,11 @@ def run(args: argparse.Namespace) -> int:
             "profile": args.agent.profile, "decode_tokens": decode, "grammar": args.agent.grammar,
             "stop_at_eog": args.agent.stop_at_eog, "temperature": args.agent.temperature,
             "threads": args.threads, "n_batch": engine.config.n_batch,
-            "decode_rows": engine.config.decode_rows, "reference_arm": REFERENCE_ARM,
+            "decode_rows": engine.config.decode_rows,
+            "decode_shape": engine.decode_shape.describe(),
+            "row_classes": engine.row_classes.describe(),
+            "jump_forward": args.agent.jump_forward, "drafts": args.agent.drafts,
+            "reference_arm": REFERENCE_ARM,
             "rss_after_load_bytes": rss_loaded, "rss_peak_bytes": rss_peak_bytes(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}"},
             "arms": arms, **blocks}
