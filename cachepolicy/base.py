@@ -53,6 +53,13 @@ class CachePolicy(abc.ABC):
         (``log`` already holds this step's action).  None: the policy has nothing to prefetch."""
         return None
 
+    def guess(self, log: ContextLog, view: CacheView) -> Plan | None:
+        """A prefill-only plan of the next step's prompt as far as ``log`` — which holds a
+        *guessed* screenshot (the current one again) — allows, with a restore point before the
+        guessed image, so that a wrong guess costs the step one cut back.  None: the policy
+        does not guess.  The episode's log never holds the guessed segment."""
+        return None
+
     # ---------------------------------------------------------------- shared helpers
 
     def checkpoint_kind(self) -> CheckpointKind:

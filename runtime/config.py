@@ -64,6 +64,10 @@ def _finite_temperature(_: object, attribute: attrs.Attribute, value: float) -> 
                          f"(0 = greedy), got {value}")
 
 
+#: ``AgentConfig.guess``
+GUESS_MODES = ("auto", "always", "off")
+
+
 @attrs.frozen
 class AgentConfig:
     """How an agent decides.  Every field has the one default all paths share."""
@@ -101,6 +105,12 @@ class AgentConfig:
     #: of plain decoding (``cachepolicy.engine.generation``)
     jump_forward: bool = True
     drafts: bool = True
+    #: with overlap, after the prefetch: prefill the next step's prompt with the current
+    #: screenshot as the guess for the next one (a wait, a click that changed nothing);
+    #: when the next screenshot's pixels are the same, the step's critical path is the
+    #: decode (and its closing text).  auto: only when the VM's past actions took long
+    #: enough for the guess to finish; always: whenever the prefetch ends first; off.
+    guess: str = attrs.field(default="auto", validator=attrs.validators.in_(GUESS_MODES))
 
     def __attrs_post_init__(self) -> None:
         if self.profile != DEFAULT_PROFILE and self.convention is not CoordConvention.ABSOLUTE:

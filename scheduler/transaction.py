@@ -116,6 +116,9 @@ class Transaction:
     prefetch: bool
     reservation: Reservation | None = None
     degraded: str = ""  # why the plan is not the episode's own policy's plan
+    #: a guess (``CachePolicy.guess``): planned on a log with a guessed screenshot that is
+    #: never published — the episode keeps its log, its state gains the guess's pieces
+    guess: bool = False
 
     @property
     def need_bytes(self) -> int:
@@ -124,16 +127,20 @@ class Transaction:
 
 def begin(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...], *,
           prefetch: bool = False, policy: CachePolicy | None = None,
-          degraded: str = "", replace: bool = False) -> Transaction:
+          degraded: str = "", replace: bool = False, guess: bool = False) -> Transaction:
     """append + select: a new log and the plan for it (``policy`` overrides the episode's own
-    policy, e.g. a downgraded one; ``replace``: the segments are the whole new log).
-    Nothing is reserved or executed yet."""
-    prefix = "p" if prefetch else "t"
+    policy, e.g. a downgraded one; ``replace``: the segments are the whole new log;
+    ``guess``: the segments are a guess, planned on but never appended).  Nothing is
+    reserved or executed yet."""
+    prefix = "g" if guess else "p" if prefetch else "t"
     txn_id = f"{episode.episode_id}/{prefix}{next(_txn_ids)}"
     parent_log, parent = episode.log, episode.state
     new_log = parent_log.replace(*segments) if replace else parent_log.append(*segments)
     chooser = policy or episode.policy
     view = episode.view(engine)
+    if guess:
+        return Transaction(txn_id, episode, parent_log, parent, parent_log,
+                           chooser.guess(new_log, view), True, degraded=degraded, guess=True)
     if prefetch:
         plan = chooser.prefetch(new_log, view)
     else:
@@ -204,6 +211,8 @@ def commit_finish(engine: Engine, txn: Transaction, ledger: MemoryLedger,
         if fault is not None:
             fault("before_publish")
         successor = _successor(engine, ep, plan, exe, txn.parent)
+        if txn.guess:  # the log did not change: neither does the state's generation
+            successor = attrs.evolve(successor, generation=txn.parent.generation)
         ep.publish(txn.parent_log, txn.parent, txn.new_log, successor, ledger, txn.reservation)
         text = engine.detokenize(exe.output_tokens) if not txn.prefetch else ""
         text = cut_at_stop(text, options.stop)

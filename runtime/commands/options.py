@@ -20,7 +20,7 @@ import attrs
 from cachepolicy.engine.records import MAX_DECODE_ROWS, MAX_N_BATCH, default_threads
 from cachepolicy.policies import names
 from runtime.arg_parsers import check_decode_rows, check_threads
-from runtime.config import MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig
+from runtime.config import GUESS_MODES, MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig
 from runtime.engine_setup import DefaultModel, ModelFiles, resolve_model
 from runtime.profiles import names as profile_names
 
@@ -116,6 +116,10 @@ def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | N
     p.add_argument("--drafts", action=argparse.BooleanOptionalAction, default=d.drafts,
                    help="verify prompt-lookup drafts in the same call (runs shape; the "
                         "tokens are the same)")
+    p.add_argument("--guess", choices=GUESS_MODES, default=d.guess,
+                   help="with overlap, prefill the current screenshot as the guess for the "
+                        "next one (auto: when the VM's actions leave time; the outputs are "
+                        "the same either way)")
 
 
 def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> AgentConfig:
@@ -124,7 +128,7 @@ def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> Agen
               "overlap": args.overlap, "temperature": args.temperature, "seed": args.seed,
               "grammar": args.grammar, "decode_tokens": args.decode_tokens,
               "stop_at_eog": args.stop_at_eog, "jump_forward": args.jump_forward,
-              "drafts": args.drafts}
+              "drafts": args.drafts, "guess": args.guess}
     if args.window is not None:  # else the profile's
         fields["window"] = args.window
     for name in ("window", "temperature", "decode_tokens"):  # one at a time: name the culprit
