@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from cachepolicy.engine.checkpoint import CheckpointKind
+from cachepolicy.engine.row_classes import MAX_RUN_ROWS
 from cachepolicy.context_log import ContextLog
 from cachepolicy.errors import PolicyError, PolicyRefusedError
 from cachepolicy.layouts import PromptKit
@@ -119,6 +120,8 @@ class CachePolicy(abc.ABC):
                         for t in takes)
         workspace = max((p.n_tokens * m.n_embd * _FLOAT for p in pieces[reused:] if p.is_image),
                         default=0) + m.n_vocab * _FLOAT
+        if decode:  # a run's logits rows, and a recurrent lane's snapshot for its rollback
+            workspace += MAX_RUN_ROWS * m.n_vocab * _FLOAT + m.recurrent_bytes_per_seq
         return ByteForecast(parent_bytes=view.state.held_bytes,
                             parent_seq_bytes=view.state.seq_bytes,
                             successor_seq_bytes=m.state_bytes(total),
