@@ -110,9 +110,8 @@ class EngineConfig:
     # use_extra_bufts). Its kernels depend on a batch's row count, so on quantized models a
     # split prefill is no longer bitwise a one-call prefill; check-exact reports it.
     fast_kernels: bool = False
-    # Generations decode in this many lanes (spare sequences, one KV stream each), every
-    # llama_decode call feeding all of them: a sequence's tokens are then the same alone or
-    # beside others, and up to this many generations share a call (see DecodeBatcher).
+    # Generations decode in this many lanes (spare sequences, one KV stream each): up to
+    # this many decode at once, sharing calls in the LANES shape (see DecodeBatcher).
     # None: the engine decides per model (``decode_lanes_for``).
     decode_rows: int | None = attrs.field(default=None, validator=attrs.validators.optional(
         [attrs.validators.ge(1), attrs.validators.le(MAX_DECODE_ROWS)]))
@@ -157,8 +156,8 @@ DEFAULT_DECODE_ROWS = 4
 def decode_lanes_for(expert_count: int, requested: int | None) -> tuple[int, str]:
     """The decode lanes a model gets, and why.
 
-    On a dense model a row's result depends only on the row count of the call, which lanes
-    keep fixed (every call feeds all of them), so generations share calls exactly at any
+    On a dense model a row's result depends only on the row count's class (measured:
+    ``row_classes``), which lane calls keep, so generations share calls exactly at any
     count.  On a mixture-of-experts model the router sends each expert the rows whose tokens
     chose it, and with ``MIN_CHUNK_ROWS`` rows or more an expert's quantized matmul may take
     its large-batch kernel for some calls and not others — a generation's logits then depend

@@ -143,5 +143,7 @@ def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> Agen
 
 def bench_agent_defaults() -> AgentConfig:
     """What the bench decodes: 16 tokens every step, greedy, no grammar, end-of-generation
-    ignored — a fixed amount of decode work per step, so arms compare."""
-    return attrs.evolve(AgentConfig(), grammar=False, decode_tokens=16, stop_at_eog=False)
+    ignored — a fixed amount of decode work per step, so arms compare; and no
+    unchanged-screenshot guess (the policies' own work: ``--decode-arms`` measures it)."""
+    return attrs.evolve(AgentConfig(), grammar=False, decode_tokens=16, stop_at_eog=False,
+                        guess="off")
