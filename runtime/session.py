@@ -209,6 +209,7 @@ class AgentSession:
         self._continuation = continuation(response)
         step = ActStep(i, action, response, record, self._last_prefetch, 0.0)
         self._index, self._prefetched, self._last_prefetch = i + 1, False, None
+        self._last_png = self._last_image_id = None  # a whole-prompt client: no guess
         return step
 
     async def observe(self, screenshot_png: bytes, history_text: str) -> None:
@@ -228,6 +229,7 @@ class AgentSession:
         await self.scheduler.prefetch(self.episode, build)  # discarded: the next step has it
         self._history_text = history_text
         self._index, self._prefetched, self._last_prefetch = i + 1, False, None
+        self._last_png = self._last_image_id = None
 
     def _check_projector(self, n_tokens: int, screen: Screen) -> tuple[str, ...]:
         """Once per screenshot size: a note when the projector did not make of the screenshot
