@@ -7,13 +7,14 @@ import sys
 from collections.abc import Sequence
 
 from runtime.commands import (
-    bench, bench_decode, bench_encode, bench_kernels, bench_peer, bench_serve, check_exact, demo,
-    forge, run, serve,
+    bench, bench_decode, bench_encode, bench_eval, bench_kernels, bench_peer, bench_serve,
+    check_exact, demo, forge, run, serve,
 )
 from runtime.logs import configure_logging
 
 COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo, "bench": bench,
             "bench-decode": bench_decode, "bench-encode": bench_encode,
+            "bench-eval": bench_eval,
             "bench-kernels": bench_kernels, "bench-peer": bench_peer,
             "bench-serve": bench_serve, "run": run,
             "serve": serve}

@@ -199,7 +199,7 @@ def test_rerun_keeps_finished_refuses_other_options_and_overwrites(cache_dir: Pa
     assert "params)" not in res.stdout  # refused before the model loaded
     assert {p.name: p.read_bytes() for p in first.iterdir()} == {
         k: v[0] for k, v in before.items()}
-    second = _episode_dirs(out)["type-in-field-ep1"]
+    second = _episode_dirs(out)["type-in-field@9-ep1"]  # the 2nd eval instance
     kept = {p.name: p.read_bytes() for p in second.iterdir()}
     res = kvagent_run(cache_dir, *one, "--episodes", "1", "--window", "2", "--overwrite",
                       "--result-dir", str(out))

@@ -52,7 +52,9 @@ def test_run_writes_osworld_results_summary_and_plot(cache_dir: Path, tmp_path: 
     assert f"plot: {out / 'kvagent_steps.png'}" in res.stdout
     assert "step 3/3" in res.stderr and "episodes: " in res.stderr  # plain progress lines
     dirs = _episode_dirs(out)
-    assert list(dirs) == ["open-terminal-ep0", "type-in-field-ep1"]
+    # sampled instances on the held-out evaluation seeds, episode i of kind i mod 8
+    assert list(dirs) == ["open-terminal@1-ep0", "type-in-field@9-ep1"]
+    assert "task success: " in res.stdout and "95% CI" in res.stdout
     for d in dirs.values():
         traj = _traj(d)
         assert 1 <= len(traj) <= 3
@@ -88,7 +90,11 @@ def test_run_writes_osworld_results_summary_and_plot(cache_dir: Path, tmp_path: 
     (("--model", "m.gguf"), "--mmproj"),
     (("--env", "replay"), "--trajectory"),
     (("--temperature", "-1"), "--temperature"),
-    (("--task", "make-coffee"), "invalid choice"),
+    (("--task", "make-coffee"), "unknown task 'make-coffee'"),
+    (("--task", "menu-launch", "--seeds", "classic"), "has no fixed layout"),
+    (("--task", "menu-launch@3", "--seeds", "train"), "no --seeds with it"),
+    (("--seeds", "9-2"), "--seeds '9-2'"),
+    (("--env", "replay", "--trajectory", ".", "--seeds", "eval"), "only for --env simdesk"),
     (("--profile", "gpt-4o"), "invalid choice"),
     (("--episodes", "two"), "invalid int"),
     (("--policy", "relocate", "--threads", "1"), "does not support hybrid"),
@@ -103,12 +109,13 @@ def test_bad_arguments_exit_2_and_write_nothing(cache_dir: Path, tmp_path: Path,
 
 
 def test_choices_come_from_the_registries() -> None:
-    """--task from simdesk's tasks, --policy from the policy registry (user policies too)."""
+    """--task from simdesk's kinds (or an instance), --policy from the policy registry (user
+    policies too)."""
     from cachepolicy.policies import names, register
     from cachepolicy.policies.terminal_scratch import TerminalScratchPolicy
     from runtime.cli import build_parser
     from runtime.profiles import names as profile_names
-    from vmenv.simdesk.tasks import default_tasks
+    from vmenv.simdesk import task_kinds
 
     @register
     class Mine(TerminalScratchPolicy):
@@ -117,7 +124,9 @@ def test_choices_come_from_the_registries() -> None:
     parser = build_parser()
     run = parser._subparsers._group_actions[0].choices["run"]  # noqa: SLF001
     by_dest = {a.dest: a for a in run._actions}  # noqa: SLF001
-    assert tuple(by_dest["task"].choices) == tuple(default_tasks())
+    for kind in task_kinds():
+        assert by_dest["task"].type(kind) == kind and kind in by_dest["task"].help
+        assert by_dest["task"].type(f"{kind}@17") == f"{kind}@17"
     assert tuple(by_dest["policy"].choices) == names()
     assert "mine-for-the-cli-test" in by_dest["policy"].choices
     assert tuple(by_dest["profile"].choices) == profile_names()

@@ -48,6 +48,7 @@ from scheduler.sizes import UNLIMITED_BYTES
 from vmenv.actions import to_pyautogui
 from vmenv.base import Env, Observation, StepOutcome
 from vmenv.simdesk.env import SimDesk, SimDeskConfig
+from vmenv.simdesk.lookup import resolve_task
 from vmenv.simdesk.tasks import default_tasks
 
 log = structlog.get_logger("kvagent.run")
@@ -91,9 +92,11 @@ class EpisodeSpec:
 
 
 def simdesk_specs(config: RunConfig) -> tuple[EpisodeSpec, ...]:
-    """Episode i runs ``config.tasks[i % n]`` of the simulated desktop."""
+    """Episode i runs ``config.tasks[i % n]`` of the simulated desktop: a classic task's name
+    or a sampled instance's (``KIND@SEED``, see ``vmenv.simdesk.resolve_task``); raises
+    ``UnknownTaskError`` for a name that is neither."""
     known, n = default_tasks(), len(config.tasks)
-    return tuple(EpisodeSpec(i, f"ep{i}", t, f"{t}-ep{i}", known[t].instruction)
+    return tuple(EpisodeSpec(i, f"ep{i}", t, f"{t}-ep{i}", resolve_task(t, known).instruction)
                  for i, t in ((i, config.tasks[i % n]) for i in range(config.episodes)))
 
 

@@ -14,6 +14,7 @@ import sys
 from typing import TextIO
 
 from runtime.run.agents import EpisodeEvent, RunResult
+from runtime.run.success import SuccessRate, succeeded
 
 
 _UP = "\x1b[{n}A"  # cursor up n lines
@@ -89,7 +90,7 @@ SUMMARY_COLUMNS = ("episode", "task", "steps", "status", "reward", "unparsable",
 def summary_table(result: RunResult) -> str:
     """One row per episode: steps, status, reward, unparsable outputs, and the means of
     critical-path prefill tokens, critical-path seconds and prefill tokens (critical path +
-    prefetch) per step."""
+    prefetch) per step; then the run's task success with its 95 % interval."""
     rows = [SUMMARY_COLUMNS]
     for e in result.episodes:
         rows.append((e.episode_id, e.task or "-", str(e.n_steps), e.status,
@@ -103,4 +104,6 @@ def summary_table(result: RunResult) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     for e in result.errors:
         lines.append(f"{e.episode_id}: {e.error}")
+    wins = sum(succeeded(e.reward, e.status) for e in result.episodes)
+    lines.append(f"task success: {SuccessRate(wins, len(result.episodes))}")
     return "\n".join(lines)

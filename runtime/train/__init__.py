@@ -15,10 +15,16 @@ What a training pipeline uses (each name is documented where it is defined):
   ``make_train_step`` (jitted).
 * proof — ``compare(model_path, mmproj_path, pieces) -> ParityReport``: llama.cpp's logits vs
   the JAX forward's, row by row.
+* simdesk data (docs/training-data.md) — ``PromptBuilder(factory, agent_config, screen)``
+  → ``StepExample`` (a step's prompt as the runtime prefills it under the config's policy and
+  window, then the target); ``DatasetConfig`` / ``generate(engine, config, out)`` (shards of
+  expert demonstrations with recovery, every shipped layout, K = 1..5) and ``shards(out)``
+  (``Shard.pieces(e)`` for ``build_example``, ``Shard.encoded(i)`` for the engine's cache).
 
 Only ``cachepolicy.engine`` touches llama.cpp; this package uses the ``Engine`` API.
 """
 
+from runtime.train.dataset import DatasetConfig, generate, shards
 from runtime.train.example import (
     Batch, Example, ImagePiece, Piece, TextPiece, bucket_for, build_example, collate, to_rows,
 )
@@ -29,13 +35,15 @@ from runtime.train.numerics import Numerics
 from runtime.train.optim import AdamW, TrainState, init_state, make_eval_step, make_train_step
 from runtime.train.params import check_params, count_params, init_params, param_shapes
 from runtime.train.parity import ParityReport, compare, compare_with_engine
+from runtime.train.prompts import PastStep, PromptBuilder, StepExample
 from runtime.train.vision import ImageRows, image_rows
 
 __all__ = [
-    "AdamW", "Batch", "Example", "ExportedModel", "ForwardOptions", "ImagePiece", "ImageRows",
-    "LoadedModel", "Numerics", "ParityReport", "Piece", "Rows", "TextPiece", "TrainState",
-    "bucket_for", "build_example", "check_params", "collate", "compare", "compare_with_engine",
-    "count_params", "export_gguf", "forward", "hidden_states", "image_rows", "init_params",
-    "init_state", "jit_forward", "load_gguf", "loss_fn", "make_eval_step", "make_train_step",
-    "param_shapes", "project", "to_rows", "token_losses",
+    "AdamW", "Batch", "DatasetConfig", "Example", "ExportedModel", "ForwardOptions",
+    "ImagePiece", "ImageRows", "LoadedModel", "Numerics", "ParityReport", "PastStep", "Piece",
+    "PromptBuilder", "Rows", "StepExample", "TextPiece", "TrainState", "bucket_for",
+    "build_example", "check_params", "collate", "compare", "compare_with_engine",
+    "count_params", "export_gguf", "forward", "generate", "hidden_states", "image_rows",
+    "init_params", "init_state", "jit_forward", "load_gguf", "loss_fn", "make_eval_step",
+    "make_train_step", "param_shapes", "project", "shards", "to_rows", "token_losses",
 ]

@@ -5,7 +5,9 @@
 state is the env's screenshot, byte for byte) until the checker passes.  With ``perturb_at=k``
 the state before action k is first knocked off-track (``Task.perturb``): that step is
 marked ``perturbed`` — its screen was not caused by the previous action — and the labels
-that follow are the expert's recovery.
+that follow are the expert's recovery.  With ``slip_at=k`` the action at step k is a mistake
+(``slips.wrong_action``), executed like any other and marked ``slip``: it is what an agent
+did, not a label; the expert's recovery follows.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import attrs
 
 from vmenv.actions import Action, Done, Fail
 from vmenv.simdesk.apply import apply_action
+from vmenv.simdesk.slips import wrong_action
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.tasks import Task
 
@@ -27,6 +30,8 @@ class DemoStep:
     state: DeskState
     action: Action
     perturbed: bool = False
+    #: ``action`` is a mistake the agent made here (``slip_at``), not the expert's label
+    slip: bool = False
 
 
 class DemonstrationError(RuntimeError):
@@ -35,11 +40,12 @@ class DemonstrationError(RuntimeError):
 
 def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None = None,
                   rng: random.Random | None = None, with_done: bool = False,
-                  max_steps: int = 64) -> tuple[DemoStep, ...]:
+                  max_steps: int = 64, slip_at: int | None = None) -> tuple[DemoStep, ...]:
     """The expert's episode on ``task`` at this screen size (see the module docstring).
 
     ``with_done`` appends the solved state labelled ``Done()`` (for agents that must say so;
-    ``SimDesk`` ends the episode on success without it).  ``rng`` drives the perturbation.
+    ``SimDesk`` ends the episode on success without it).  ``rng`` drives the perturbation
+    and the slip.
     """
     state = task.setup(DeskState.empty(width, height))
     rng = rng or random.Random(0)
@@ -56,5 +62,8 @@ def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None
         if isinstance(action, Fail | Done) or len(out) >= max_steps:
             raise DemonstrationError(f"{task.name}: expert answered {action} after "
                                      f"{len(out)} steps")
-        out.append(DemoStep(state, action, perturbed))
+        slip = slip_at is not None and len(out) == slip_at
+        if slip:
+            action = wrong_action(state, action, rng)
+        out.append(DemoStep(state, action, perturbed, slip))
         state = attrs.evolve(apply_action(state, action), step=state.step + 1)

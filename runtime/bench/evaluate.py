@@ -1,0 +1,250 @@
+"""``kvagent bench-eval``: held-out task success per cache policy, through the loop that ships.
+
+N simdesk instances on evaluation seeds (``runtime.run.instances``: instance i of kind i mod
+8, the i-th evaluation seed) run under every arm — a policy, optionally ``+overlap`` — each
+instance as an ordinary ``run_agents`` episode on a real ``SimDesk`` with its checker, the
+agent's own actions executed (no teacher forcing), decoded as ``kvagent run`` decodes
+(greedy under the profile's grammar unless told otherwise).
+
+Per arm: task success (the env's checker passed; 95 % Wilson interval) overall and per
+kind, and per step whether the action equals its reference arm's on the same instance:
+
+* ``terminal-scratch`` is the reference of the terminal layout (``terminal-slot``, and
+  ``relocate``, whose drift the executor measures against it too); ``evict`` of the
+  interleaved one (``noevict``); ``P+overlap`` has ``P``'s reference;
+* steps are compared while the two episodes have agreed so far — after the first different
+  action the screens differ, so later steps are not comparable and are not counted;
+* exact arms (``terminal-slot`` ± overlap against ``terminal-scratch``, and every
+  ``P+overlap`` against ``P``'s reference when ``P`` is one) must agree on every step;
+  ``noevict`` shows the same screenshots as ``evict`` only while an episode is within its
+  first K steps (it keeps every screenshot), so it is compared but not expected to agree;
+  ``relocate`` is approximate.
+
+Arms a model cannot run (relocate on a hybrid) are reported as refused.  A reference arm
+not asked for runs anyway (it is what the others are judged by).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import attrs
+
+from cachepolicy.engine import Engine
+from cachepolicy.errors import PolicyRefusedError
+from runtime.bench.arms import split_arm
+from runtime.config import AgentConfig
+from runtime.metrics import EpisodeResult
+from runtime.run.agents import EpisodeEvent, RunConfig, run_agents, simdesk_specs
+from runtime.run.instances import kind_of
+from runtime.run.success import SuccessRate, succeeded
+
+#: The arms evaluated when none are given (relocate is refused on hybrid models).
+DEFAULT_ARMS = ("terminal-scratch", "terminal-slot", "terminal-slot+overlap", "evict",
+                "noevict", "relocate")
+TERMINAL_REFERENCE, INTERLEAVED_REFERENCE = "terminal-scratch", "evict"
+#: policy → (its reference policy, whether it must give the reference's actions, what to
+#: expect when it need not)
+RELATIONS: dict[str, tuple[str, bool, str]] = {
+    "terminal-scratch": (TERMINAL_REFERENCE, True, ""),
+    "terminal-slot": (TERMINAL_REFERENCE, True, ""),
+    "relocate": (TERMINAL_REFERENCE, False, "approximate"),
+    "evict": (INTERLEAVED_REFERENCE, True, ""),
+    "noevict": (INTERLEAVED_REFERENCE, False, "same screenshots only within K steps"),
+}
+_UNKNOWN = (TERMINAL_REFERENCE, False, "not declared")
+
+
+def reference_of(arm: str) -> tuple[str, bool]:
+    """(the reference arm, whether ``arm`` must agree with it on every step).  A policy
+    this module does not know is compared with the terminal reference, not expected exact."""
+    ref, exact, _ = RELATIONS.get(split_arm(arm)[0], _UNKNOWN)
+    return ref, exact
+
+
+def with_references(arms: Sequence[str]) -> tuple[str, ...]:
+    """``arms`` in order, after the reference arms they need and lack (each arm once)."""
+    missing = [r for r in dict.fromkeys(reference_of(a)[0] for a in arms) if r not in arms]
+    return tuple(dict.fromkeys([*missing, *arms]))
+
+
+@attrs.frozen
+class ArmRun:
+    """One arm over every instance (episodes in instance order), or why it was refused."""
+
+    arm: str
+    refused: str | None
+    episodes: tuple[EpisodeResult, ...] = ()
+    wall_s: float = 0.0
+
+
+def run_arms(engine: Engine, arms: Sequence[str], tasks: Sequence[str], agent: AgentConfig, *,
+             max_steps: int, screen: tuple[int, int], vm_seconds: float = 0.0,
+             concurrency: int = 4,
+             on_event: Callable[[str, EpisodeEvent], None] | None = None) -> list[ArmRun]:
+    """Every arm over every task (blocking: runs its own event loop); ``concurrency``
+    episodes at once through one scheduler (the engine needs ``concurrency + 1``
+    sequences: relocate's drift is measured on the last)."""
+    async def main() -> list[ArmRun]:
+        return [await _run_arm(engine, arm, tasks, agent, max_steps=max_steps, screen=screen,
+                               vm_seconds=vm_seconds, concurrency=concurrency,
+                               on_event=on_event) for arm in arms]
+
+    return anyio.run(main)
+
+
+async def _run_arm(engine: Engine, arm: str, tasks: Sequence[str], agent: AgentConfig, *,
+                   max_steps: int, screen: tuple[int, int], vm_seconds: float,
+                   concurrency: int,
+                   on_event: Callable[[str, EpisodeEvent], None] | None) -> ArmRun:
+    policy, overlap = split_arm(arm)
+    config = RunConfig(agent=attrs.evolve(agent, policy=policy, overlap=overlap),
+                       episodes=len(tasks), tasks=tuple(tasks), max_steps=max_steps,
+                       screen=screen, vm_seconds=vm_seconds)
+    specs = simdesk_specs(config)
+    episodes: list[EpisodeResult] = []
+    wall = 0.0
+    for i in range(0, len(specs), concurrency):
+        try:
+            run = await run_agents(engine, config, None, specs=specs[i: i + concurrency],
+                                   on_event=(lambda e: on_event(arm, e)) if on_event else None)
+        except PolicyRefusedError as exc:
+            return ArmRun(arm, str(exc))
+        episodes += run.episodes
+        wall += run.wall_s
+    return ArmRun(arm, None, tuple(episodes), wall)
+
+
+# ---------------------------------------------------------------------------- judging
+
+def step_agreement(episode: EpisodeResult, reference: EpisodeResult) -> list[bool]:
+    """Per comparable step, whether ``episode``'s action is ``reference``'s: steps are
+    compared up to and including the first disagreement (after it the inputs differ)."""
+    out: list[bool] = []
+    for mine, ref in zip(episode.steps, reference.steps):
+        same = (mine.action == ref.action and mine.status != "failed"
+                and ref.status != "failed")
+        out.append(same)
+        if not same:
+            break
+    return out
+
+
+def _agreement(pairs: Sequence[tuple[EpisodeResult, EpisodeResult]], exact: bool,
+               window: int) -> tuple[dict[str, Any], list[list[bool]]]:
+    """The agreement summary of (episode, reference episode) pairs, and each pair's steps."""
+    per = [step_agreement(e, f) for e, f in pairs]
+    flat = [a for ag in per for a in ag]
+    within = [a for ag in per for a in ag[:window]]
+    same_length = all(e.n_steps == f.n_steps for e, f in pairs)
+    return {"compared_steps": len(flat), "agreed_steps": sum(flat),
+            "rate": sum(flat) / len(flat) if flat else None,
+            "within_window_rate": sum(within) / len(within) if within else None,
+            "identical_episodes": sum(e.output_sha256 == f.output_sha256
+                                      and e.n_steps == f.n_steps for e, f in pairs),
+            "exact_holds": all(flat) and same_length if exact else None}, per
+
+
+def _episode(e: EpisodeResult, agree: list[bool] | None) -> dict[str, Any]:
+    return {"episode_id": e.episode_id, "task": e.task, "status": e.status,
+            "reward": e.reward, "success": succeeded(e.reward, e.status),
+            "steps": e.n_steps, "actions": [s.action for s in e.steps],
+            "degraded_steps": sum(s.status == "degraded" for s in e.steps),
+            "unparsable": e.unparsable, "output_sha256": e.output_sha256,
+            "error": e.error or None, "agreement": agree,
+            "drift_kl": [s.drift_kl for s in e.steps if s.drift_kl is not None] or None,
+            "drift_top1_agree": ([s.drift_top1_agree for s in e.steps
+                                  if s.drift_top1_agree is not None] or None)}
+
+
+def _success(episodes: Sequence[EpisodeResult], kind: str | None = None) -> SuccessRate:
+    chosen = [e for e in episodes if kind is None or kind_of(e.task or "") == kind]
+    return SuccessRate(sum(succeeded(e.reward, e.status) for e in chosen), len(chosen))
+
+
+def judge(runs: Sequence[ArmRun], tasks: Sequence[str], window: int) -> list[dict[str, Any]]:
+    """Per arm: success overall and per kind, agreement with its reference, every episode."""
+    by_arm = {r.arm: r for r in runs}
+    kinds = list(dict.fromkeys(kind_of(t) for t in tasks))
+    out = []
+    for r in runs:
+        ref_arm, exact = reference_of(r.arm)
+        policy, overlap = split_arm(r.arm)
+        entry: dict[str, Any] = {"arm": r.arm, "policy": policy, "overlap": overlap,
+                                 "reference": ref_arm, "exact_expected": exact,
+                                 "expectation": RELATIONS.get(policy, _UNKNOWN)[2] or "exact",
+                                 "refused": r.refused}
+        if r.refused is not None:
+            out.append(entry)
+            continue
+        ref = by_arm.get(ref_arm)
+        entry["success"] = _success(r.episodes).as_dict()
+        entry["success_by_kind"] = {k: _success(r.episodes, k).as_dict() for k in kinds}
+        agrees: list[list[bool] | None] = [None] * len(r.episodes)
+        entry["agreement"] = None  # the reference itself (or its reference was refused)
+        if ref is not None and ref.refused is None and ref.arm != r.arm:
+            entry["agreement"], per = _agreement(list(zip(r.episodes, ref.episodes)), exact,
+                                                 window)
+            agrees = list(per)
+        drifts = [d for e in r.episodes for d in (s.drift_kl for s in e.steps) if d is not None]
+        if drifts:
+            top1 = [t for e in r.episodes for t in (s.drift_top1_agree for s in e.steps)
+                    if t is not None]
+            entry["drift"] = {"kl_mean": sum(drifts) / len(drifts), "kl_max": max(drifts),
+                              "top1_agreement": sum(top1) / len(top1)}
+        entry["steps"] = sum(e.n_steps for e in r.episodes)
+        entry["wall_s"] = r.wall_s
+        entry["episodes"] = [_episode(e, a) for e, a in zip(r.episodes, agrees)]
+        out.append(entry)
+    return out
+
+
+# ---------------------------------------------------------------------------- tables
+
+def _grid(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _rate(d: dict[str, Any]) -> str:
+    return str(SuccessRate(d["successes"], d["n"]))
+
+
+def success_table(arms: Sequence[dict[str, Any]]) -> str:
+    """One row per arm: success (95 % CI), agreement with the reference, identical outputs."""
+    rows = [("arm", "task success (95% CI)", "steps", "agreement with reference",
+             "identical episodes")]
+    for a in arms:
+        if a["refused"] is not None:
+            rows.append((a["arm"], "refused", "", a["refused"].split(";")[0], ""))
+            continue
+        ag = a["agreement"]
+        n = a["success"]["n"]
+        if ag is None:
+            agree, same = "(reference)", ""
+        else:
+            rate = "n/a" if ag["rate"] is None else f"{100 * ag['rate']:.0f}%"
+            verdict = (("exact" if ag["exact_holds"] else "NOT EXACT") if a["exact_expected"]
+                       else a["expectation"])
+            agree = (f"{ag['agreed_steps']}/{ag['compared_steps']} ({rate}) vs "
+                     f"{a['reference']}: {verdict}")
+            same = f"{ag['identical_episodes']}/{n}"
+        rows.append((a["arm"], _rate(a["success"]), str(a["steps"]), agree, same))
+    return _grid(rows)
+
+
+def kind_table(arms: Sequence[dict[str, Any]]) -> str:
+    """Success per kind (rows) and arm (columns)."""
+    ran = [a for a in arms if a["refused"] is None]
+    if not ran:
+        return ""
+    kinds = list(ran[0]["success_by_kind"])
+    rows = [("kind", *(a["arm"] for a in ran))]
+    for k in kinds:
+        rows.append((k, *(f"{a['success_by_kind'][k]['successes']}/"
+                          f"{a['success_by_kind'][k]['n']}" for a in ran)))
+    return _grid(rows)

@@ -1,0 +1,456 @@
+"""The training set: expert demonstrations on randomized simdesk instances, laid out as
+every shipped policy lays out its prompts, written as shards (``runtime.train.shards``).
+
+Deterministic from ``DatasetConfig.seed``: episode ``e`` draws its instance, perturbation
+and layouts from its own rng (``kvagent-dataset:<seed>:<e>``), so a shard regenerates
+identically on its own and a killed run resumes at the first missing shard.
+
+Per episode ``e``:
+
+* the instance: kind ``kinds[e mod n]``, a seed from ``train_seeds()`` (never an
+  evaluation seed) starting at a random point of the seed range;
+* the rollout: ``demonstration`` at ``screen`` (byte-for-byte the env's screenshots), with
+  recovery states in two ways, once per episode at a random step:
+
+  - ``perturbed`` (a fraction of episodes): the desktop is knocked off-track before the step
+    (``perturb_at``).  A perturbation changes the state, it is not an action: the step shows
+    a screen the previous action did not cause (``DemoStep.perturbed``) and is labelled with
+    the expert's first recovery action — a target like every other step;
+  - ``slipped`` (another fraction): the agent's action at the step is a mistake
+    (``slip_at``, ``vmenv.simdesk.slips``), executed and entered in the history like any
+    action the agent took — and never a target (``DemoStep.slip``): no example is made of
+    that step, the steps after it teach the recovery with the mistake in the history;
+* per step, ``variants`` examples, alternating the terminal layout (``terminal-scratch``,
+  which ``terminal-slot`` equals) and the interleaved one (``evict``; ``noevict`` — every
+  screenshot — a ``noevict_share`` of those), each with K drawn from ``windows``; prompts
+  that come out identical are kept once, and prompts that cannot answer their target are
+  left out (``answerable``: remember-code's code typed after its screenshot left the
+  window; counted in the manifest).
+
+Each screenshot is encoded once by the engine's (frozen) vision encoder and stored once per
+shard with its embedding.  The manifest (``manifest.json``) records the config, the model
+files' identities, counts per kind / layout / K, rows per example by K, target tokens, speed
+and sizes; it is rewritten after every shard.
+
+``python -m runtime.train.dataset --out DIR [--episodes N] [--seed S] [--model F --mmproj F]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import structlog
+
+from cachepolicy.engine import Engine
+from cachepolicy.pieces import digests
+from cachepolicy.segments import SegmentFactory
+from runtime.config import AgentConfig
+from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, StepExample, TextPiece
+from runtime.train.shards import META, PieceKind, Projector, Shard, ShardWriter
+from vmenv.actions import Action, TypeText
+from vmenv.simdesk import (
+    DemoStep, demonstration, is_eval_seed, sample_task, task_kinds, train_seeds,
+)
+from vmenv.simdesk.demos import DemonstrationError
+from vmenv.simdesk.render import render_png
+from vmenv.simdesk.seeds import MAX_SEED
+from vmenv.trajectory_writer import write_durably
+
+if TYPE_CHECKING:
+    from runtime.engine_setup import ModelFiles
+
+log = structlog.get_logger("kvagent.train.dataset")
+
+FORMAT = "kvagent-train-data/1"
+MANIFEST = "manifest.json"
+TERMINAL, INTERLEAVED, EVERY = "terminal-scratch", "evict", "noevict"
+LAYOUTS = (TERMINAL, INTERLEAVED, EVERY)
+
+
+@attrs.frozen
+class DatasetConfig:
+    """What to generate.  Everything that changes the data is here (and in the manifest)."""
+
+    seed: int = 0
+    episodes: int = attrs.field(default=512, validator=attrs.validators.ge(1))
+    screen: tuple[int, int] = (640, 360)  # kvagent run's default
+    kinds: tuple[str, ...] = attrs.field(factory=task_kinds, converter=tuple)
+    perturbed: float = attrs.field(default=0.3, validator=[attrs.validators.ge(0.0),
+                                                            attrs.validators.le(1.0)])
+    slipped: float = attrs.field(default=0.3, validator=[attrs.validators.ge(0.0),
+                                                          attrs.validators.le(1.0)])
+    windows: tuple[int, ...] = attrs.field(default=(1, 2, 3, 4, 5), converter=tuple)
+    variants: int = attrs.field(default=2, validator=attrs.validators.ge(1))
+    noevict_share: float = 0.2
+    with_done: bool = False  # also label the solved state done() (simdesk ends without it)
+    profile: str = "kvagent"
+    shard_episodes: int = attrs.field(default=64, validator=attrs.validators.ge(1))
+
+    def __attrs_post_init__(self) -> None:
+        if self.perturbed + self.slipped > 1.0:
+            raise ValueError("perturbed + slipped is a share of the episodes: at most 1")
+
+    @property
+    def n_shards(self) -> int:
+        return -(-self.episodes // self.shard_episodes)
+
+    def shard_range(self, k: int) -> range:
+        return range(k * self.shard_episodes, min(self.episodes, (k + 1) * self.shard_episodes))
+
+
+CLEAN, PERTURBED, SLIPPED = 0, 1, 2  # how an episode went off-track (``Episode.mode``)
+MODES = ("clean", "perturbed", "slipped")
+
+
+@attrs.frozen
+class Episode:
+    """One rollout: the instance, its labelled steps, and where (``off_at``) and how
+    (``mode``) it went off-track."""
+
+    index: int
+    kind: str
+    seed: int
+    instruction: str
+    steps: tuple[DemoStep, ...]
+    mode: int = CLEAN
+    off_at: int | None = None
+    code: bool = False  # the text to type is a code shown on the first screen only
+
+
+def episode_rng(config: DatasetConfig, e: int, what: str = "rollout") -> random.Random:
+    """Episode ``e``'s own random stream for ``what`` (its rollout, its layouts)."""
+    return random.Random(f"kvagent-dataset:{what}:{config.seed}:{e}")
+
+
+def rollout(config: DatasetConfig, e: int) -> Episode:
+    """Episode ``e``'s instance and expert rollout (deterministic; raises
+    ``DemonstrationError`` if the expert fails, which the tests say it does not)."""
+    rng = episode_rng(config, e)
+    kind = config.kinds[e % len(config.kinds)]
+    seed = next(train_seeds(rng.randrange(MAX_SEED // 2)))
+    assert not is_eval_seed(seed), seed  # train_seeds' promise, kept here too
+    task = sample_task(kind, seed)
+    w, h = config.screen
+    draw = rng.random()
+    mode = (PERTURBED if draw < config.perturbed
+            else SLIPPED if draw < config.perturbed + config.slipped else CLEAN)
+    at = rng.randrange(len(demonstration(task, w, h))) if mode != CLEAN else None
+    steps = demonstration(task, w, h, rng=rng, with_done=config.with_done,
+                          perturb_at=at if mode == PERTURBED else None,
+                          slip_at=at if mode == SLIPPED else None)
+    return Episode(e, kind, seed, task.instruction, steps, mode, at,
+                   code=task.goal is not None and task.goal.code)
+
+
+class Generator:
+    """Examples of episodes for one engine (its tokenizer and frozen vision encoder)."""
+
+    def __init__(self, engine: Engine, config: DatasetConfig) -> None:
+        self.engine, self.config = engine, config
+        self.factory = SegmentFactory(engine)
+        agent = AgentConfig(profile=config.profile)
+
+        def builder(policy: str, window: int) -> PromptBuilder:
+            return PromptBuilder(self.factory, attrs.evolve(agent, policy=policy,
+                                                            window=max(window, 1)),
+                                 config.screen)
+
+        #: (policy, K) → its builder; noevict's K is 0 (it shows every screenshot)
+        self.builders = {(p, k): builder(p, k) for p in (TERMINAL, INTERLEAVED)
+                         for k in config.windows}
+        self.builders[(EVERY, 0)] = builder(EVERY, 0)
+
+    @property
+    def eog(self) -> tuple[int, ...]:
+        return self.builders[(EVERY, 0)].eog
+
+    def layouts(self, rng: random.Random) -> list[tuple[str, int]]:
+        """The (policy, K) of one step's variants: terminal and interleaved in turn."""
+        out = []
+        for v in range(self.config.variants):
+            k = rng.choice(self.config.windows)
+            if v % 2 == 0:
+                out.append((TERMINAL, k))
+            else:
+                out.append((EVERY, 0) if rng.random() < self.config.noevict_share
+                           else (INTERLEAVED, k))
+        return out
+
+    def add_episode(self, ep: Episode, shard: ShardWriter) -> tuple[int, int]:
+        """Write ``ep``'s examples into ``shard``; returns how many, and how many were left
+        out as unanswerable (``answerable``)."""
+        c, rng = self.config, episode_rng(self.config, ep.index, "layouts")
+        pngs = [render_png(s.state) for s in ep.steps]
+        # the logs' screenshot segments run the encoder, once per screenshot
+        logs = self.builders[(EVERY, 0)].logs(
+            ep.instruction, [PastStep(p, s.action) for p, s in zip(pngs, ep.steps)])
+        encoded = {png: self.engine.encode_image(png, image_id=log.screenshots[-1].image_id)
+                   for png, log in zip(pngs, logs)}
+        n = skipped = 0
+        for i, (log_i, step) in enumerate(zip(logs, ep.steps)):
+            if step.slip:  # the agent's mistake: in the later steps' history, never a target
+                continue
+            seen: set[bytes] = set()
+            for policy, k in self.layouts(rng):
+                ex = self.builders[(policy, k)].example(log_i, step.action)
+                key = digests(ex.layout)[-1]
+                if key in seen:  # another K that shows the same (e.g. at step 0)
+                    continue
+                seen.add(key)
+                if not answerable(ep, ex, step.action):
+                    skipped += 1
+                    continue
+                pieces: list[tuple[PieceKind, Any]] = []
+                rows = 0
+                for p in ex.pieces:
+                    if isinstance(p, ImagePiece):
+                        enc = encoded[p.png]
+                        pieces.append((PieceKind.IMAGE, shard.add_image(p.png, enc)))
+                        rows += len(enc.prefix_tokens) + enc.n_tokens + len(enc.suffix_tokens)
+                    else:
+                        assert isinstance(p, TextPiece)
+                        pieces.append((PieceKind.TARGET if p.train else PieceKind.TEXT,
+                                       p.tokens))
+                        rows += len(p.tokens)
+                shard.add_example(
+                    pieces, episode=ep.index, kind=c.kinds.index(ep.kind), seed=ep.seed,
+                    step=i, layout=LAYOUTS.index(policy), window=k,
+                    shown=sum(isinstance(p, ImagePiece) for p in ex.pieces), rows=rows,
+                    target_tokens=len(ex.target.tokens), mode=ep.mode,
+                    recovery=ep.off_at is not None and i >= ep.off_at)
+                n += 1
+        return n, skipped
+
+
+def answerable(ep: Episode, ex: StepExample, action: Action) -> bool:
+    """Whether the prompt holds what the target needs.  The one thing a screen shows once is
+    remember-code's code (the first screenshot only; the history holds actions, never the
+    code): typing it is unanswerable once that screenshot left the window — training on it
+    would teach the model to invent a code."""
+    if not (ep.code and isinstance(action, TypeText)):
+        return True
+    return any(p.image is not None and p.image.step == 0 for p in ex.layout)
+
+
+# ---------------------------------------------------------------------------- statistics
+
+def _window_name(k: int) -> str:
+    return "all" if k == 0 else str(k)
+
+
+def shard_stats(shard: Shard, config: DatasetConfig) -> dict[str, Any]:
+    """Counts and row statistics of one shard (summable across shards: ``summarize``)."""
+    m = {k: shard.a[f"meta_{k}"] for k in META}
+    groups: dict[str, dict[str, int]] = {}
+    for layout, k, rows in zip(m["layout"], m["window"], m["rows"]):
+        for key in (_window_name(int(k)), f"{LAYOUTS[int(layout)]}/{_window_name(int(k))}"):
+            g = groups.setdefault(key, {"examples": 0, "rows_sum": 0, "rows_max": 0})
+            g["examples"] += 1
+            g["rows_sum"] += int(rows)
+            g["rows_max"] = max(g["rows_max"], int(rows))
+    return {
+        "examples": len(shard), "images": shard.n_images,
+        "by_kind": dict(Counter(config.kinds[int(k)] for k in m["kind"])),
+        "by_layout": dict(Counter(LAYOUTS[int(x)] for x in m["layout"])),
+        "rows_by_window": groups,
+        "rows_sum": int(m["rows"].sum()), "rows_max": int(m["rows"].max(initial=0)),
+        "target_tokens_sum": int(m["target_tokens"].sum()),
+        "target_tokens_max": int(m["target_tokens"].max(initial=0)),
+        "recovery_examples": int(m["recovery"].sum()),
+        "by_mode": dict(Counter(MODES[int(x)] for x in m["mode"])),
+    }
+
+
+def summarize(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest's totals from its shards' entries: counts per kind, layout and K; rows
+    per example overall and per K (``"3"``) and per layout and K (``"evict/3"``; K
+    ``"all"``: noevict); target tokens; generation speed; bytes."""
+    def total(key: str) -> int:
+        return sum(e["stats"][key] for e in entries)
+
+    def counts(key: str) -> dict[str, int]:
+        out: Counter[str] = Counter()
+        for e in entries:
+            out.update(e["stats"][key])
+        return dict(sorted(out.items()))
+
+    groups: dict[str, dict[str, int]] = {}
+    for e in entries:
+        for key, g in e["stats"]["rows_by_window"].items():
+            d = groups.setdefault(key, {"examples": 0, "rows_sum": 0, "rows_max": 0})
+            d["examples"] += g["examples"]
+            d["rows_sum"] += g["rows_sum"]
+            d["rows_max"] = max(d["rows_max"], g["rows_max"])
+    n = total("examples")
+    seconds = sum(e["seconds"] for e in entries)
+    size = sum(e["bytes"] for e in entries)
+    return {
+        "episodes": sum(e["episodes"][1] - e["episodes"][0] for e in entries),
+        "examples": n, "images": total("images"),
+        "recovery_examples": total("recovery_examples"),
+        "unanswerable_skipped": total("unanswerable_skipped"),
+        "by_kind": counts("by_kind"), "by_layout": counts("by_layout"),
+        "by_mode": counts("by_mode"),
+        "rows": {"mean": total("rows_sum") / n if n else 0.0,
+                 "max": max((e["stats"]["rows_max"] for e in entries), default=0),
+                 "by_window": {key: {"examples": d["examples"],
+                                     "mean": round(d["rows_sum"] / d["examples"], 1),
+                                     "max": d["rows_max"]}
+                               for key, d in sorted(groups.items())}},
+        "target_tokens": {"mean": total("target_tokens_sum") / n if n else 0.0,
+                          "max": max((e["stats"]["target_tokens_max"] for e in entries),
+                                     default=0)},
+        "seconds": seconds, "examples_per_s": n / seconds if seconds else None,
+        "bytes": size, "bytes_per_1000_examples": 1000 * size / n if n else None,
+    }
+
+
+# ---------------------------------------------------------------------------- the run
+
+class DatasetError(ValueError):
+    """The output directory holds another dataset (other config or model)."""
+
+
+def _identity(engine: Engine, files: ModelFiles | None) -> dict[str, Any]:
+    # the engine's core loads llama.cpp: imported when a dataset is written, not when read
+    from cachepolicy.engine.core import file_identity
+
+    out: dict[str, Any] = {"kind": engine.kind.value, "n_vocab": engine.n_vocab,
+                           "n_embd": engine.n_embd}
+    for name in ("model", "mmproj"):
+        path = getattr(files, name, None)
+        if path is not None:
+            out[name] = {"name": Path(path).name, "identity": file_identity(Path(path))}
+    return out
+
+
+def generate(engine: Engine, config: DatasetConfig, out: Path, *,
+             files: ModelFiles | None = None,
+             overwrite: bool = False,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Write ``config``'s shards into ``out`` (kept: shards a previous run with the same
+    config and model finished); returns the manifest.  ``DatasetError`` if ``out`` holds
+    another dataset and not ``overwrite``."""
+    out.mkdir(parents=True, exist_ok=True)
+    head = {"format": FORMAT, "config": attrs.asdict(config), "model": _identity(engine, files),
+            "layouts": list(LAYOUTS)}
+    path = out / MANIFEST
+    done: list[dict[str, Any]] = []
+    if path.exists() and not overwrite:
+        old = json.loads(path.read_text())
+        if {k: old.get(k) for k in head} != json.loads(json.dumps(head)):
+            raise DatasetError(f"{out} holds another dataset (config or model differ); "
+                               "use another directory or overwrite")
+        done = [s for s in old["shards"] if (out / s["file"]).is_file()
+                and (out / s["file"]).stat().st_size == s["bytes"]]
+    gen = Generator(engine, config)
+    manifest: dict[str, Any] = {}
+    for k in range(config.n_shards):
+        if any(s["index"] == k for s in done):
+            continue
+        t0 = time.perf_counter()
+        writer = ShardWriter()
+        eps = config.shard_range(k)
+        unanswerable = 0
+        for e in eps:
+            unanswerable += gen.add_episode(rollout(config, e), writer)[1]
+        assert writer.projector is not None, "every episode shows a screenshot"
+        name = f"shard-{k:05d}.npz"
+        size = writer.write(out / name)
+        seconds = time.perf_counter() - t0
+        stats = shard_stats(Shard(out / name, writer.projector), config)
+        stats["unanswerable_skipped"] = unanswerable
+        done.append({"index": k, "file": name, "episodes": [eps.start, eps.stop],
+                     "bytes": size, "seconds": seconds, "stats": stats})
+        done.sort(key=lambda s: s["index"])
+        p = writer.projector
+        manifest = {**head, "projector": {"prefix_tokens": list(p.prefix_tokens),
+                                          "suffix_tokens": list(p.suffix_tokens),
+                                          "n_embd": p.n_embd, "non_causal": p.non_causal},
+                    "eog": list(gen.eog),
+                    "shards": done, "totals": summarize(done)}
+        write_durably(path, json.dumps(manifest, indent=1).encode())
+        log.info("dataset_shard_written", shard=k, examples=stats["examples"],
+                 seconds=round(seconds, 2))
+        if progress is not None:
+            t = manifest["totals"]
+            left = config.n_shards - len(done)
+            rate = t["examples_per_s"] or 0.0
+            eta = left * t["seconds"] / len(done)
+            progress(f"shard {len(done)}/{config.n_shards}: {stats['examples']} examples in "
+                     f"{seconds:.1f} s; {t['examples']} in all, {rate:.1f} examples/s, "
+                     f"about {eta:.0f} s left")
+    if not manifest:
+        manifest = json.loads(path.read_text())
+    return manifest
+
+
+def load_manifest(out: Path) -> dict[str, Any]:
+    return json.loads((out / MANIFEST).read_text())
+
+
+def shards(out: Path) -> Iterator[Shard]:
+    """The dataset's shards, in order."""
+    m = load_manifest(out)
+    p = m["projector"]
+    projector = Projector(tuple(p["prefix_tokens"]), tuple(p["suffix_tokens"]), p["n_embd"],
+                          p["non_causal"])
+    for s in m["shards"]:
+        yield Shard(out / s["file"], projector)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # model files and engine sizing (the forge, llama.cpp): the command line's only
+    from runtime.engine_setup import DEMO_MODEL, engine_config, load_engine, resolve_model
+
+    p = argparse.ArgumentParser(prog="python -m runtime.train.dataset",
+                                description="write simdesk training shards (see the module "
+                                            "docstring and docs/training-data.md)")
+    d = DatasetConfig()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--episodes", type=int, default=d.episodes)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--perturbed", type=float, default=d.perturbed,
+                   help="share of episodes knocked off-track once (a changed desktop)")
+    p.add_argument("--slipped", type=float, default=d.slipped,
+                   help="share of episodes where the agent makes one mistake (in the "
+                        "history, not a target)")
+    p.add_argument("--variants", type=int, default=d.variants)
+    p.add_argument("--shard-episodes", type=int, default=d.shard_episodes)
+    p.add_argument("--with-done", action="store_true")
+    p.add_argument("--model", type=Path)
+    p.add_argument("--mmproj", type=Path)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--overwrite", action="store_true")
+    args = p.parse_args(argv)
+    config = DatasetConfig(seed=args.seed, episodes=args.episodes, perturbed=args.perturbed,
+                           slipped=args.slipped,
+                           variants=args.variants, shard_episodes=args.shard_episodes,
+                           with_done=args.with_done)
+    files = resolve_model(args.model, args.mmproj, default=DEMO_MODEL)
+    fields = {"n_threads": args.threads} if args.threads else {}
+    engine = load_engine(files, engine_config(files.model, what="the dataset's engine",
+                                              n_ctx_per_seq=512, n_seq_max=1, n_batch=512,
+                                              **fields))
+    with engine:
+        try:
+            m = generate(engine, config, args.out, files=files, overwrite=args.overwrite,
+                         progress=lambda line: print(line, file=sys.stderr, flush=True))
+        except DatasetError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    print(json.dumps(m["totals"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

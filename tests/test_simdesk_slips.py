@@ -1,0 +1,60 @@
+"""Slips: the agent's own mistakes in a demonstration — executed like any action, marked,
+never the expert's action, and recovered from by the expert on every kind."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from vmenv.actions import Click, TypeText
+from vmenv.simdesk import SimDesk, SimDeskConfig, demonstration, sample_task, task_kinds
+from vmenv.simdesk import train_seeds
+from vmenv.simdesk.apply import apply_action
+from vmenv.simdesk.render import render_png
+from vmenv.simdesk.slips import wrong_action
+from vmenv.simdesk.widgets import hit
+
+SCREEN = (640, 360)
+
+
+@pytest.mark.parametrize("kind", task_kinds())
+def test_the_expert_recovers_from_a_slip_at_any_step(kind: str) -> None:
+    for seed in itertools.islice(train_seeds(), 12):
+        task = sample_task(kind, seed)
+        plain = demonstration(task, *SCREEN)
+        for k in range(len(plain)):
+            demo = demonstration(task, *SCREEN, slip_at=k, rng=random.Random(seed * 31 + k))
+            assert demo[:k] == plain[:k]
+            assert [s.slip for s in demo] == [i == k for i in range(len(demo))]
+            assert demo[k].action != plain[k].action and demo[k].state == plain[k].state
+            last = demo[-1]
+            assert task.check(apply_action(last.state, last.action))
+            assert len(demo) <= len(plain) + 8
+
+
+def test_a_wrong_click_hits_another_widget_and_a_wrong_word_is_wrong() -> None:
+    task = sample_task("save-note", 3)
+    demo = demonstration(task, *SCREEN)
+    rng = random.Random(0)
+    for step in demo:
+        for _ in range(20):
+            wrong = wrong_action(step.state, step.action, rng)
+            assert wrong != step.action
+            if isinstance(step.action, Click) and isinstance(wrong, Click):
+                assert hit(step.state, wrong.x, wrong.y) != hit(step.state, step.action.x,
+                                                                step.action.y)
+            if isinstance(wrong, TypeText) and isinstance(step.action, TypeText):
+                assert wrong.text != step.action.text
+
+
+async def test_a_slip_is_executed_by_the_env_as_demonstrated() -> None:
+    task = sample_task("menu-launch", 4)
+    demo = demonstration(task, *SCREEN, slip_at=1, rng=random.Random(5))
+    env = SimDesk(SimDeskConfig(width=SCREEN[0], height=SCREEN[1]), tasks={task.name: task})
+    shots = [(await env.reset(task.name)).screenshot]
+    for step in demo:
+        out = await env.step(step.action)
+        shots.append(out.observation.screenshot)
+    assert shots[:-1] == [render_png(s.state) for s in demo] and out.reward == 1.0

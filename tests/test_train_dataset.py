@@ -1,0 +1,204 @@
+"""The training set generator: deterministic, training seeds only, recovery states, the
+layout mix, stored prompts that are the prompt builder's, screenshots encoded once and stored
+bitwise, resumable."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pytest
+
+from cachepolicy.segments import SegmentFactory
+from runtime.config import AgentConfig
+from runtime.train.dataset import (
+    LAYOUTS, MANIFEST, PERTURBED, SLIPPED, DatasetConfig, DatasetError, generate, load_manifest,
+    rollout, shards,
+)
+from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, TextPiece
+from vmenv.simdesk import is_eval_seed
+from vmenv.simdesk.render import render_png
+
+CONFIG = DatasetConfig(seed=7, episodes=6, shard_episodes=3, perturbed=0.3, slipped=0.4,
+                       variants=3)
+
+
+@pytest.fixture(scope="module")
+def engine(engines: Callable[..., object]) -> object:
+    return engines("qwen35")
+
+
+@pytest.fixture(scope="module")
+def dataset(engine: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    generate(engine, CONFIG, out)  # type: ignore[arg-type]
+    return out
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_manifest_counts_what_the_shards_hold(dataset: Path) -> None:
+    m = load_manifest(dataset)
+    t = m["totals"]
+    loaded = list(shards(dataset))
+    assert len(loaded) == 2 and t["episodes"] == 6
+    assert t["examples"] == sum(len(s) for s in loaded) > 0
+    assert sum(t["by_kind"].values()) == sum(t["by_layout"].values()) == t["examples"]
+    assert set(t["by_kind"]) == set(CONFIG.kinds[:6])  # episode e: kind e mod 8
+    windows = {k: v for k, v in t["rows"]["by_window"].items() if "/" not in k}
+    assert sum(v["examples"] for v in windows.values()) == t["examples"]
+    rows = np.concatenate([s.a["meta_rows"] for s in loaded])
+    assert t["rows"]["max"] == rows.max() and t["rows"]["mean"] == pytest.approx(rows.mean())
+    assert t["bytes"] == sum(p.stat().st_size for p in dataset.glob("shard-*.npz"))
+    assert t["examples_per_s"] > 0 and t["bytes_per_1000_examples"] > 0
+
+
+def test_training_seeds_only_and_every_step_a_target(dataset: Path) -> None:
+    for shard in shards(dataset):
+        seeds = shard.a["meta_seed"]
+        assert not any(is_eval_seed(int(s)) for s in seeds)
+        for e in range(len(shard)):
+            pieces = shard.pieces(e)
+            trained = [p for p in pieces if isinstance(p, TextPiece) and p.train]
+            assert len(trained) == 1 and pieces[-1] is trained[0]  # the target closes it
+            assert shard.meta(e)["target_tokens"] == len(trained[0].tokens)
+
+
+def test_stored_examples_are_the_prompt_builder_s(dataset: Path, engine: object) -> None:
+    """Every stored example equals the prompt ``PromptBuilder`` makes for its step, layout
+    and K from the rolled-out episode (so the layout proof carries over to the data)."""
+    factory = SegmentFactory(engine)  # type: ignore[arg-type]
+    checked = 0
+    for shard in shards(dataset):
+        for e in range(len(shard)):
+            meta = shard.meta(e)
+            ep = rollout(CONFIG, int(meta["episode"]))
+            assert (ep.seed, CONFIG.kinds.index(ep.kind)) == (meta["seed"], meta["kind"])
+            policy, k = LAYOUTS[int(meta["layout"])], int(meta["window"])
+            builder = PromptBuilder(factory, AgentConfig(policy=policy, window=max(k, 1)),
+                                    CONFIG.screen)
+            i = int(meta["step"])
+            pngs = [render_png(s.state) for s in ep.steps[: i + 1]]
+            want = builder.step(ep.instruction, [PastStep(p, s.action)
+                                                 for p, s in zip(pngs, ep.steps)][:i],
+                                pngs[i], ep.steps[i].action)
+            assert shard.pieces(e) == want.pieces
+            assert meta["shown"] == sum(isinstance(p, ImagePiece) for p in want.pieces)
+            checked += 1
+    assert checked == load_manifest(dataset)["totals"]["examples"]
+
+
+def test_layouts_mix_terminal_interleaved_and_windows(engine: object, tmp_path: Path) -> None:
+    config = attrs.evolve(CONFIG, episodes=8, shard_episodes=8, perturbed=0.0, slipped=0.0)
+    m = generate(engine, config, tmp_path)  # type: ignore[arg-type]
+    t = m["totals"]
+    assert set(t["by_layout"]) == set(LAYOUTS)
+    assert {k for k in t["rows"]["by_window"] if "/" not in k} == {"1", "2", "3", "4", "5",
+                                                                   "all"}
+    (shard,) = shards(tmp_path)
+    steps = {(int(a), int(b)) for a, b in zip(shard.a["meta_episode"], shard.a["meta_step"])}
+    per_step = len(shard) / len(steps)
+    assert 2 <= per_step <= config.variants  # identical prompts are kept once
+    assert t["recovery_examples"] == 0 and t["by_mode"] == {"clean": len(shard)}
+
+
+def test_perturbed_episodes_teach_recovery(engine: object, tmp_path: Path) -> None:
+    config = attrs.evolve(CONFIG, episodes=4, shard_episodes=4, perturbed=1.0, slipped=0.0,
+                          variants=1)
+    generate(engine, config, tmp_path)  # type: ignore[arg-type]
+    (shard,) = shards(tmp_path)
+    for e in range(4):
+        ep = rollout(config, e)
+        assert ep.mode == PERTURBED and ep.steps[ep.off_at].perturbed
+        rows = np.flatnonzero(shard.a["meta_episode"] == e)
+        recovery = shard.a["meta_recovery"][rows]
+        assert list(recovery) == [s >= ep.off_at for s in shard.a["meta_step"][rows]]
+        # every step is a target, the perturbed one too: the expert's first recovery action
+        assert len(rows) == len(ep.steps) and sum(recovery) == len(ep.steps) - ep.off_at
+        assert set(shard.a["meta_mode"][rows]) == {PERTURBED}
+
+
+def test_a_slip_is_in_the_history_and_never_a_target(engine: object, tmp_path: Path) -> None:
+    config = attrs.evolve(CONFIG, episodes=4, shard_episodes=4, perturbed=0.0, slipped=1.0,
+                          variants=1)
+    generate(engine, config, tmp_path)  # type: ignore[arg-type]
+    (shard,) = shards(tmp_path)
+    factory = SegmentFactory(engine)  # type: ignore[arg-type]
+    for e in range(4):
+        ep = rollout(config, e)
+        k = ep.off_at
+        assert ep.mode == SLIPPED and [s.slip for s in ep.steps].count(True) == 1
+        assert ep.steps[k].slip
+        rows = np.flatnonzero(shard.a["meta_episode"] == e)
+        steps = [int(x) for x in shard.a["meta_step"][rows]]
+        assert k not in steps and len(steps) == len(ep.steps) - 1  # no example of the slip
+        wrong = PromptBuilder(factory, AgentConfig(), CONFIG.screen).response(
+            ep.steps[k].action)
+        for row, step in zip(rows, steps):
+            pieces = shard.pieces(int(row))
+            history = engine.detokenize(  # type: ignore[attr-defined]
+                [t for p in pieces[:-1] if isinstance(p, TextPiece) for t in p.tokens])
+            target = engine.detokenize(pieces[-1].tokens[:-1])  # type: ignore[attr-defined]
+            assert (f"Step {k}: {wrong}" in history) == (step > k)  # what the agent did
+            assert shard.meta(int(row))["recovery"] == (step > k)
+            assert target == PromptBuilder(factory, AgentConfig(), CONFIG.screen).response(
+                ep.steps[step].action)  # the expert's
+
+
+def test_screenshots_are_stored_once_with_the_encoder_s_bits(dataset: Path,
+                                                             engine: object) -> None:
+    for shard in shards(dataset):
+        ids = list(shard.a["image_ids"])
+        assert len(set(ids)) == len(ids)
+        for i in range(shard.n_images):
+            enc = shard.encoded(i)
+            fresh = engine.encode_image(shard.png(i), use_cache=False)  # type: ignore[attr-defined]
+            assert enc.image_id == fresh.image_id == ids[i]
+            assert np.array_equal(enc.embeddings, fresh.embeddings)
+            assert np.array_equal(enc.positions_at(17), fresh.positions_at(17))
+            assert (enc.n_pos, enc.prefix_tokens, enc.suffix_tokens) == (
+                fresh.n_pos, fresh.prefix_tokens, fresh.suffix_tokens)
+
+
+def test_deterministic_and_resumable(dataset: Path, engine: object, tmp_path: Path) -> None:
+    again = tmp_path / "again"
+    generate(engine, CONFIG, again)  # type: ignore[arg-type]
+    first = [_sha(p) for p in sorted(dataset.glob("shard-*.npz"))]
+    assert [_sha(p) for p in sorted(again.glob("shard-*.npz"))] == first
+    # a killed run: the second shard is missing; the rerun writes it alone, identically
+    (again / "shard-00001.npz").unlink()
+    before = (again / "shard-00000.npz").stat().st_mtime_ns
+    m = generate(engine, CONFIG, again)  # type: ignore[arg-type]
+    assert [_sha(p) for p in sorted(again.glob("shard-*.npz"))] == first
+    assert (again / "shard-00000.npz").stat().st_mtime_ns == before
+    assert m["totals"]["examples"] == load_manifest(dataset)["totals"]["examples"]
+    # another seed is another dataset: refused here, different data elsewhere
+    other = attrs.evolve(CONFIG, seed=8)
+    with pytest.raises(DatasetError):
+        generate(engine, other, again)  # type: ignore[arg-type]
+    generate(engine, attrs.evolve(other, episodes=3), tmp_path / "other")  # type: ignore[arg-type]
+    assert _sha(tmp_path / "other" / "shard-00000.npz") != first[0]
+    assert json.loads((again / MANIFEST).read_text())["config"]["seed"] == 7
+
+
+def test_a_code_typed_after_its_screen_left_the_window_is_left_out(engine: object,
+                                                                   tmp_path: Path) -> None:
+    config = attrs.evolve(CONFIG, kinds=("remember-code",), episodes=3, shard_episodes=3,
+                          perturbed=0.0, slipped=0.0, variants=4)
+    m = generate(engine, config, tmp_path)  # type: ignore[arg-type]
+    assert m["totals"]["unanswerable_skipped"] > 0
+    (shard,) = shards(tmp_path)
+    typed = 0
+    for e in range(len(shard)):
+        target = engine.detokenize(shard.pieces(e)[-1].tokens)  # type: ignore[attr-defined]
+        meta = shard.meta(e)
+        if target.startswith("type("):
+            typed += 1
+            assert meta["shown"] == meta["step"] + 1  # the code's screen is in the prompt
+    assert typed > 0
