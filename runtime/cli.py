@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in COMMANDS.items():
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        # argparse %-formats a sub-command's help ("95% CI" would break --help)
+        p = sub.add_parser(name, help=module.HELP.replace("%", "%%"),
+                           description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
