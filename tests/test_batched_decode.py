@@ -181,3 +181,24 @@ def test_bench_decode_reports_classes_costs_and_identical_tokens(forged, tmp_pat
     assert calls["batched"]["tokens"] == calls["one_at_a_time"]["tokens"] == 15
     assert "row classes on this CPU: lane calls {1} | {2..4}; runs {2..16}" in res.stdout
     assert "padding costs a lone generation" in res.stdout
+
+
+def test_runs_never_exceed_a_call_and_the_probe_measures_only_what_fits(forged) -> None:
+    """A run longer than a call's rows would abort the process inside llama_decode (a
+    GGML_ASSERT): the decoder refuses it, and an engine whose calls carry fewer rows than
+    the probe's longest run (a mixture of experts' prefill cap) measures and uses runs up
+    to its calls' rows only."""
+    m = forged("llama", vision=False)
+    with Engine(m.model_path, None, EngineConfig(n_ctx_per_seq=512, n_seq_max=2, n_batch=6,
+                                                 n_threads=1, decode_rows=2,
+                                                 row_class_cache=False)) as e:
+        assert max(e.row_classes.runs) <= 6 and e.decode_shape.max_run <= 6
+        lane = e.batcher.all_lanes[0]
+        e.prefill_tokens(0, _prompt(0), logits=False)
+        pos = e.decoder.copy_to_lane(0, lane)
+        with pytest.raises(ValueError, match="exceeds a call's 6 rows"):
+            e.decoder.run_tokens(lane, [5] * 7, pos)
+        e.decoder.clear_lane(lane)
+        e.clear(0)
+        out = _generate(e, [0], 12)
+        assert len(out[0]) == 12

@@ -355,11 +355,17 @@ class Engine:
         every sequence and lane must be empty)."""
         prompt, feeds = row_probe.probe_tokens(self.tokenize)
         return row_probe.measure(self.decoder, scratch=0, clear=self.clear,
-                                 lanes=self._lane_ids, prompt=prompt, feeds=feeds)
+                                 lanes=self._lane_ids, prompt=prompt, feeds=feeds,
+                                 max_run=self._max_run)
+
+    @property
+    def _max_run(self) -> int:
+        """The longest run a call may carry: a prefill call's rows (the MoE cap) at most."""
+        return max(2, min(MAX_RUN_ROWS, self.config.n_batch))
 
     def _row_classes(self) -> RowClasses:
         key = row_probe.cache_key(self.model_id, fast_kernels=self.config.fast_kernels,
-                                  lanes=len(self._lane_ids))
+                                  lanes=len(self._lane_ids), max_run=self._max_run)
         if self.config.row_class_cache and (cached := row_probe.load(key)) is not None:
             return cached
         classes = self.measure_row_classes()
@@ -371,7 +377,7 @@ class Engine:
         """The decode shape these row classes give with ``runs`` (see ``EngineConfig``):
         lanes as configured; runs no longer than a prefill call (the MoE cap)."""
         return choose_shape(self.row_classes, len(self._lane_ids), runs=runs,
-                            max_run_cap=min(MAX_RUN_ROWS, self.config.n_batch))
+                            max_run_cap=self._max_run)
 
     @property
     def decode_shape(self) -> DecodeShape:

@@ -194,6 +194,8 @@ class Decoder:
         0, removed again after the call).  Every row asks for logits; returns the logits of
         the real rows (None for pads) and the seconds the call took."""
         ids = np.asarray([lane for lane, _, _ in rows], dtype=np.int32)
+        if len(ids) > self.n_batch:  # llama.cpp would abort the process (GGML_ASSERT)
+            raise ValueError(f"{len(ids)} lane rows exceed a call's {self.n_batch} rows")
         if len(ids) > 1 and not np.array_equal(np.diff(ids), np.ones(len(ids) - 1)):
             # llama.cpp computes non-consecutive streams apart: the row count would change
             raise ValueError(f"lane rows must be consecutive sequence ids, got {ids.tolist()}")
@@ -220,6 +222,9 @@ class Decoder:
         toks = np.asarray(tokens, dtype=np.int32)
         if len(toks) == 0:
             raise ValueError("an empty run")
+        if len(toks) > self.n_batch:  # llama.cpp would abort the process (GGML_ASSERT)
+            raise ValueError(f"a run of {len(toks)} tokens exceeds a call's {self.n_batch} "
+                             "rows")
         if toks.min() < 0 or toks.max() >= self.n_vocab:
             raise ValueError(f"token id out of range 0..{self.n_vocab - 1}")
         t0 = time.perf_counter()

@@ -74,19 +74,22 @@ class ProbeDecoder(Protocol):
 
 def measure(decoder: ProbeDecoder, *, scratch: int, clear: Callable[[int], None],
             lanes: Sequence[int], prompt: Sequence[int],
-            feeds: Sequence[Sequence[int]]) -> RowClasses:
-    """The row classes of lane calls over 1..len(lanes) lanes and of runs of 2..16 tokens,
-    each feed (16 tokens of its own text) compared separately.  ``scratch`` is an empty
-    sequence, emptied again with ``clear``; the lanes are left empty."""
+            feeds: Sequence[Sequence[int]], max_run: int = MAX_RUN_ROWS) -> RowClasses:
+    """The row classes of lane calls over 1..len(lanes) lanes and of runs of 2..``max_run``
+    tokens (at most a call's rows: a mixture-of-experts model's prefill cap), each feed (16
+    tokens of its own text) compared separately.  ``scratch`` is an empty sequence, emptied
+    again with ``clear``; the lanes are left empty."""
     if any(len(f) != MAX_RUN_ROWS for f in feeds) or not feeds:
         raise ValueError(f"probe feeds are {MAX_RUN_ROWS} tokens each")
+    if not 2 <= max_run <= MAX_RUN_ROWS:
+        raise ValueError(f"runs of 2..{max_run} tokens: max_run must be 2..{MAX_RUN_ROWS}")
     decoder.prefill_tokens(scratch, prompt, logits=False)
     lane_feed = [t for f in feeds for t in f]
     try:
         lane_rows = {r: _lane_calls(decoder, scratch, lanes[:r], lane_feed)
                      for r in range(1, len(lanes) + 1)}
         refs = [_runs(decoder, scratch, lanes[0], f, [2] * (len(f) // 2)) for f in feeds]
-        runs = [k for k in range(2, MAX_RUN_ROWS + 1)
+        runs = [k for k in range(2, max_run + 1)
                 if all(_same(_runs(decoder, scratch, lanes[0], f[:k], [k]), ref[:k])
                        for f, ref in zip(feeds, refs))]
     finally:
@@ -175,10 +178,11 @@ def cpu_signature() -> str:
     return f"{name}|{hashlib.blake2b(flags.encode(), digest_size=8).hexdigest()}"
 
 
-def cache_key(model_id: str, *, fast_kernels: bool, lanes: int) -> str:
+def cache_key(model_id: str, *, fast_kernels: bool, lanes: int,
+              max_run: int = MAX_RUN_ROWS) -> str:
     import llama_cpp
 
-    raw = json.dumps([PROBE_VERSION, model_id, fast_kernels, lanes, MAX_RUN_ROWS,
+    raw = json.dumps([PROBE_VERSION, model_id, fast_kernels, lanes, max_run,
                       llama_cpp.__version__, cpu_signature()])
     return hashlib.blake2b(raw.encode(), digest_size=12).hexdigest()
 
