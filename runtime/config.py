@@ -20,6 +20,7 @@ import math
 import attrs
 
 from cachepolicy.base import CachePolicy
+from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import MAX_TEMPERATURE, SamplingParams
 from cachepolicy.policies import make_policy
 from cachepolicy.policies import names as policy_names
@@ -63,6 +64,10 @@ def _finite_temperature(_: object, attribute: attrs.Attribute, value: float) -> 
                          f"(0 = greedy), got {value}")
 
 
+#: ``AgentConfig.guess``
+GUESS_MODES = ("auto", "always", "off")
+
+
 @attrs.frozen
 class AgentConfig:
     """How an agent decides.  Every field has the one default all paths share."""
@@ -95,6 +100,17 @@ class AgentConfig:
             attrs.validators.ge(1), attrs.validators.le(MAX_DECODE_TOKENS)]))
     stop_at_eog: bool = True  # False: always decode ``decode_tokens`` (benchmarks)
     system_prompt: str | None = None  # None: the profile's prompt for the screen size
+    #: where the engine decodes in runs: feed text the grammar forces (jump-forward) and
+    #: prompt-lookup drafts for verification in one call; speed only — the tokens are those
+    #: of plain decoding (``cachepolicy.engine.generation``)
+    jump_forward: bool = True
+    drafts: bool = True
+    #: with overlap, after the prefetch: prefill the next step's prompt with the current
+    #: screenshot as the guess for the next one (a wait, a click that changed nothing);
+    #: when the next screenshot's pixels are the same, the step's critical path is the
+    #: decode (and its closing text).  auto: only when the VM's past actions took long
+    #: enough for the guess to finish; always: whenever the prefetch ends first; off.
+    guess: str = attrs.field(default="auto", validator=attrs.validators.in_(GUESS_MODES))
 
     def __attrs_post_init__(self) -> None:
         if self.profile != DEFAULT_PROFILE and self.convention is not CoordConvention.ABSOLUTE:
@@ -124,7 +140,11 @@ class AgentConfig:
     def step_options(self, screen: Screen) -> StepOptions:
         """The scheduler's options for a step on a ``screen``-sized screenshot."""
         return StepOptions(decode_tokens=self.max_tokens(screen), stop_at_eog=self.stop_at_eog,
-                           sampling=self.sampling(screen))
+                           sampling=self.sampling(screen), drafting=self.drafting)
+
+    @property
+    def drafting(self) -> Drafting:
+        return Drafting(jump_forward=self.jump_forward, lookup=self.drafts)
 
     def make_policy(self, factory: SegmentFactory, screen: Screen, *,
                     policy: str | None = None) -> CachePolicy:
