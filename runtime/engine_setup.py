@@ -29,6 +29,7 @@ from cachepolicy.engine import EngineConfig
 from cachepolicy.engine.records import default_threads
 from cachepolicy.engine.sizing import context_cost
 from cachepolicy.forge import forge_cached
+from runtime.agent_models import MissingAgentError, agent_files
 from runtime.context_budget import ContextNeed
 from scheduler.sizes import UNLIMITED_BYTES, format_bytes
 
@@ -89,8 +90,6 @@ class ShippedAgent:
 
     def files(self, vision: bool) -> tuple[Path, Path | None]:
         """The shipped files; ``ModelChoiceError`` if this install lacks them."""
-        from runtime.agent_models import MissingAgentError, agent_files
-
         try:
             return agent_files(self.arch, vision=vision)
         except MissingAgentError as exc:
