@@ -176,8 +176,11 @@ def test_bench_decode_reports_classes_costs_and_identical_tokens(forged, tmp_pat
     assert lone["lanes"]["pad_rows"] == lone["lanes"]["calls"] == 5  # padded to 2 rows
     assert lone["one_row"]["pad_rows"] == 0
     calls = report["decode_calls"]
-    # lanes: together they share calls; the runs shape never shares one
-    assert calls["lanes_batched"]["calls"] < calls["lanes_one_at_a_time"]["calls"] == 15
+    # lanes: together they may share calls (whether 6-token generations of a tiny model
+    # overlap is up to the threads' timing: sharing itself is tested above, with a
+    # barrier); one at a time, one call per token; the runs shape never shares one
+    assert calls["lanes_batched"]["calls"] <= calls["lanes_one_at_a_time"]["calls"] == 15
+    assert calls["lanes_batched"]["rows"] == calls["lanes_one_at_a_time"]["rows"] == 15
     assert calls["batched"]["tokens"] == calls["one_at_a_time"]["tokens"] == 15
     assert "row classes on this CPU: lane calls {1} | {2..4}; runs {2..16}" in res.stdout
     assert "padding costs a lone generation" in res.stdout
@@ -202,3 +205,19 @@ def test_runs_never_exceed_a_call_and_the_probe_measures_only_what_fits(forged) 
         e.clear(0)
         out = _generate(e, [0], 12)
         assert len(out[0]) == 12
+
+
+def test_the_default_shape_pads_a_lone_generation_only_where_its_classes_require() -> None:
+    """auto: lanes where a lone generation's one-row calls share a class with more rows (or
+    there is one lane) — it then pays nothing; runs where one-row calls are a class of their
+    own (f16), since lanes would pad it to two rows too."""
+    from cachepolicy.engine.row_classes import choose_shape
+
+    f16 = RowClasses(lanes=[[1], [2, 3, 4]], runs=range(2, 17))
+    q8 = RowClasses(lanes=[[1, 2, 3, 4]], runs=range(2, 17))
+    assert choose_shape(f16, 4, runs=None).mode is DecodeMode.RUNS
+    assert choose_shape(f16, 1, runs=None).lane_rows == (1,)
+    auto = choose_shape(q8, 4, runs=None)
+    assert auto.mode is DecodeMode.LANES and auto.pad_to(1) == 1 and auto.lanes == 4
+    assert choose_shape(q8, 4, runs=True).mode is DecodeMode.RUNS
+    assert choose_shape(f16, 4, runs=False).pad_to(1) == 2

@@ -239,14 +239,17 @@ def test_terminal_slot_equals_scratch_where_split_prefill_is_not_exact(qforged, 
 def test_row_classes_of_quantized_models(qforged, quant: str, lanes: tuple,
                                          runs: tuple) -> None:
     """Q8_0: every lane count and run length computes a row alike; K-quants switch kernels
-    at 8 rows, so runs stop at 7 (and the engine decodes in runs of 2..7)."""
+    at 8 rows, so runs stop at 7.  On both a lone generation's one-row calls share a class
+    with more rows: by default the engine decodes in lanes, unpadded."""
     m = qforged("qwen35", quant, vision=False)
     with Engine(m.model_path, None, EngineConfig(n_ctx_per_seq=1024, n_seq_max=2,
                                                  n_batch=32, n_threads=1,
                                                  row_class_cache=False)) as e:
         assert (e.row_classes.lanes, e.row_classes.runs) == (lanes, runs)
-        assert (e.decode_shape.min_run, e.decode_shape.max_run) == (2, max(runs))
-        assert e.shape_for(False).lane_rows == (1, 2, 3, 4)  # no pad on a lone generation
+        runs_shape = e.shape_for(True)
+        assert (runs_shape.min_run, runs_shape.max_run) == (2, max(runs))
+        assert e.decode_shape == e.shape_for(False)  # the default: lanes
+        assert e.decode_shape.lane_rows == (1, 2, 3, 4)  # no pad on a lone generation
 
 
 def test_wrong_run_class_fails_decode_runs(qforged) -> None:
@@ -256,7 +259,7 @@ def test_wrong_run_class_fails_decode_runs(qforged) -> None:
     wrong = RowClasses(lanes=[[1, 2, 3, 4]], runs=range(2, 17))
     with Engine(m.model_path, None, EngineConfig(n_ctx_per_seq=1024, n_seq_max=2, n_batch=32,
                                                  n_threads=1), row_classes=wrong) as e:
-        assert e.decode_shape.max_run == 16
+        assert e.shape_for(True).max_run == 16
         results = {r.name: r for r in run_checks(e)}
     assert not results["row_classes"].bitwise
     assert not results["decode_runs"].bitwise and results["decode_runs"].max_abs_diff > 0

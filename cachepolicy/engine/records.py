@@ -115,9 +115,10 @@ class EngineConfig:
     # None: the engine decides per model (``decode_lanes_for``).
     decode_rows: int | None = attrs.field(default=None, validator=attrs.validators.optional(
         [attrs.validators.ge(1), attrs.validators.le(MAX_DECODE_ROWS)]))
-    # How decode calls are formed (``row_classes.DecodeShape``): None picks runs — one
-    # generation's tokens per call, which jump-forward and speculation need — False lanes
-    # (generations share calls, one token each), True runs.  Either is exact in itself;
+    # How decode calls are formed (``row_classes.DecodeShape``): False lanes (generations
+    # share calls, one token each), True runs (one generation's tokens per call, which
+    # jump-forward and speculation need), None lanes where a lone generation needs no pad
+    # row in them, else runs (``row_classes.choose_shape``).  Either is exact in itself;
     # they compute a row with other kernels on some models, so outputs may differ between
     # them (never within one).
     decode_runs: bool | None = None

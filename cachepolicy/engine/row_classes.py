@@ -18,7 +18,8 @@ tokens — a Q8_0 qwen35 agreed on 63 of 64 probe rows and then differed from th
 of another text on); qwen35's recurrent blocks also project their output per sequence
 (``ssm_out``), which on f16 differs on every row.
 
-An engine therefore decodes in one of two shapes (``DecodeShape``), each exact in itself:
+An engine therefore decodes in one of two shapes (``DecodeShape``), each exact in itself
+(``choose_shape``: by default lanes where a lone generation needs no pad row, else runs):
 
 * ``LANES`` — generations share lane calls, one token each, every call padded with empty
   lanes to the smallest row count of one class (``lane_rows``): a lone f16 generation pays
@@ -156,10 +157,15 @@ def run_shape(classes: RowClasses, lanes: int, *, max_run_cap: int = MAX_RUN_ROW
 
 def choose_shape(classes: RowClasses, lanes: int, *, runs: bool | None,
                  max_run_cap: int = MAX_RUN_ROWS) -> DecodeShape:
-    """``runs`` None: runs (jump-forward and speculation need them; every model measured so
-    far has a run class of two tokens or more); False: lanes; True: runs."""
-    if runs is False:
-        return lane_shape(classes, lanes)
+    """``runs`` False: lanes; True: runs; None (auto): lanes where they cost a lone
+    generation no pad row (its one-row calls share a class with more rows, as on Q8_0 and
+    K-quants here, or there is one lane: nothing is cheaper, and generations that meet
+    share calls), else runs — where both shapes cost a lone generation a second row per
+    call (f16's one-row calls take another kernel), runs make it a guess that may be right,
+    and jump-forward and drafts ride in it."""
+    by_lanes = lane_shape(classes, lanes)
+    if runs is False or (runs is None and by_lanes.pad_to(1) == 1):
+        return by_lanes
     return run_shape(classes, lanes, max_run_cap=max_run_cap)
 
 

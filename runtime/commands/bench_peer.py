@@ -119,6 +119,7 @@ def _workload(args: argparse.Namespace, layout: str, size: tuple[int, int]) -> A
 def run_arm(args: argparse.Namespace, server: str, layout: str, clients: int,
             size: tuple[int, int], model: Path, mmproj: Path, tmp: Path) -> dict[str, Any]:
     """One arm on a fresh server: every client's steps, the wall time and the peak RSS."""
+    from cachepolicy.engine.records import DEFAULT_DECODE_ROWS
     from runtime.bench.llama_server import llama_server, peak_rss_bytes, server_args
     from runtime.bench.peer import run_clients, summary
     from runtime.bench.serve_process import serve_process
@@ -133,9 +134,12 @@ def run_arm(args: argparse.Namespace, server: str, layout: str, clients: int,
             steps, wall = run_clients(peer.url, "model", w, clients)
             rss = peak_rss_bytes(peer.process.pid)
     else:
+        # kvagent's decode settings as a user runs it (like llama-server's): more lanes
+        # only when more clients than the default lanes decode at once
+        lanes = (["--decode-rows", str(clients)] if clients > DEFAULT_DECODE_ROWS else [])
         kargs = ["--model", str(model), "--mmproj", str(mmproj), "--mode", "terminal",
                  "--ctx", str(args.ctx), "--threads", str(args.threads),
-                 "--max-episodes", str(clients), "--decode-rows", str(clients),
+                 "--max-episodes", str(clients), *lanes,
                  "--window", str(args.screenshots),
                  "--max-completion-tokens", str(args.max_tokens)]
         with serve_process(kargs, tmp / "kvagent-serve.log") as served:

@@ -60,8 +60,9 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, n_batch: bool = False,
                    help="how decode calls are formed: runs (one generation's tokens per "
                         "call, grammar-forced text and drafts verified in it) or lanes "
                         "(generations share calls, one token each, padded to their row "
-                        "class); auto: runs.  Each is exact; they may compute other bits "
-                        "on some models (see docs/benchmarks.md section 4)")
+                        "class); auto: lanes where a lone generation needs no pad row in "
+                        "them (Q8_0, K-quants, one lane), else runs.  Each is exact; they may "
+                        "compute other bits on some models (see docs/benchmarks.md section 4)")
 
 
 def engine_fields(args: argparse.Namespace) -> dict[str, Any]:
