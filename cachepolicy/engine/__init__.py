@@ -24,6 +24,9 @@ Numerical contract (README "The engine's exactness contract", and ``kvagent chec
   the same indices whether it was prefilled from scratch or restored from a checkpoint;
 * edits that llama.cpp would accept but that silently corrupt a recurrent state (a middle-range
   removal, a tail trim without a recurrent checkpoint) are refused with ``UnsafeEditError``.
+  The one approximate edit is separate and says so: ``replay_cut`` (tail replay: keep the
+  attention KV, set the recurrent state to an older base or zero) marks the sequence's
+  history so that no exact comparison matches it afterwards (``cachepolicy.engine.replay``).
 
 * the vision encoder (mtmd, a graph of its own) runs WITH flash attention
   (``EngineConfig.encoder_flash_attn``): an image is encoded in one call, so no split rule

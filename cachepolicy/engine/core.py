@@ -33,6 +33,7 @@ from cachepolicy.engine.records import (
     EngineConfig, MemoryReport, SeqInfo, decode_lanes_for, encoder_runs_beside, prefill_rows_for,
 )
 from cachepolicy.engine.sampler import Sampler
+from cachepolicy.engine.replay import RecurrentRebase, ReplayCut
 from cachepolicy.engine.sequences import Sequences
 from cachepolicy.engine.state import SequenceState
 from cachepolicy.engine.vision import Vision
@@ -161,6 +162,9 @@ class Engine:
                                n_embd=self.n_embd)
         self.states = SequenceState(native, self._seqs, model_id=self.model_id,
                                     kind=self.kind)
+        # before anything is fed: it takes the zero recurrent state from an empty sequence
+        self.rebase = RecurrentRebase(native, self._seqs, model_id=self.model_id,
+                                      kind=self.kind)
         self.batcher = DecodeBatcher(
             lanes=range(config.n_seq_max, config.n_seq_total), n_ctx=config.n_ctx_per_seq,
             run_lanes=self.decoder.run_lanes, copy_in=self.decoder.copy_to_lane,
@@ -286,6 +290,13 @@ class Engine:
 
     def remove_range(self, seq: int, p0: int, p1: int) -> None:
         self.states.remove_range(seq, p0, p1)
+
+    # the approximate edit (tail replay): the RecurrentRebase
+    def replay_cut(self, seq: int, pos: int, *, base: Checkpoint | None = None) -> ReplayCut:
+        """APPROXIMATE unless ``base`` was taken at ``pos``: keep the attention KV of
+        ``[0, pos)``, set the recurrent state to ``base`` (None: zero); see
+        ``cachepolicy.engine.replay``."""
+        return self.rebase.replay_cut(seq, pos, base=base)
 
     def state_bytes(self, seq: int, kind: CheckpointKind = CheckpointKind.FULL) -> int:
         return self.states.state_bytes(seq, kind)
