@@ -3,7 +3,8 @@
 ``MemoryPressure.decide`` is synchronous — it reads the ledger and the episodes' bookkeeping,
 and either reserves the transaction's bytes (``Admit``, holding the ``Admitted`` handle) or
 says what to do instead: cut an idle episode back to its reuse point (``Trim``, free for that
-episode), drop an idle episode's cache state (``Evict``), shrink the image-embedding cache
+episode), drop an idle episode's checkpoints or recurrent state (``DropCheckpoints``,
+``DropRecurrent``: the replay rung), drop an idle episode's cache state (``Evict``), shrink the image-embedding cache
 (``Shrink``), ``Wait`` for in-flight work to release, or ``GiveUp``.  ``carry_out`` performs
 the effect; the caller re-plans and decides again.  The caller carries out a ``Trim`` or
 ``Evict`` before its next await, and ``carry_out`` claims the victim (``evicting``) before
@@ -13,8 +14,12 @@ step of the event loop, effects outside it.
 Ownership of the episodes' flags: ``evicting`` is set and cleared only by ``_claimed`` here
 (around a trim or an eviction); ``pinned`` only by the ``Admitted`` handle.
 
-Order of rung 1: every free trim first, then evictions (least recently used first), then the
-embedding cache.  A job that is not first in the memory queue waits (FIFO): nobody jumps the
+Order of rung 1: every free trim first; then the replay rung, for episodes that allow
+approximation (``EpisodeCache.replay_twin``, ``AgentConfig.replay_rung``): their checkpoints
+(``DropCheckpoints``), then their recurrent states (``DropRecurrent``) — each keeps the
+victim's attention KV, and its next step replays a tail instead of re-prefilling everything
+(approximate, and marked so in its record); then evictions (least recently used first), then
+the embedding cache.  A job that is not first in the memory queue waits (FIFO): nobody jumps the
 queue — so under pressure the work serializes instead of failing.  A prefetch (speculative)
 takes only what fits now.
 """
@@ -34,12 +39,13 @@ import structlog
 
 from cachepolicy.engine import Engine
 from cachepolicy.engine.images import EmbeddingCache
+from cachepolicy.plan import CacheState
 from scheduler.admitted import Admitted
 from scheduler.errors import BudgetExceededError
 from scheduler.ledger import MemoryLedger
 from scheduler.slots import IMAGE_CACHE, Slot
 from scheduler.transaction import Transaction
-from scheduler.trim import cut_to_reuse_point
+from scheduler.trim import cut_to_reuse_point, drop_recurrent_state
 
 EngineCall = Callable[[Callable[[], Any]], Awaitable[Any]]
 
@@ -58,6 +64,22 @@ class Replan:
 
 @attrs.frozen
 class Trim:
+    victim: Slot
+
+
+@attrs.frozen
+class DropCheckpoints:
+    """The replay rung (episodes that allow approximation): drop the victim's checkpoints,
+    keep its sequence; its next step plans with its policy's tail-replay variant."""
+
+    victim: Slot
+
+
+@attrs.frozen
+class DropRecurrent:
+    """The replay rung, further: keep the victim's attention KV, drop its recurrent state
+    (approximate: its next step replays a tail)."""
+
     victim: Slot
 
 
@@ -83,7 +105,7 @@ class GiveUp:
     """Nothing is in flight and nothing more can be freed: waiting cannot help."""
 
 
-Decision = Admit | Replan | Trim | Evict | Shrink | Wait | GiveUp
+Decision = Admit | Replan | Trim | DropCheckpoints | DropRecurrent | Evict | Shrink | Wait | GiveUp
 
 
 class MemoryPressure:
@@ -138,6 +160,15 @@ class MemoryPressure:
                 return Trim(victim)
         if speculative:
             return GiveUp()
+        # the replay rung, for episodes that allow approximation: their checkpoints, then
+        # their recurrent states, before anyone's whole cache
+        for victim in victims:
+            if victim.allows_replay and victim.cache.state.checkpoints:
+                return DropCheckpoints(victim)
+        for victim in victims:
+            if (victim.allows_replay and victim.cache.state.seq_bytes
+                    and not victim.was_rebased()):
+                return DropRecurrent(victim)
         for victim in victims:  # least recently used first
             return Evict(victim)
         cache = self.image_cache.snapshot()
@@ -149,7 +180,8 @@ class MemoryPressure:
 
     # ------------------------------------------------------------------ act (async)
 
-    async def carry_out(self, decision: Trim | Evict | Shrink) -> str:
+    async def carry_out(self, decision: Trim | DropCheckpoints | DropRecurrent | Evict | Shrink,
+                        ) -> str:
         """Perform a rung-1 decision; returns the reason to log ("" if nothing was freed).
         Call it right after ``decide`` (no await between): it claims a trim's or an
         eviction's victim before it first waits."""
@@ -157,6 +189,14 @@ class MemoryPressure:
             freed = await self._trim(decision.victim)
             return (f"trimmed idle episode {decision.victim.cache.episode_id}'s sequence back "
                     f"to its reuse point ({freed} bytes)") if freed else ""
+        if isinstance(decision, DropCheckpoints):
+            freed = self._drop_checkpoints(decision.victim)
+            return (f"dropped idle episode {decision.victim.cache.episode_id}'s checkpoints "
+                    f"({freed} bytes; its next step replays a tail)")
+        if isinstance(decision, DropRecurrent):
+            freed = await self._drop_recurrent(decision.victim)
+            return (f"dropped idle episode {decision.victim.cache.episode_id}'s recurrent "
+                    f"state ({freed} bytes; its next step replays a tail)")
         if isinstance(decision, Evict):
             freed = await self._evict(decision.victim)
             return f"evicted idle episode {decision.victim.cache.episode_id}'s cache state " \
@@ -198,6 +238,42 @@ class MemoryPressure:
         self.counters["trimmed_episodes"] += 1
         self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed,
                        kind="trim", trim_pos=state.trim_pos)
+        return freed
+
+    def _republish(self, victim: Slot, state: CacheState) -> None:
+        """Publish a smaller state for an idle victim (the replay rung), keeping what rung 1
+        already knows of it: a trimmed state stays trimmed, a rebased one rebased."""
+        ep = victim.cache
+        trimmed, rebased = victim.was_trimmed(), victim.was_rebased()
+        with ep.publish_lock:
+            ep.state = state
+            self.ledger.publish(ep.episode_id, state.held_bytes, None)
+        victim.trimmed = weakref.ref(state) if trimmed else None
+        victim.rebased = weakref.ref(state) if rebased else None
+
+    def _drop_checkpoints(self, victim: Slot) -> int:
+        """Synchronous: a publication only (the checkpoints die with their last reference)."""
+        ep = victim.cache
+        with self._claimed(victim):
+            freed = ep.state.checkpoint_bytes
+            self._republish(victim, attrs.evolve(ep.state, checkpoints=(), replay_next=True))
+        self.counters["replay_rung_checkpoints"] += 1
+        self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed,
+                       kind="replay_checkpoints")
+        return freed
+
+    async def _drop_recurrent(self, victim: Slot) -> int:
+        ep = victim.cache
+        state = ep.state
+        with self._claimed(victim):
+            new_bytes = await self._engine_call(
+                functools.partial(drop_recurrent_state, self.engine, ep.seq))
+            self._republish(victim, attrs.evolve(state, seq_bytes=new_bytes, replay_next=True))
+            victim.rebased = weakref.ref(ep.state)
+        freed = state.seq_bytes - new_bytes
+        self.counters["replay_rung_recurrent"] += 1
+        self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed,
+                       kind="replay_recurrent")
         return freed
 
     async def _evict(self, victim: Slot) -> int:
