@@ -18,8 +18,8 @@ Order of rung 1: every free trim first; then the replay rung, for episodes that 
 approximation (``EpisodeCache.replay_twin``, ``AgentConfig.replay_rung``): their checkpoints
 (``DropCheckpoints``), then their recurrent states (``DropRecurrent``) — each keeps the
 victim's attention KV, and its next step replays a tail instead of re-prefilling everything
-(approximate, and marked so in its record); then evictions (least recently used first), then
-the embedding cache.  A job that is not first in the memory queue waits (FIFO): nobody jumps the
+(approximate, and marked so in its record) — taken only when together they cover what the
+step lacks; then evictions (least recently used first), then the embedding cache.  A job that is not first in the memory queue waits (FIFO): nobody jumps the
 queue — so under pressure the work serializes instead of failing.  A prefetch (speculative)
 takes only what fits now.
 """
@@ -161,14 +161,15 @@ class MemoryPressure:
         if speculative:
             return GiveUp()
         # the replay rung, for episodes that allow approximation: their checkpoints, then
-        # their recurrent states, before anyone's whole cache
-        for victim in victims:
-            if victim.allows_replay and victim.cache.state.checkpoints:
-                return DropCheckpoints(victim)
-        for victim in victims:
-            if (victim.allows_replay and victim.cache.state.seq_bytes
-                    and not victim.was_rebased()):
-                return DropRecurrent(victim)
+        # their recurrent states, before anyone's whole cache — when that covers what the
+        # step lacks (else it would only make episodes approximate that are evicted next)
+        if self._replay_rung_bytes(victims) >= txn.need_bytes - self.ledger.free:
+            for victim in victims:
+                if victim.allows_replay and victim.cache.state.checkpoints:
+                    return DropCheckpoints(victim)
+            for victim in victims:
+                if self._recurrent_droppable(victim):
+                    return DropRecurrent(victim)
         for victim in victims:  # least recently used first
             return Evict(victim)
         cache = self.image_cache.snapshot()
@@ -177,6 +178,17 @@ class MemoryPressure:
         # a job in flight, or an episode being closed, will release what it holds
         others_busy = any(s.jobs or s.closed for s in self.slots.values() if s is not slot)
         return Wait() if others_busy else GiveUp()
+
+    def _recurrent_droppable(self, victim: Slot) -> bool:
+        return (victim.allows_replay and victim.cache.state.seq_bytes > 0
+                and not victim.was_rebased())
+
+    def _replay_rung_bytes(self, victims: list[Slot]) -> int:
+        """What the replay rung could free: the checkpoints and recurrent states of the
+        victims that allow it (a recurrent state at the model's size: an upper bound)."""
+        return sum(v.cache.state.checkpoint_bytes
+                   + (self.engine.recurrent_bytes_per_seq if self._recurrent_droppable(v) else 0)
+                   for v in victims if v.allows_replay)
 
     # ------------------------------------------------------------------ act (async)
 
