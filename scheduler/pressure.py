@@ -4,9 +4,9 @@
 and either reserves the transaction's bytes (``Admit``, holding the ``Admitted`` handle) or
 says what to do instead: cut an idle episode back to its reuse point (``Trim``, free for that
 episode), drop an idle episode's checkpoints or recurrent state (``DropCheckpoints``,
-``DropRecurrent``: the replay rung), drop an idle episode's cache state (``Evict``), shrink the image-embedding cache
-(``Shrink``), ``Wait`` for in-flight work to release, or ``GiveUp``.  ``carry_out`` performs
-the effect; the caller re-plans and decides again.  The caller carries out a ``Trim`` or
+``DropRecurrent``: the replay rung), drop an idle episode's cache state (``Evict``), shrink
+the image-embedding cache (``Shrink``), ``Wait`` for in-flight work to release, or
+``GiveUp``.  ``carry_out`` performs the effect; the caller re-plans and decides again.  The caller carries out a ``Trim`` or
 ``Evict`` before its next await, and ``carry_out`` claims the victim (``evicting``) before
 its first, so no other decision picks it too — the httpcore pool's way: bookkeeping in one
 step of the event loop, effects outside it.
@@ -16,12 +16,15 @@ Ownership of the episodes' flags: ``evicting`` is set and cleared only by ``_cla
 
 Order of rung 1: every free trim first; then the replay rung, for episodes that allow
 approximation (``EpisodeCache.replay_twin``, ``AgentConfig.replay_rung``): their checkpoints
-(``DropCheckpoints``), then their recurrent states (``DropRecurrent``) — each keeps the
-victim's attention KV, and its next step replays a tail instead of re-prefilling everything
-(approximate, and marked so in its record) — taken only when together they cover what the
-step lacks; then evictions (least recently used first), then the embedding cache.  A job that is not first in the memory queue waits (FIFO): nobody jumps the
-queue — so under pressure the work serializes instead of failing.  A prefetch (speculative)
-takes only what fits now.
+(``DropCheckpoints``), then their recurrent states (``DropRecurrent``).  Each keeps the
+victim's attention KV, and its next step plans with its policy's tail-replay variant: a
+trimmed episode whose sequence ends at its dropped checkpoint goes on from there exactly; one
+whose recurrent state was dropped replays a tail (approximate, and marked so in its records
+until its sequence is cleared).  The rung is taken only when what it can free covers what the
+step lacks — else it would only make episodes approximate that the next rung evicts anyway.
+Then evictions (least recently used first), then the embedding cache.  A job that is not
+first in the memory queue waits (FIFO): nobody jumps the queue — so under pressure the work
+serializes instead of failing.  A prefetch (speculative) takes only what fits now.
 """
 
 from __future__ import annotations
