@@ -3,7 +3,9 @@
 Both phases run the shipping loop (``run_replay`` → ``run_agents``), overlap included when the
 agent config has it: each episode replays the trajectory on its own sequence and waits
 ``vm_seconds`` per action (the VM executing it) without holding the engine — which is where
-concurrency pays: one episode's VM time is another's engine time.
+concurrency pays: one episode's VM time is another's engine time.  With ``compare_rung`` the
+concurrent phase runs twice on the same budget, without and then with the fallback ladder's
+replay rung (``runtime.bench.rung``).  Every phase starts with a cold embedding cache.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import attrs
 
 from cachepolicy.engine import Engine
+from runtime.bench.rung import RUNG_PHASE, rung_summary
 from runtime.run.replay import replay_run_config, run_replay
 from runtime.config import AgentConfig
 from runtime.run.agents import RunResult
@@ -31,9 +35,13 @@ def _episodes(run: RunResult) -> list[dict[str, Any]]:
 async def measure_concurrency(engine: Engine, traj: Trajectory, agent: AgentConfig, n: int, *,
                               budget: Budget, vm_seconds: float, wait_s: float,
                               progress: Callable[[str], None],
-                              summary_every_s: float = 1.0) -> dict[str, Any]:
+                              summary_every_s: float = 1.0,
+                              compare_rung: bool = False) -> dict[str, Any]:
     """Calibrate one episode's peak if the budget is relative, then N episodes concurrently
-    and the same N back to back, each phase under the resolved budget."""
+    (``compare_rung``: without the replay rung, then again with it) and the same N back to
+    back, each phase under the resolved budget."""
+    if compare_rung:
+        agent = attrs.evolve(agent, replay_rung=False)
     calibration = None
     if budget.relative:
         progress("measuring one episode's peak (calibration run)")
@@ -44,10 +52,16 @@ async def measure_concurrency(engine: Engine, traj: Trajectory, agent: AgentConf
              + (f" ({budget}: {format_bytes(calibration)})" if calibration else ""))
     config = replay_run_config(agent, traj, episodes=n, vm_seconds=vm_seconds,
                                memory_budget=nbytes, wait_s=wait_s)
+    configs = {"concurrent": config, "sequential": config}
+    if compare_rung:
+        configs = {"concurrent": config,
+                   RUNG_PHASE: attrs.evolve(config, agent=attrs.evolve(agent, replay_rung=True)),
+                   "sequential": config}
     phases: dict[str, RunResult] = {}
     decode: dict[str, dict[str, float]] = {}
     cpu: dict[str, float] = {}  # this process's CPU seconds (all threads) per phase
-    for phase in ("concurrent", "sequential"):
+    for phase, phase_config in configs.items():
+        engine.image_cache.clear()  # every phase starts cold: the same work in each
         before = engine.batcher.stats()
         cpu0 = time.process_time()
         last = {"summary": ""}
@@ -61,7 +75,7 @@ async def measure_concurrency(engine: Engine, traj: Trajectory, agent: AgentConf
                     await anyio.sleep(summary_every_s)
                     progress(f"[{phase}] {last['summary']}")
             tg.start_soon(report)
-            phases[phase] = await run_replay(engine, config, traj, prefix=phase[:3],
+            phases[phase] = await run_replay(engine, phase_config, traj, prefix=phase[:3],
                                              sequential=phase == "sequential",
                                              on_event=on_event)
             tg.cancel_scope.cancel()
@@ -70,7 +84,14 @@ async def measure_concurrency(engine: Engine, traj: Trajectory, agent: AgentConf
     conc, seq = phases["concurrent"], phases["sequential"]
     steps = sum(e.n_steps for e in conc.episodes)
     identical = [a.output_sha256 == b.output_sha256 for a, b in zip(conc.episodes, seq.episodes)]
+    rung = None
+    if compare_rung:
+        rung = rung_summary(conc, phases[RUNG_PHASE], seq, cpu["concurrent"], cpu[RUNG_PHASE])
+        rung["episodes"] = _episodes(phases[RUNG_PHASE])
+        rung["scheduler"] = phases[RUNG_PHASE].counters
+        rung["decode"] = decode[RUNG_PHASE]
     return {
+        "replay_rung": rung,
         "episodes": _episodes(conc),
         "sequential_episodes": _episodes(seq),
         "outputs_identical_to_sequential": all(identical),
