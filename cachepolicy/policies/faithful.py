@@ -95,8 +95,8 @@ class FaithfulPolicy(CachePolicy):
 
 @register
 class FaithfulTailPolicy(FaithfulPolicy):
-    """``faithful-tail`` (``kvagent serve --mode faithful --replay-budget B``): faithful's
-    prompt and checkpoints, reused to the TRUE point of divergence instead of the last
+    """``faithful-tail`` (``--policy faithful-tail --replay-budget B``; kvagent serve's
+    faithful chat mode itself stays exact ``faithful``): faithful's prompt and checkpoints, reused to the TRUE point of divergence instead of the last
     message boundary with a checkpoint — approximate.  Where a request diverges past its
     last restore point (an agent that folds an old screenshot into text), the attention KV is
     kept up to a replay budget before the divergence, the recurrent state starts from the
