@@ -120,8 +120,9 @@ async def _run_arm(engine: Engine, arm: str, tasks: Sequence[str], agent: AgentC
                    max_steps: int, screen: tuple[int, int], vm_seconds: float,
                    concurrency: int,
                    on_event: Callable[[str, EpisodeEvent], None] | None) -> ArmRun:
-    config = RunConfig(agent=ArmSpec.parse(arm).agent(agent), episodes=len(tasks), tasks=tuple(tasks), max_steps=max_steps,
-                       screen=screen, vm_seconds=vm_seconds)
+    config = RunConfig(agent=ArmSpec.parse(arm).agent(agent), episodes=len(tasks),
+                       tasks=tuple(tasks), max_steps=max_steps, screen=screen,
+                       vm_seconds=vm_seconds)
     specs = simdesk_specs(config)
     episodes: list[EpisodeResult] = []
     wall = 0.0
