@@ -1,10 +1,11 @@
 """The squeeze without and with the fallback ladder's replay rung, side by side in one run
 (``kvagent bench --episodes N --memory-budget B --compare-replay-rung``).
 
-The same N teacher-forced episodes of one trajectory on the same budget, concurrently: first
-with the exact ladder (trim, evict, shrink), then with the replay rung allowed
+The same N teacher-forced episodes of one trajectory on the same budget, concurrently: with
+the exact ladder (trim, evict, shrink) and with the replay rung allowed
 (``AgentConfig.replay_rung``: idle episodes lose checkpoints and recurrent states before whole
-caches, and replay a tail on their next step).  The summary says how the two phases compare
+caches, and replay a tail on their next step), in ABBA order when repeated so a drift in the
+machine's load weighs on both alike.  The summary says how the two phases compare
 in steps per second and CPU seconds (the work done, whatever else loads the machine), what
 the rung did instead of evicting, and what it cost in exactness: every step decoded from an
 approximate state is marked ``approximate`` in its record and counted, and a step whose
@@ -15,6 +16,7 @@ tokens differ from the back-to-back run's (exact) without that mark is counted a
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from runtime.metrics import StepMetrics
@@ -29,45 +31,56 @@ def _steps(run: RunResult) -> list[StepMetrics]:
     return [s for e in run.episodes for s in e.steps]
 
 
-def _phase(run: RunResult, cpu_s: float) -> dict[str, Any]:
-    steps = _steps(run)
-    c = run.counters
-    return {"steps": len(steps),
+def _phase(runs: Sequence[tuple[RunResult, float]]) -> dict[str, Any]:
+    """One variant over its repeats (run, CPU seconds): totals, and steps/s over them."""
+    steps = [s for run, _ in runs for s in _steps(run)]
+    wall = sum(run.wall_s for run, _ in runs)
+
+    def count(key: str) -> int:
+        return sum(run.counters.get(key, 0) for run, _ in runs)
+
+    return {"repeats": len(runs), "steps": len(steps),
             "failed_steps": sum(s.status == "failed" for s in steps),
             "degraded_steps": sum(s.status == "degraded" for s in steps),
-            "steps_per_s": len(steps) / run.wall_s if run.wall_s else 0.0,
-            "wall_s": run.wall_s, "cpu_s": cpu_s,
+            "steps_per_s": len(steps) / wall if wall else 0.0,
+            "wall_s": wall, "cpu_s": sum(c for _, c in runs),
+            "wall_s_each": [run.wall_s for run, _ in runs],
+            "cpu_s_each": [c for _, c in runs],
             "prefill_tokens": sum(s.prefill_tokens for s in steps),
             "replay_tokens": sum(s.replay_tokens for s in steps),
             "approximate_steps": sum(s.approximate for s in steps),
             "starts": dict(Counter(s.start for s in steps)),
-            "evicted_episodes": c.get("evicted_episodes", 0),
-            "trimmed_episodes": c.get("trimmed_episodes", 0),
-            "replay_rung_checkpoints": c.get("replay_rung_checkpoints", 0),
-            "replay_rung_recurrent": c.get("replay_rung_recurrent", 0),
-            "ledger_peak_bytes": run.ledger_peak_bytes}
+            "evicted_episodes": count("evicted_episodes"),
+            "trimmed_episodes": count("trimmed_episodes"),
+            "replay_rung_checkpoints": count("replay_rung_checkpoints"),
+            "replay_rung_recurrent": count("replay_rung_recurrent"),
+            "ledger_peak_bytes": max(run.ledger_peak_bytes for run, _ in runs)}
 
 
-def rung_summary(without: RunResult, with_rung: RunResult, sequential: RunResult,
-                 cpu_without: float, cpu_with: float) -> dict[str, Any]:
-    """The two concurrent phases side by side; ``sequential`` (exact, no pressure beyond
-    the budget's) is the reference each step's tokens are compared with."""
-    a, b = _phase(without, cpu_without), _phase(with_rung, cpu_with)
+def rung_summary(without: Sequence[tuple[RunResult, float]],
+                 with_rung: Sequence[tuple[RunResult, float]],
+                 sequential: RunResult) -> dict[str, Any]:
+    """The two variants side by side, each a list of (run, CPU seconds) over its repeats;
+    ``sequential`` (exact) is the reference each step's tokens are compared with."""
+    a, b = _phase(without), _phase(with_rung)
     marked = unmarked = 0
     exact_identical = exact_episodes = 0
-    for ep, ref in zip(with_rung.episodes, sequential.episodes):
-        for s, r in zip(ep.steps, ref.steps):
-            if s.output_tokens != r.output_tokens:
-                marked += s.approximate
-                unmarked += not s.approximate
-        if not any(s.approximate for s in ep.steps):
-            exact_episodes += 1
-            exact_identical += ep.output_sha256 == ref.output_sha256
+    for run, _ in with_rung:
+        for ep, ref in zip(run.episodes, sequential.episodes):
+            for s, r in zip(ep.steps, ref.steps):
+                if s.output_tokens != r.output_tokens:
+                    marked += s.approximate
+                    unmarked += not s.approximate
+            if not any(s.approximate for s in ep.steps):
+                exact_episodes += 1
+                exact_identical += ep.output_sha256 == ref.output_sha256
     return {"without": a, "with": b,
-            # > 1: the phase with the rung did the same steps faster
+            # > 1: the phases with the rung did the same steps faster
             "steps_per_s_ratio": (b["steps_per_s"] / a["steps_per_s"]
                                   if a["steps_per_s"] else None),
             "cpu_ratio": a["cpu_s"] / b["cpu_s"] if b["cpu_s"] else None,
+            "prefill_tokens_ratio": (b["prefill_tokens"] / a["prefill_tokens"]
+                                     if a["prefill_tokens"] else None),
             "approximate_steps_differing": marked,
             "unmarked_differences": unmarked,
             "exact_episodes": exact_episodes,
@@ -79,8 +92,9 @@ def rung_table(r: dict[str, Any]) -> str:
     rows = []
     for name, p in (("without the replay rung", r["without"]), ("with the replay rung", r["with"])):
         rows.append(
-            f"{name}: {p['steps_per_s']:.3f} steps/s ({p['wall_s']:.1f} s, CPU "
-            f"{p['cpu_s']:.1f} s); {p['failed_steps']} failed, {p['degraded_steps']} degraded "
+            f"{name} ({p['repeats']} run(s)): {p['steps_per_s']:.3f} steps/s ("
+            f"{' + '.join(f'{w:.1f}' for w in p['wall_s_each'])} s, CPU "
+            f"{' + '.join(f'{c:.1f}' for c in p['cpu_s_each'])} s); {p['failed_steps']} failed, {p['degraded_steps']} degraded "
             f"of {p['steps']}; prefill {p['prefill_tokens']} tokens (replayed "
             f"{p['replay_tokens']}); {p['evicted_episodes']} evictions, "
             f"{p['replay_rung_checkpoints']} checkpoint drops, {p['replay_rung_recurrent']} "
@@ -91,6 +105,8 @@ def rung_table(r: dict[str, Any]) -> str:
         f"replay rung: steps/s with / without {ratio:.2f}" if ratio is not None
         else "replay rung: steps/s with / without n/a")
     rows[-1] += (f", CPU without / with {cpu:.2f}" if cpu is not None else "")
+    if r["prefill_tokens_ratio"] is not None:
+        rows[-1] += f", prefill tokens with / without {r['prefill_tokens_ratio']:.2f}"
     rows.append(
         f"exactness: {r['approximate_steps_differing']} approximate step(s) decoded other tokens "
         f"than the sequential run, {r['unmarked_differences']} unmarked step(s) did; "

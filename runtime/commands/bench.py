@@ -39,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "without and with the fallback ladder's replay rung (--replay-rung), "
                         "and print the throughput ratio; the rung's approximate steps are "
                         "marked in the records")
+    p.add_argument("--rung-repeats", type=int, default=1,
+                   help="with --compare-replay-rung: run each variant this many times, in ABBA "
+                        "order (without, with, with, without, ...); the ratios are over the "
+                        "sums")
     p.add_argument("--wait-seconds", type=float, default=30.0,
                    help="bound of the scheduler's wait-for-release rung")
     p.add_argument("--trajectory", type=Path,
@@ -94,6 +98,8 @@ def _check(args: argparse.Namespace) -> str | None:
         return "--episodes must be 1..64"
     if args.compare_replay_rung and args.episodes < 2:
         return "--compare-replay-rung needs --episodes N (N >= 2) and a --memory-budget"
+    if not 1 <= args.rung_repeats <= 16:
+        return "--rung-repeats must be 1..16"
     try:
         args.budget = parse_memory_budget(args.memory_budget, relative=True)
         if args.screen is not None:
@@ -236,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
                                     memory_budget=args.memory_budget,
                                     replay_rung=args.agent.replay_rung,
                                     compare_replay_rung=args.compare_replay_rung,
+                                    rung_repeats=args.rung_repeats,
                                     replay_budget=args.agent.replay_budget,
                                     replay_base=args.agent.replay_base)
             report.update(concurrency)
@@ -283,7 +290,7 @@ def _concurrency(args: argparse.Namespace, engine: object, traj: object) -> dict
     return anyio.run(lambda: measure_concurrency(
         engine, traj, args.agent, args.episodes, budget=args.budget,  # type: ignore[arg-type]
         vm_seconds=args.vm_seconds, wait_s=args.wait_seconds, progress=say,
-        compare_rung=args.compare_replay_rung))
+        compare_rung=args.compare_replay_rung, rung_repeats=args.rung_repeats))
 
 
 def _concurrency_table(c: dict) -> str:
