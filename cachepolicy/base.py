@@ -15,6 +15,7 @@ from typing import ClassVar
 import attrs
 
 from cachepolicy.engine.checkpoint import CheckpointKind, ModelKind
+from cachepolicy.engine.row_classes import MAX_RUN_ROWS
 from cachepolicy.context_log import ContextLog
 from cachepolicy.errors import PolicyError, PolicyRefusedError
 from cachepolicy.layouts import PromptKit
@@ -86,6 +87,13 @@ class CachePolicy(abc.ABC):
     def prefetch(self, log: ContextLog, view: CacheView) -> Plan | None:
         """A prefill-only plan of what the next step will need before its screenshot exists
         (``log`` already holds this step's action).  None: the policy has nothing to prefetch."""
+        return None
+
+    def guess(self, log: ContextLog, view: CacheView) -> Plan | None:
+        """A prefill-only plan of the next step's prompt as far as ``log`` — which holds a
+        *guessed* screenshot (the current one again) — allows, with a restore point before the
+        guessed image, so that a wrong guess costs the step one cut back.  None: the policy
+        does not guess.  The episode's log never holds the guessed segment."""
         return None
 
     # ---------------------------------------------------------------- shared helpers
@@ -191,6 +199,8 @@ class CachePolicy(abc.ABC):
                         for t in takes)
         workspace = max((p.n_tokens * m.n_embd * _FLOAT for p in pieces[reused:] if p.is_image),
                         default=0) + m.n_vocab * _FLOAT
+        if decode:  # a run's logits rows, and a recurrent lane's snapshot for its rollback
+            workspace += MAX_RUN_ROWS * m.n_vocab * _FLOAT + m.recurrent_bytes_per_seq
         return ByteForecast(parent_bytes=view.state.held_bytes,
                             parent_seq_bytes=view.state.seq_bytes,
                             successor_seq_bytes=m.state_bytes(total),

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
 
-from cachepolicy.engine import Engine
 from cachepolicy.engine.checkpoint import is_approximate
 from cachepolicy.errors import PolicyError, Preempted
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import NamedCheckpoint, Plan, StartKind
+from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:  # the engine's type only: a thin client's imports reach this module
+    from cachepolicy.engine import Engine
 
 
 @attrs.frozen
@@ -163,15 +167,17 @@ def decode(engine: Engine, plan: Plan, seq: int, prefilled: Execution, *,
            decode_tokens: int = 16, sampling: SamplingParams | None = None,
            stop_at_eog: bool = False, should_stop: Callable[[], bool] | None = None,
            stop: tuple[str, ...] = (),
-           on_token: Callable[[int], None] | None = None) -> Execution:
-    """Phase 2: generate from the prompt's logits.  It needs no engine slot of its own: its
-    rows join the engine's fixed-size decode calls with other sequences' rows.  Decoding
-    ends early once the text holds one of the ``stop`` strings."""
+           on_token: Callable[[int], None] | None = None,
+           drafting: Drafting | None = None) -> Execution:
+    """Phase 2: generate from the prompt's logits.  It needs no engine slot of its own: it
+    decodes in one of the engine's lanes (``DecodeBatcher``).  Decoding ends early once the
+    text holds one of the ``stop`` strings."""
     if not plan.decode or prefilled.logits is None:
         return prefilled
     t0 = time.perf_counter()
     output = engine.generate(seq, prefilled.logits, decode_tokens, sampling,
                              stop_at_eog=stop_at_eog, should_stop=should_stop,
-                             stop_when=_stop_strings(engine, stop), on_token=on_token)
+                             stop_when=_stop_strings(engine, stop), on_token=on_token,
+                             drafting=drafting)
     return attrs.evolve(prefilled, output_tokens=tuple(output),
                         decode_s=time.perf_counter() - t0)

@@ -133,7 +133,8 @@ class ByteForecast:
     place, so the sequence costs the larger of its size before and after; new checkpoints and
     the workspace (logits, and one image's rows: retained screenshots' rows live in the
     embedding cache, whose capacity the scheduler holds; at most the image being prefilled
-    may be outside it) come on top.  An upper bound.
+    may be outside it; a decoding plan's run of logits rows and, on recurrent models, the
+    lane snapshot its rollbacks restore) come on top.  An upper bound.
     """
 
     parent_bytes: int  # already held by the published state (sequence + checkpoints)

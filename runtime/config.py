@@ -20,6 +20,7 @@ import math
 import attrs
 
 from cachepolicy.base import CachePolicy
+from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import MAX_TEMPERATURE, SamplingParams
 from cachepolicy.policies import POLICIES, make_policy
 from cachepolicy.policies import names as policy_names
@@ -66,6 +67,10 @@ def _finite_temperature(_: object, attribute: attrs.Attribute, value: float) -> 
     if not (math.isfinite(value) and 0.0 <= value <= MAX_TEMPERATURE):
         raise ValueError(f"temperature must be a number from 0 to {MAX_TEMPERATURE:g} "
                          f"(0 = greedy), got {value}")
+
+
+#: ``AgentConfig.guess``
+GUESS_MODES = ("auto", "always", "off")
 
 
 @attrs.frozen
@@ -116,6 +121,17 @@ class AgentConfig:
     #: scratch on a spare sequence (next-token KL and top-1: ``drift_kl``,
     #: ``drift_top1_agree``) — a full prefill more per step, for benchmarks
     replay_drift: bool = False
+    #: where the engine decodes in runs: feed text the grammar forces (jump-forward) and
+    #: prompt-lookup drafts for verification in one call; speed only — the tokens are those
+    #: of plain decoding (``cachepolicy.engine.generation``)
+    jump_forward: bool = True
+    drafts: bool = True
+    #: with overlap, after the prefetch: prefill the next step's prompt with the current
+    #: screenshot as the guess for the next one (a wait, a click that changed nothing);
+    #: when the next screenshot's pixels are the same, the step's critical path is the
+    #: decode (and its closing text).  auto: only when the VM's past actions took long
+    #: enough for the guess to finish; always: whenever the prefetch ends first; off.
+    guess: str = attrs.field(default="auto", validator=attrs.validators.in_(GUESS_MODES))
 
     def __attrs_post_init__(self) -> None:
         if self.profile != DEFAULT_PROFILE and self.convention is not CoordConvention.ABSOLUTE:
@@ -145,7 +161,11 @@ class AgentConfig:
     def step_options(self, screen: Screen) -> StepOptions:
         """The scheduler's options for a step on a ``screen``-sized screenshot."""
         return StepOptions(decode_tokens=self.max_tokens(screen), stop_at_eog=self.stop_at_eog,
-                           sampling=self.sampling(screen))
+                           sampling=self.sampling(screen), drafting=self.drafting)
+
+    @property
+    def drafting(self) -> Drafting:
+        return Drafting(jump_forward=self.jump_forward, lookup=self.drafts)
 
     def make_policy(self, factory: SegmentFactory, screen: Screen, *,
                     policy: str | None = None) -> CachePolicy:

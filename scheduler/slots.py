@@ -54,6 +54,7 @@ class Slot:
     evicting: bool = False  # being cut back or evicted (rung 1): its next job waits
     closed: bool = False
     replacing: bool = False  # the job in flight replaces the log (a whole-prompt request)
+    guessing: bool = False  # the job in flight is a guess (its segments are never appended)
     # the published state rung 1 last cut back (cutting it again frees nothing); a weak
     # reference: holding the state would keep its checkpoints alive after it is replaced
     trimmed: weakref.ref[CacheState] | None = None

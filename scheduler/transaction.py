@@ -19,21 +19,25 @@ import itertools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import attrs
 import structlog
 
 from cachepolicy.base import CachePolicy
 from cachepolicy.context_log import ContextLog, Segment
-from cachepolicy.engine import Engine
 from cachepolicy.engine.checkpoint import is_approximate
 from cachepolicy.errors import StalePublishError
 from cachepolicy.executor import Execution, decode, prefill
 from cachepolicy.plan import CacheState, CacheView, Plan
+from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import SamplingParams
 from scheduler.ledger import MemoryLedger, Reservation
 from scheduler.records import StepRecord
 from scheduler.trim import cut_to_reuse_point
+
+if TYPE_CHECKING:  # the engine's type only: a thin client imports this module (StepOptions)
+    from cachepolicy.engine import Engine
 
 log = structlog.get_logger("kvagent.transaction")
 _txn_ids = itertools.count(1)
@@ -88,6 +92,8 @@ class StepOptions:
     sampling: SamplingParams = attrs.Factory(SamplingParams)
     stop_at_eog: bool = False
     stop: tuple[str, ...] = ()  # decoding ends once the text holds one of these
+    #: jump-forward and drafts (speed only: the tokens are plain decoding's)
+    drafting: Drafting = attrs.Factory(Drafting)
     #: called with each decoded token as it comes (in the engine's worker thread): streaming
     on_token: Callable[[int], None] | None = attrs.field(default=None, eq=False)
 
@@ -120,6 +126,9 @@ class Transaction:
     prefetch: bool
     reservation: Reservation | None = None
     degraded: str = ""  # why the plan is not the episode's own policy's plan
+    #: a guess (``CachePolicy.guess``): planned on a log with a guessed screenshot that is
+    #: never published — the episode keeps its log, its state gains the guess's pieces
+    guess: bool = False
 
     @property
     def need_bytes(self) -> int:
@@ -128,11 +137,12 @@ class Transaction:
 
 def begin(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...], *,
           prefetch: bool = False, policy: CachePolicy | None = None,
-          degraded: str = "", replace: bool = False) -> Transaction:
+          degraded: str = "", replace: bool = False, guess: bool = False) -> Transaction:
     """append + select: a new log and the plan for it (``policy`` overrides the episode's own
-    policy, e.g. a downgraded one; ``replace``: the segments are the whole new log).
-    Nothing is reserved or executed yet."""
-    prefix = "p" if prefetch else "t"
+    policy, e.g. a downgraded one; ``replace``: the segments are the whole new log;
+    ``guess``: the segments are a guess, planned on but never appended).  Nothing is
+    reserved or executed yet."""
+    prefix = "g" if guess else "p" if prefetch else "t"
     txn_id = f"{episode.episode_id}/{prefix}{next(_txn_ids)}"
     parent_log, parent = episode.log, episode.state
     new_log = parent_log.replace(*segments) if replace else parent_log.append(*segments)
@@ -143,6 +153,9 @@ def begin(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...], 
         # the replay rung took this episode's checkpoints or recurrent state, or its state is
         # approximate already: an exact plan would throw the sequence away
         chooser = episode.replay_twin
+    if guess:
+        return Transaction(txn_id, episode, parent_log, parent, parent_log,
+                           chooser.guess(new_log, view), True, degraded=degraded, guess=True)
     if prefetch:
         plan = chooser.prefetch(new_log, view)
     else:
@@ -208,10 +221,13 @@ def commit_finish(engine: Engine, txn: Transaction, ledger: MemoryLedger,
         exe = decode(engine, plan, ep.seq, prefilled, decode_tokens=options.decode_tokens,
                      sampling=step_sampling(options.sampling, ep.seed, txn.new_log),
                      stop_at_eog=options.stop_at_eog, should_stop=should_stop,
-                     stop=options.stop, on_token=options.on_token)
+                     stop=options.stop, on_token=options.on_token,
+                     drafting=options.drafting)
         if fault is not None:
             fault("before_publish")
         successor = _successor(engine, ep, plan, exe, txn.parent)
+        if txn.guess:  # the log did not change: neither does the state's generation
+            successor = attrs.evolve(successor, generation=txn.parent.generation)
         ep.publish(txn.parent_log, txn.parent, txn.new_log, successor, ledger, txn.reservation)
         text = engine.detokenize(exe.output_tokens) if not txn.prefetch else ""
         text = cut_at_stop(text, options.stop)

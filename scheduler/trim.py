@@ -8,10 +8,14 @@ for).  Runs in the engine's worker thread.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cachepolicy.engine.checkpoint import CheckpointKind
-from cachepolicy.engine import Engine
 from cachepolicy.errors import UnsafeEditError
 from cachepolicy.plan import CacheState
+
+if TYPE_CHECKING:  # the engine's type only: a thin client's imports reach this module
+    from cachepolicy.engine import Engine
 
 
 def cut_to_reuse_point(engine: Engine, seq: int, state: CacheState) -> int | None:

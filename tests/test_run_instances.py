@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from runtime.run.agents import RunConfig, simdesk_specs
-from runtime.run.instances import SeedChoice, episode_tasks, kind_of, parse_seeds
+from runtime.run.instances import (
+    SeedChoice, check_task, episode_tasks, kind_of, parse_seeds,
+)
 from runtime.run.success import PairedDifference, SuccessRate, wilson_interval
 from vmenv.simdesk import default_tasks, eval_seeds, is_eval_seed, sample_task, task_kinds
 
@@ -41,6 +43,16 @@ def test_train_seeds_ranges_one_kind_one_instance_and_classic() -> None:
 def test_bad_seed_choices(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_seeds(text)
+
+
+def test_several_kinds_are_taken_in_turn() -> None:
+    assert episode_tasks(3, parse_seeds("40-42"), "click-ok,dialog-button") == (
+        "click-ok@40", "dialog-button@41", "click-ok@42")
+    assert check_task("click-ok,menu-launch") == "click-ok,menu-launch"
+    with pytest.raises(ValueError, match="unknown task"):
+        check_task("click-ok,nope")
+    with pytest.raises(ValueError, match="unknown task"):
+        check_task("click-ok@3,menu-launch")
 
 
 def test_combinations_that_name_nothing_are_refused() -> None:

@@ -43,8 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instances", type=int, default=40,
                    help="held-out instances (instance i: kind i mod 8 on the i-th evaluation "
                         "seed; default 40)")
-    p.add_argument("--task", default=None, metavar="KIND",
-                   help="only this kind (default: every kind in turn)")
+    p.add_argument("--task", default=None, metavar="KIND[,KIND...]",
+                   help="only this kind, or these kinds in turn (default: every kind in turn)")
     p.add_argument("--seeds", default="eval", metavar="eval|A-B",
                    help="seeds of the instances (default eval: held out from training)")
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
