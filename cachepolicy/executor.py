@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import attrs
 import numpy as np
 
+from cachepolicy.engine.checkpoint import is_approximate
 from cachepolicy.errors import PolicyError, Preempted
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import NamedCheckpoint, Plan, StartKind
@@ -35,6 +36,10 @@ class Execution:
     drift_top1_agree: bool | None = None
     stopped_at: int | None = None  # a prefetch stopped early: pieces[:stopped_at] are in
     encode_s: float = 0.0  # the vision encoder, for images the embedding cache did not hold
+    #: the sequence's state after the prefill is approximate (the engine's own record: its
+    #: history holds a rebase — this plan's tail replay or an earlier one)
+    approximate: bool = False
+    replay_tokens: int = 0  # rows of the matched prefix this plan's tail replay recomputed
 
 
 class _EncodeClock:
@@ -69,6 +74,9 @@ def _apply_start(engine: Engine, seq: int, plan: Plan) -> None:
     elif start.kind is StartKind.RESTORE:
         assert start.checkpoint is not None
         engine.restore(seq, start.checkpoint)
+    elif start.kind is StartKind.REPLAY:  # approximate: only tail plans start this way
+        assert plan.tail and plan.replay is not None, "a replay start outside a tail plan"
+        engine.replay_cut(seq, start.pos, base=start.checkpoint)
     elif engine.seq_info(seq).next_pos != start.pos:  # KEEP
         raise PolicyError("the sequence changed since the plan was made")
 
@@ -106,6 +114,7 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
     t0 = time.perf_counter()
     clock = _EncodeClock()
     _apply_start(engine, seq, plan)
+    replayed = plan.replay.rows if plan.replay is not None else 0
     for edit in plan.edits:  # relocate: descending positions, so earlier spans stay valid
         engine.remove_range(seq, edit.p0, edit.p1)
     takes = {t.after_piece: t for t in plan.checkpoints}
@@ -122,7 +131,8 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
                              prefill_tokens=sum(p.n_tokens for p in plan.pieces[
                                  plan.reused_pieces:i]),
                              prefill_s=time.perf_counter() - t0 - clock.seconds, decode_s=0.0,
-                             logits=None, stopped_at=i, encode_s=clock.seconds)
+                             logits=None, stopped_at=i, encode_s=clock.seconds,
+                             approximate=_approximate(engine, seq), replay_tokens=replayed)
         engine.batcher.yield_round()
         logits = _prefill_piece(engine, seq, plan.pieces[i], plan.decode and i == last, clock)
     if len(plan.pieces) in takes:
@@ -145,7 +155,12 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
     return Execution(new_checkpoints=tuple(made), output_tokens=(),
                      prefill_tokens=plan.prefill_tokens, prefill_s=t1 - t0 - clock.seconds,
                      decode_s=0.0, logits=logits, drift_kl=kl, drift_top1_agree=agree,
-                     encode_s=clock.seconds)
+                     encode_s=clock.seconds, approximate=_approximate(engine, seq),
+                     replay_tokens=replayed)
+
+
+def _approximate(engine: Engine, seq: int) -> bool:
+    return engine.kind.has_recurrent_state and is_approximate(engine.seq_info(seq).history)
 
 
 def decode(engine: Engine, plan: Plan, seq: int, prefilled: Execution, *,

@@ -98,7 +98,8 @@ class EpisodeDriver:
         """Open the episode's cache in ``scheduler`` (a sequence of its own) and a session on
         it.  Raises PolicyRefusedError / NoFreeSequenceError before anything is held."""
         policy = config.make_policy(factory, screen)
-        episode = scheduler.open_episode(episode_id, policy, seed=seed)
+        episode = scheduler.open_episode(episode_id, policy, seed=seed,
+                                         replay_twin=config.replay_twin(policy))
         return cls(scheduler, AgentSession(scheduler, factory, episode, config, instruction,
                                            screen, teacher=teacher))
 

@@ -88,6 +88,12 @@ class StepMetrics:
     output_tokens: tuple[int, ...] = ()
     drift_kl: float | None = None
     drift_top1_agree: bool | None = None
+    #: the action was decoded from an approximate state (a tail replay — this step's, its
+    #: prefetch's, or an earlier one the sequence still carries; the engine's record)
+    approximate: bool = False
+    #: rows of a matched prefix re-prefilled by tail replay for this step (its prefetch's
+    #: and guess's included); part of ``prefill_tokens``
+    replay_tokens: int = 0
     #: the guess made for this step's screenshot (``AgentConfig.guess``): "hit" (the same
     #: pixels: the step kept its work), "miss" (cut back before the guessed image) or ""
     guess: str = ""
@@ -132,8 +138,11 @@ class StepMetrics:
             forecast_peak_bytes=record.forecast_peak_bytes,
             ledger_peak_bytes=record.ledger_peak_bytes, rss_bytes=rss_bytes(),
             output_tokens=record.output_tokens, drift_kl=record.drift_kl,
-            drift_top1_agree=record.drift_top1_agree, guess=guess,
-            guess_prefill_tokens=guess_tokens)
+            drift_top1_agree=record.drift_top1_agree, approximate=record.approximate,
+            replay_tokens=(record.replay_tokens
+                           + (prefetch.replay_tokens if prefetch is not None else 0)
+                           + (guess_record.replay_tokens if guess_record is not None else 0)),
+            guess=guess, guess_prefill_tokens=guess_tokens)
 
     @classmethod
     def failed(cls, episode_id: str, step: int, reason: str, *,

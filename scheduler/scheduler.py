@@ -119,9 +119,12 @@ class Scheduler:
     # ------------------------------------------------------------------ episodes
 
     def open_episode(self, episode_id: str, policy: CachePolicy, *, seed: int = 0,
-                     options: StepOptions | None = None) -> EpisodeCache:
+                     options: StepOptions | None = None,
+                     replay_twin: CachePolicy | None = None) -> EpisodeCache:
         """A new episode on a free sequence; ``options`` are its step options (decode
-        budget, sampling, grammar) when they differ from the scheduler's."""
+        budget, sampling, grammar) when they differ from the scheduler's; ``replay_twin``:
+        the episode allows the fallback ladder's replay rung, and this (its policy's
+        tail-replay variant) plans its steps once the rung struck it."""
         if episode_id in self._slots:
             raise ValueError(f"episode {episode_id} is already open")
         if not self._free_seqs:
@@ -130,7 +133,7 @@ class Scheduler:
         seq = self._free_seqs.pop(0)
         spare = self._spare_seq if policy.manifest.needs_scratch_sequence else None
         episode = EpisodeCache(episode_id, seq, policy, seed=seed, options=options,
-                               scratch_seq=spare)
+                               scratch_seq=spare, replay_twin=replay_twin)
         self._slots[episode_id] = Slot(episode, last_used=next(self._clock))
         self._log.info("episode_open", episode_id=episode_id, seq_id=seq, policy=policy.name)
         return episode

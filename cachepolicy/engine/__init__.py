@@ -24,6 +24,9 @@ Numerical contract (README "The engine's exactness contract", and ``kvagent chec
   the same indices whether it was prefilled from scratch or restored from a checkpoint;
 * edits that llama.cpp would accept but that silently corrupt a recurrent state (a middle-range
   removal, a tail trim without a recurrent checkpoint) are refused with ``UnsafeEditError``.
+  The one approximate edit is separate and says so: ``replay_cut`` (tail replay: keep the
+  attention KV, set the recurrent state to an older base or zero) marks the sequence's
+  history so that no exact comparison matches it afterwards (``cachepolicy.engine.replay``).
 
 * generations decode in one of two measured shapes (``row_classes``, ``batcher``): lane
   calls of several generations, one token each, padded to the smallest row count of one

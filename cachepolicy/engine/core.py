@@ -34,6 +34,7 @@ from cachepolicy.engine.native import Native, locked
 from cachepolicy.engine.records import (
     EngineConfig, MemoryReport, SeqInfo, decode_lanes_for, encoder_runs_beside, prefill_rows_for,
 )
+from cachepolicy.engine.replay import RecurrentRebase, ReplayCut
 from cachepolicy.engine.row_classes import (
     MAX_RUN_ROWS, DecodeShape, RowClasses, choose_shape,
 )
@@ -172,6 +173,9 @@ class Engine:
                                n_embd=self.n_embd)
         self.states = SequenceState(native, self._seqs, model_id=self.model_id,
                                     kind=self.kind)
+        # before anything is fed: it takes the zero recurrent state from an empty sequence
+        self.rebase = RecurrentRebase(native, self._seqs, model_id=self.model_id,
+                                      kind=self.kind)
         self._lane_ids = tuple(range(config.n_seq_max, config.n_seq_total))
         self.image_cache = EmbeddingCache(config.image_cache_bytes)
         self.vision = Vision(native, self.image_cache, n_embd=self.n_embd,
@@ -302,6 +306,13 @@ class Engine:
 
     def remove_range(self, seq: int, p0: int, p1: int) -> None:
         self.states.remove_range(seq, p0, p1)
+
+    # the approximate edit (tail replay): the RecurrentRebase
+    def replay_cut(self, seq: int, pos: int, *, base: Checkpoint | None = None) -> ReplayCut:
+        """APPROXIMATE unless ``base`` was taken at ``pos``: keep the attention KV of
+        ``[0, pos)``, set the recurrent state to ``base`` (None: zero); see
+        ``cachepolicy.engine.replay``."""
+        return self.rebase.replay_cut(seq, pos, base=base)
 
     def state_bytes(self, seq: int, kind: CheckpointKind = CheckpointKind.FULL) -> int:
         return self.states.state_bytes(seq, kind)

@@ -26,13 +26,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_model_arguments(p, BENCH_MODEL)
     p.add_argument("--arms", default=None,
-                   help=f"comma-separated arms: policies, or <policy>{OVERLAP} (default: "
+                   help=f"comma-separated arms: policies, or <policy>{OVERLAP}; an approximate "
+                        "policy may name its replay budget, <policy>@64 or <policy>@5%% (default: "
                         f"{','.join(default_arms())}; none when --episodes > 1)")
     p.add_argument("--episodes", type=int, default=1,
                    help="run N episodes concurrently through the scheduler, then back to back")
     p.add_argument("--memory-budget", default=None,
                    help="ledger budget for --episodes: bytes (2GiB, 512MiB) or a multiple of one "
                         "episode's measured peak (3.2x); default: unlimited")
+    p.add_argument("--compare-replay-rung", action="store_true",
+                   help="with --episodes: run the concurrent phase twice on the same budget, "
+                        "without and with the fallback ladder's replay rung (--replay-rung), "
+                        "and print the throughput ratio; the rung's approximate steps are "
+                        "marked in the records")
+    p.add_argument("--rung-repeats", type=int, default=1,
+                   help="with --compare-replay-rung: run each variant this many times, in ABBA "
+                        "order (without, with, with, without, ...); the ratios are over the "
+                        "sums")
     p.add_argument("--wait-seconds", type=float, default=30.0,
                    help="bound of the scheduler's wait-for-release rung")
     p.add_argument("--trajectory", type=Path,
@@ -75,6 +85,7 @@ def default_arms() -> tuple[str, ...]:
 
 
 def _check(args: argparse.Namespace) -> str | None:
+    from runtime.bench.arms import ArmSpec
     from runtime.bench.study import parse_screen
     from cachepolicy.policies import names
     from runtime.arg_parsers import check_range, parse_memory_budget
@@ -84,12 +95,20 @@ def _check(args: argparse.Namespace) -> str | None:
         arms = [] if args.episodes > 1 else list(default_arms())
     else:
         arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-        unknown = [a for a in arms if a.removesuffix(OVERLAP) not in names()]
-        if unknown or not arms:
-            return (f"unknown arm(s) {unknown or args.arms!r}; choose from "
-                    f"{', '.join(names())} (each optionally with {OVERLAP})")
+        if not arms:
+            return (f"no arm in {args.arms!r}; choose from {', '.join(names())} (each "
+                    f"optionally with {OVERLAP})")
+        try:
+            for arm in arms:
+                ArmSpec.parse(arm)
+        except ValueError as exc:
+            return str(exc)
     if not 1 <= args.episodes <= 64:
         return "--episodes must be 1..64"
+    if args.compare_replay_rung and args.episodes < 2:
+        return "--compare-replay-rung needs --episodes N (N >= 2) and a --memory-budget"
+    if not 1 <= args.rung_repeats <= 16:
+        return "--rung-repeats must be 1..16"
     try:
         args.budget = parse_memory_budget(args.memory_budget, relative=True)
         if args.screen is not None:
@@ -252,7 +271,12 @@ def run(args: argparse.Namespace) -> int:
         if concurrency is not None:
             report["config"].update(episodes=args.episodes, policy=args.agent.policy,
                                     overlap=args.agent.overlap,
-                                    memory_budget=args.memory_budget)
+                                    memory_budget=args.memory_budget,
+                                    replay_rung=args.agent.replay_rung,
+                                    compare_replay_rung=args.compare_replay_rung,
+                                    rung_repeats=args.rung_repeats,
+                                    replay_budget=args.agent.replay_budget,
+                                    replay_base=args.agent.replay_base)
             report.update(concurrency)
         report["targets"] = targets(report, default_model=args.model is None)
     if arms:
@@ -297,7 +321,8 @@ def _concurrency(args: argparse.Namespace, engine: object, traj: object) -> dict
 
     return anyio.run(lambda: measure_concurrency(
         engine, traj, args.agent, args.episodes, budget=args.budget,  # type: ignore[arg-type]
-        vm_seconds=args.vm_seconds, wait_s=args.wait_seconds, progress=say))
+        vm_seconds=args.vm_seconds, wait_s=args.wait_seconds, progress=say,
+        compare_rung=args.compare_replay_rung, rung_repeats=args.rung_repeats))
 
 
 def _concurrency_table(c: dict) -> str:
@@ -309,6 +334,11 @@ def _concurrency_table(c: dict) -> str:
                 f"{statuses.count('failed')} failed")
 
     t, led = c["throughput"], c["ledger"]
+    rung = []
+    if c.get("replay_rung") is not None:
+        from runtime.bench.rung import rung_table
+
+        rung = [rung_table(c["replay_rung"])]
     return "\n".join([
         f"concurrent: {counts(c['episodes'])}; {t['concurrent_steps_per_s']:.2f} steps/s; "
         f"ledger peak {format_bytes(led['peak_bytes'])} of {format_bytes(led['budget_bytes'])}",
@@ -320,7 +350,7 @@ def _concurrency_table(c: dict) -> str:
         f"decode: {c['decode']['concurrent']['tokens_per_s']:.1f} tokens/s concurrent "
         f"({c['decode']['concurrent']['rows_per_call']:.2f} rows per call) vs "
         f"{c['decode']['sequential']['tokens_per_s']:.1f} sequential: "
-        f"{c['decode']['speedup']:.2f}x"])
+        f"{c['decode']['speedup']:.2f}x", *rung])
 
 
 def _decode_arms(args: argparse.Namespace, engine: object, traj: object, progress: object,

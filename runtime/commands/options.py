@@ -19,6 +19,7 @@ import attrs
 
 from cachepolicy.engine.records import MAX_DECODE_ROWS, MAX_N_BATCH, default_threads
 from cachepolicy.policies import names
+from cachepolicy.tail import BASES
 from runtime.arg_parsers import check_decode_rows, check_threads
 from runtime.config import GUESS_MODES, MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig
 from runtime.engine_setup import DefaultModel, ModelFiles, resolve_model
@@ -86,7 +87,8 @@ DECODE_SHAPES: dict[str, bool | None] = {"auto": None, "lanes": False, "runs": T
 def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | None = None,
                         ) -> None:
     """``--profile --policy --window --overlap --temperature --seed --grammar
-    --decode-tokens --stop-at-eog``, defaulting to ``defaults`` (``AgentConfig()`` if None;
+    --decode-tokens --stop-at-eog --replay-budget --replay-base --replay-rung
+    --replay-drift``, defaulting to ``defaults`` (``AgentConfig()`` if None;
     the window defaults to the profile's)."""
     d = defaults or AgentConfig()
     p.add_argument("--profile", default=d.profile, choices=profile_names(),
@@ -110,6 +112,24 @@ def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | N
     p.add_argument("--stop-at-eog", action=argparse.BooleanOptionalAction,
                    default=d.stop_at_eog,
                    help="stop decoding at end-of-generation (off: always --decode-tokens)")
+    p.add_argument("--replay-budget", default=d.replay_budget, metavar="TOKENS|PCT%",
+                   help="tail replay on hybrid models: rows of a matched prefix an approximate "
+                        "step re-prefills, as tokens (64) or a share of the prefix (10%%); for "
+                        "the approximate policies (tail-replay, noevict-tail, faithful-tail) "
+                        "and --replay-rung (default %(default)s)")
+    p.add_argument("--replay-base", default=d.replay_base, choices=BASES,
+                   help="where a replay's recurrent state starts: the nearest older "
+                        "checkpoint (else zero), or always zero")
+    p.add_argument("--replay-rung", action=argparse.BooleanOptionalAction,
+                   default=d.replay_rung,
+                   help="allow approximation under memory pressure: the fallback ladder may "
+                        "drop an idle episode's checkpoints and recurrent state instead of "
+                        "its whole cache; its next steps replay a tail (marked approximate)")
+    p.add_argument("--replay-drift", action=argparse.BooleanOptionalAction,
+                   default=d.replay_drift,
+                   help="an approximate policy measures every step against its exact prompt "
+                        "prefilled from scratch (next-token KL, top-1): a full prefill more "
+                        "per step")
     p.add_argument("--jump-forward", action=argparse.BooleanOptionalAction,
                    default=d.jump_forward,
                    help="feed text the grammar forces without sampling it token by token "
@@ -129,10 +149,13 @@ def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> Agen
               "overlap": args.overlap, "temperature": args.temperature, "seed": args.seed,
               "grammar": args.grammar, "decode_tokens": args.decode_tokens,
               "stop_at_eog": args.stop_at_eog, "jump_forward": args.jump_forward,
-              "drafts": args.drafts, "guess": args.guess}
+              "drafts": args.drafts, "guess": args.guess,
+              "replay_budget": args.replay_budget, "replay_base": args.replay_base,
+              "replay_rung": args.replay_rung, "replay_drift": args.replay_drift}
     if args.window is not None:  # else the profile's
         fields["window"] = args.window
-    for name in ("window", "temperature", "decode_tokens"):  # one at a time: name the culprit
+    for name in ("window", "temperature", "decode_tokens",  # one at a time: name the culprit
+                 "replay_budget"):
         if name not in fields:
             continue
         try:
