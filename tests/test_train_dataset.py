@@ -19,16 +19,12 @@ from runtime.train.dataset import (
     LAYOUTS, MANIFEST, PERTURBED, SLIPPED, DatasetConfig, DatasetError, generate, load_manifest,
     rollout, shards,
 )
-from runtime.train.probes import widget_label
 from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, TextPiece
 from vmenv.simdesk import is_eval_seed
-from vmenv.simdesk.widgets import hit_in, widgets
 from vmenv.simdesk.render import render_png
 
-# probes off: these tests read the target as an example's last piece (the probes, which follow
-# it, are tested on their own below)
 CONFIG = DatasetConfig(seed=7, episodes=6, shard_episodes=3, perturbed=0.3, slipped=0.4,
-                       variants=3, probes=0)
+                       variants=3)
 
 
 @pytest.fixture(scope="module")
@@ -206,36 +202,3 @@ def test_a_code_typed_after_its_screen_left_the_window_is_left_out(engine: objec
             typed += 1
             assert meta["shown"] == meta["step"] + 1  # the code's screen is in the prompt
     assert typed > 0
-
-
-def test_probes_follow_the_response_and_name_what_a_click_reaches(engine: object,
-                                                                   tmp_path: Path) -> None:
-    """With probes on, every example is the same prompt and response, then lines
-    "<label> " (not trained) + a click (trained), each click at a point where the step's
-    screen has a widget showing that label; without them the example is the response's."""
-    config = attrs.evolve(CONFIG, episodes=3, shard_episodes=3, perturbed=0.0, slipped=0.0,
-                          variants=1, probes=4)
-    generate(engine, config, tmp_path / "on")  # type: ignore[arg-type]
-    generate(engine, attrs.evolve(config, probes=0), tmp_path / "off")  # type: ignore[arg-type]
-    (on,), (off,) = shards(tmp_path / "on"), shards(tmp_path / "off")
-    assert len(on) == len(off) > 0
-    probed = 0
-    for e in range(len(on)):
-        plain, with_probes = off.pieces(e), on.pieces(e)
-        assert with_probes[: len(plain)] == plain  # the same prompt and response first
-        extra = with_probes[len(plain):]
-        assert len(extra) % 2 == 0 and len(extra) <= 2 * config.probes
-        ep = rollout(config, int(on.meta(e)["episode"]))
-        state = ep.steps[int(on.meta(e)["step"])].state
-        shown = widgets(state)
-        for label_piece, click_piece in zip(extra[::2], extra[1::2]):
-            assert isinstance(label_piece, TextPiece) and not label_piece.train
-            assert isinstance(click_piece, TextPiece) and click_piece.train
-            label = engine.detokenize(label_piece.tokens).strip()  # type: ignore[attr-defined]
-            click = engine.detokenize(click_piece.tokens)  # type: ignore[attr-defined]
-            x, y = (int(v) for v in click.removeprefix("click(").removesuffix(")").split(","))
-            hit = hit_in(shown, x, y)
-            assert hit is not None and widget_label(state, hit.name) == label, (label, click)
-            probed += 1
-        assert on.meta(e)["target_tokens"] == off.meta(e)["target_tokens"]
-    assert probed > len(on)  # most screens name several things

@@ -54,19 +54,15 @@ from cachepolicy.engine import Engine
 from cachepolicy.pieces import digests
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
-from runtime.train.aim import aim_at_cells
-from runtime.train.probes import screen_probes
-from runtime.train.readable_vision import cell_centres
 from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, StepExample, TextPiece
 from runtime.train.shards import META, PieceKind, Projector, Shard, ShardWriter
-from vmenv.actions import Action, Click, TypeText
+from vmenv.actions import Action, TypeText
 from vmenv.simdesk import (
     DemoStep, demonstration, is_eval_seed, sample_task, task_kinds, train_seeds,
 )
 from vmenv.simdesk.demos import DemonstrationError
 from vmenv.simdesk.render import render_png
 from vmenv.simdesk.seeds import MAX_SEED
-from vmenv.simdesk.state import DeskState
 from vmenv.trajectory_writer import write_durably
 
 if TYPE_CHECKING:
@@ -97,11 +93,6 @@ class DatasetConfig:
     noevict_share: float = 0.2
     with_done: bool = False  # also label the solved state done() (simdesk ends without it)
     profile: str = "kvagent"
-    #: grounding probes after each response (``runtime.train.probes``): at most this many
-    #: "<label> click(x, y)" lines about the current screenshot; 0 = none
-    probes: int = attrs.field(default=8, validator=attrs.validators.ge(0))
-    #: clicks at the encoder cell's centre nearest the expert's point (``runtime.train.aim``)
-    aim: bool = True
     shard_episodes: int = attrs.field(default=64, validator=attrs.validators.ge(1))
 
     def __attrs_post_init__(self) -> None:
@@ -152,9 +143,8 @@ def rollout(config: DatasetConfig, e: int) -> Episode:
     draw = rng.random()
     mode = (PERTURBED if draw < config.perturbed
             else SLIPPED if draw < config.perturbed + config.slipped else CLEAN)
-    aim = aim_at_cells(config.screen) if config.aim else None
-    at = rng.randrange(len(demonstration(task, w, h, aim=aim))) if mode != CLEAN else None
-    steps = demonstration(task, w, h, rng=rng, with_done=config.with_done, aim=aim,
+    at = rng.randrange(len(demonstration(task, w, h))) if mode != CLEAN else None
+    steps = demonstration(task, w, h, rng=rng, with_done=config.with_done,
                           perturb_at=at if mode == PERTURBED else None,
                           slip_at=at if mode == SLIPPED else None)
     return Episode(e, kind, seed, task.instruction, steps, mode, at,
@@ -206,7 +196,6 @@ class Generator:
         encoded = {png: self.engine.encode_image(png, image_id=log.screenshots[-1].image_id)
                    for png, log in zip(pngs, logs)}
         n = skipped = 0
-        probe_rng = episode_rng(self.config, ep.index, "probes")
         for i, (log_i, step) in enumerate(zip(logs, ep.steps)):
             if step.slip:  # the agent's mistake: in the later steps' history, never a target
                 continue
@@ -232,9 +221,6 @@ class Generator:
                         pieces.append((PieceKind.TARGET if p.train else PieceKind.TEXT,
                                        p.tokens))
                         rows += len(p.tokens)
-                for text, tokens in self.probe_pieces(step.state, probe_rng):
-                    pieces.append((PieceKind.TARGET if text is None else PieceKind.TEXT, tokens))
-                    rows += len(tokens)
                 shard.add_example(
                     pieces, episode=ep.index, kind=c.kinds.index(ep.kind), seed=ep.seed,
                     step=i, layout=LAYOUTS.index(policy), window=k,
@@ -243,20 +229,6 @@ class Generator:
                     recovery=ep.off_at is not None and i >= ep.off_at)
                 n += 1
         return n, skipped
-
-
-    def probe_pieces(self, state: DeskState, rng: random.Random,
-                     ) -> list[tuple[str | None, tuple[int, ...]]]:
-        """The probe lines after a response (``runtime.train.probes``): ``(label, tokens)``
-        for the untrained ``"\\n<label> "``, ``(None, tokens)`` for the trained click."""
-        tokenize = self.engine.tokenize
-        respond = self.builders[(EVERY, 0)].response
-        out: list[tuple[str | None, tuple[int, ...]]] = []
-        centres = cell_centres(self.config.screen) if self.config.aim else None
-        for label, (x, y) in screen_probes(state, rng, self.config.probes, centres=centres):
-            out.append((label, tuple(tokenize(f"\n{label} "))))
-            out.append((None, tuple(tokenize(respond(Click(x, y))))))
-        return out
 
 
 def answerable(ep: Episode, ex: StepExample, action: Action) -> bool:
@@ -455,8 +427,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--variants", type=int, default=d.variants)
     p.add_argument("--shard-episodes", type=int, default=d.shard_episodes)
     p.add_argument("--with-done", action="store_true")
-    p.add_argument("--probes", type=int, default=d.probes,
-                   help="grounding probes after each response (0: none; runtime.train.probes)")
     p.add_argument("--model", type=Path)
     p.add_argument("--mmproj", type=Path)
     p.add_argument("--threads", type=int, default=None)
@@ -465,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = DatasetConfig(seed=args.seed, episodes=args.episodes, perturbed=args.perturbed,
                            slipped=args.slipped,
                            variants=args.variants, shard_episodes=args.shard_episodes,
-                           with_done=args.with_done, probes=args.probes)
+                           with_done=args.with_done)
     files = resolve_model(args.model, args.mmproj, default=DEMO_MODEL)
     fields = {"n_threads": args.threads} if args.threads else {}
     engine = load_engine(files, engine_config(files.model, what="the dataset's engine",

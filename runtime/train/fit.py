@@ -44,14 +44,14 @@ def row_buckets(longest: int) -> tuple[int, ...]:
 class FitConfig:
     """How long and how hard to train (the defaults train a shipped agent)."""
 
-    steps: int = attrs.field(default=3000, validator=attrs.validators.ge(1))
+    steps: int = attrs.field(default=2500, validator=attrs.validators.ge(1))
     learning_rate: float = 3e-3
     warmup_steps: int = 100
     min_lr_ratio: float = 0.05
     weight_decay: float = 0.01
     seed: int = 0
     log_every: int = 50
-    checkpoint_every: int = 500
+    checkpoint_every: int = 1000
 
 @attrs.frozen
 class FitReport:

@@ -6,23 +6,19 @@ numbers, which loses the strokes of 15 px text; a tiny text model cannot learn t
 minutes. This module writes a ``qwen3vl_merger`` projector (a plain GGUF that llama.cpp's mtmd
 runs like any other) whose weights are chosen so every merged 32x32 cell's embedding carries:
 
-- where the cell is, as the agent writes it: on the 640x360 screen ``kvagent run`` uses, the
-  decimal digits of the cell's centre in screen pixels (x: hundreds, tens, ones; y: the same),
-  one-hot, in dedicated embedding dimensions — an agent that clicks cell centres (the trained
-  agents do, ``runtime.train.aim``) copies a cell's digits into its answer — plus x and y
-  themselves. The position grid (which mtmd resizes bilinearly to the image's patch grid) is
-  solved so the resized values are exactly these per-cell features; at other screen sizes they
-  are just features with the wrong digits;
 - the cell's luminance at 2x2-pixel resolution (the conv kernel averages 2x2 blocks: 8x8 values
-  per 16x16 patch, 16x16 per cell) and each patch's mean colour, through a fixed random
-  projection (seeded) into the remaining dimensions.
+  per 16x16 patch, 16x16 per cell), so glyphs and widget edges survive;
+- each patch's mean colour (themes, highlighted buttons);
+- where the cell is: sines and cosines of its x and y at 0.5..8 cycles per screen, at a 100 px
+  period on a 640x360 screen (the tens digit of a coordinate), plus x and y themselves,
+  through the learned-position grid (which mtmd resizes to the image bilinearly), so a model
+  with plain 1-D positions (llama) can still say where a cell is.
 
-The ViT block is the identity (its output projections are zero) and there is no post-norm (it
-would rescale every patch by its own contrast), ``mm.0`` + GELU is a monotone per-feature map
-(identity weights, a +3 bias that keeps GELU in its near-linear range: a one-hot feature comes
-out within 0.005 of 0 or 1), and ``mm.2`` copies the position features (averaged over a cell's
-four patches, which share them) and projects the rest. Invariant: nothing here is trained; the
-same seed gives the same file.
+The ViT block is the identity (its output projections are zero), ``mm.0`` + GELU is a monotone
+per-feature map (identity weights, a +3 bias that keeps GELU in its near-linear range), and
+``mm.2`` is a fixed random projection (seeded) from the 4 x ``VISION_EMBD`` cell features to the
+text model's width, which the text model learns to read. Invariant: nothing here is trained;
+the same seed gives the same file.
 """
 
 from __future__ import annotations
@@ -37,53 +33,32 @@ from cachepolicy.forge.mmproj import mmproj_plans, write_mmproj
 from cachepolicy.forge.specs import VisionSpec
 from cachepolicy.forge.writer import TensorPlan, given
 
-__all__ = ["DECIMAL_SCREEN", "VISION_EMBD", "cell_centres", "readable_vision_spec",
-           "write_readable_mmproj"]
+__all__ = ["VISION_EMBD", "readable_vision_spec", "write_readable_mmproj"]
 
 PATCH = 16
-MERGE = 2  # the merger's 2x2 patches per cell
-CELL = PATCH * MERGE
 POOL = 2  # luminance is averaged over POOL x POOL pixel blocks
 LUMA = (0.299, 0.587, 0.114)
-#: kvagent run's default screen, the one whose coordinates the position digits spell
+FREQUENCIES = (0.5, 1.0, 2.0, 4.0, 8.0)  # cycles per screen width / height
+#: kvagent run's default screen: on it two more features give the phase of x mod 100 and
+#: y mod 100 at each patch's centre (the tens digit of a coordinate the agent writes); at other
+#: sizes they are just two more frequencies
 DECIMAL_SCREEN = (640, 360)
-#: (axis, place value, digits) of the one-hot position features: x's hundreds, tens and ones,
-#: then y's
-DIGITS = ((0, 100, 7), (0, 10, 10), (0, 1, 10), (1, 100, 4), (1, 10, 10), (1, 1, 10))
-POS_SIDE = 64  # the learned position grid (mtmd resizes it to the patch grid)
-VISION_EMBD = 128
+POS_SIDE = 64  # the position grid; 8 samples per cycle at the highest frequency
+VISION_EMBD = 96
 GELU_SHIFT = 3.0
-PIXEL_GAIN = 0.4
 
 _N_LUMA = (PATCH // POOL) ** 2  # 64
 _COLOUR = _N_LUMA  # 3 mean-colour features start here
-_N_PIXEL = _COLOUR + 3  # luminance and colour: the features that depend on the pixels
-_POSITION = _N_PIXEL  # position features start here: the digits, then x and y
-_N_DIGITS = sum(n for _, _, n in DIGITS)  # 51
-_N_POSITION = _N_DIGITS + 2
+_POSITION = _COLOUR + 3  # position features start here
+_N_POSITION = 2 + 4 * len(FREQUENCIES) + 4  # x, y, sin/cos per axis and frequency, phases
 assert _POSITION + _N_POSITION <= VISION_EMBD
 
 
 def readable_vision_spec(spec: TextSpec) -> VisionSpec:
     """The projector's hyper-parameters for a text model of ``spec.n_embd``."""
-    if spec.n_embd <= _N_POSITION:
-        raise ValueError(f"a text model of width {spec.n_embd} has no room beside the "
-                         f"{_N_POSITION} position features")
     return VisionSpec(projector="qwen3vl_merger", image_size=512, patch_size=PATCH,
                       n_embd=VISION_EMBD, n_ff=32, n_layer=1, n_head=2,
                       projection_dim=spec.n_embd, pos_side=POS_SIDE)
-
-
-def cell_centres(screen: tuple[int, int] = DECIMAL_SCREEN) -> tuple[list[int], list[int]]:
-    """The screen-pixel centres of the encoder's cells along x and along y: mtmd resizes an
-    image to multiples of ``CELL`` pixels (640x360 -> 640x352) and merges ``CELL``-pixel
-    squares into one embedding each."""
-    out = []
-    for size in screen:
-        resized = max(CELL, round(size / CELL) * CELL)
-        out.append([round((CELL * c + CELL / 2) * size / resized)
-                    for c in range(resized // CELL)])
-    return out[0], out[1]
 
 
 def _patch_kernel() -> np.ndarray:
@@ -100,71 +75,38 @@ def _patch_kernel() -> np.ndarray:
     return k
 
 
-def _cell_features(axis: int, centres: list[int], size: int) -> np.ndarray:
-    """[cells, _N_POSITION]: per cell along ``axis``, its digits (one-hot, the other axis'
-    digits zero) and its coordinate in [-1, 1] (the other axis' zero)."""
-    f = np.zeros((len(centres), _N_POSITION), np.float64)
-    for c, centre in enumerate(centres):
-        col = 0
-        for ax, place, n in DIGITS:
-            if ax == axis:
-                f[c, col + min(centre // place % 10, n - 1)] = 1.0
-            col += n
-        f[c, _N_DIGITS + axis] = 2.0 * centre / size - 1.0
-    return f
-
-
-def _resize_matrix(n_out: int) -> np.ndarray:
-    """[n_out, POS_SIDE]: ggml's bilinear resize with aligned corners along one axis, in its
-    float32 arithmetic (each output a blend of two neighbouring grid values)."""
-    a = np.zeros((n_out, POS_SIDE), np.float64)
-    sf = np.float32(n_out - 1) / np.float32(POS_SIDE - 1)
-    for i in range(n_out):
-        x = np.float32(i) / sf
-        x0 = int(np.floor(x))
-        dx = float(min(max(np.float32(x) - np.float32(x0), 0.0), 1.0))
-        a[i, min(max(x0, 0), POS_SIDE - 1)] += 1.0 - dx
-        a[i, min(max(x0 + 1, 0), POS_SIDE - 1)] += dx
-    return a
-
-
 def _position_grid() -> np.ndarray:
-    """numpy order [POS_SIDE**2, E]: row gy * POS_SIDE + gx; zero outside the position dims.
-
-    Per axis the grid values solve ``resize(grid) = features of each patch's cell`` exactly
-    (min-norm: 64 grid samples, 40 or 22 patches, each patch reading two neighbours); the x
-    features live on columns and are constant down them, so resizing along y keeps them."""
+    """numpy order [POS_SIDE**2, E]: row gy * POS_SIDE + gx; zero outside the position dims."""
     g = np.zeros((POS_SIDE, POS_SIDE, VISION_EMBD), np.float32)
-    for axis, centres in enumerate(cell_centres(DECIMAL_SCREEN)):
-        per_patch = np.repeat(_cell_features(axis, centres, DECIMAL_SCREEN[axis]), MERGE, axis=0)
-        grid = np.linalg.pinv(_resize_matrix(len(per_patch))) @ per_patch  # [POS_SIDE, F]
-        if axis == 0:
-            g[:, :, _POSITION:_POSITION + _N_POSITION] += grid[None, :, :].astype(np.float32)
-        else:
-            g[:, :, _POSITION:_POSITION + _N_POSITION] += grid[:, None, :].astype(np.float32)
+    u = np.linspace(0.0, 1.0, POS_SIDE, dtype=np.float64)
+    x, y = np.meshgrid(u, u)  # x varies along gx (columns), y along gy (rows)
+    feats = [2 * x - 1, 2 * y - 1]
+    for f in FREQUENCIES:
+        for axis in (x, y):
+            feats += [np.sin(2 * np.pi * f * axis), np.cos(2 * np.pi * f * axis)]
+    # grid point u = 0 / 1 is the first / last patch's centre (mtmd resizes the grid with
+    # aligned corners); on DECIMAL_SCREEN the image is resized to multiples of 32 px first
+    for size, axis in zip(DECIMAL_SCREEN, (x, y)):
+        resized = size // 32 * 32
+        centre = (PATCH / 2 + (resized - PATCH) * axis) * size / resized
+        feats += [np.sin(2 * np.pi * centre / 100), np.cos(2 * np.pi * centre / 100)]
+    for i, values in enumerate(feats):
+        g[:, :, _POSITION + i] = values
     return g.reshape(POS_SIDE * POS_SIDE, VISION_EMBD)
 
 
 def _designed_values(spec: VisionSpec, seed: int) -> dict[str, np.ndarray]:
-    e, merged, out = spec.n_embd, spec.n_embd * MERGE**2, spec.projection_dim
+    e4 = 4 * spec.n_embd
     rng = np.random.default_rng(seed)
-    w = np.zeros((out, merged), np.float32)
-    for b in range(MERGE**2):  # the cell's four patches, side by side in the merged vector
-        # position features: the mean of the four copies (they are equal) -> dims 0.._N_POSITION
-        w[np.arange(_N_POSITION), b * e + _POSITION + np.arange(_N_POSITION)] = 1.0 / MERGE**2
-    pixel_cols = np.concatenate([b * e + np.arange(_N_PIXEL) for b in range(MERGE**2)])
-    # mtmd normalises pixels to [-1, 1] (mid-grey 0); the gain keeps a cell's pixel part about
-    # as long as its position part (~2.5), so neither drowns the other in the text model's norm
-    w[_N_POSITION:, pixel_cols] = rng.normal(0.0, PIXEL_GAIN * len(pixel_cols) ** -0.5,
-                                             (out - _N_POSITION, len(pixel_cols)))
+    projection = rng.normal(0.0, e4**-0.5, (spec.projection_dim, e4)).astype(np.float32)
     return {
         "v.patch_embd.weight": _patch_kernel(),
         "v.position_embd.weight": _position_grid(),
-        "mm.0.weight": np.eye(merged, dtype=np.float32),
-        "mm.0.bias": np.full(merged, GELU_SHIFT, np.float32),
-        "mm.2.weight": w,
+        "mm.0.weight": np.eye(e4, dtype=np.float32),
+        "mm.0.bias": np.full(e4, GELU_SHIFT, np.float32),
+        "mm.2.weight": projection,
         # undo the shift on the (near-linear) GELU's output: W (x + s) - W s = W x
-        "mm.2.bias": -GELU_SHIFT * w.sum(axis=1),
+        "mm.2.bias": -GELU_SHIFT * projection.sum(axis=1),
     }
 
 
@@ -172,7 +114,7 @@ def _plan_values(plan: TensorPlan, designed: dict[str, np.ndarray]) -> TensorPla
     if plan.name in designed:
         return given(plan, designed[plan.name])
     shape = tuple(reversed(plan.dims))
-    if plan.name.endswith(("ln1.weight", "ln2.weight")):
+    if plan.name.endswith(("ln1.weight", "ln2.weight", "post_ln.weight")):
         return given(plan, np.ones(shape, np.float32))
     # everything else is zero: the second temporal kernel, the patch bias, every block's
     # q/k/v and output projections and FFN (so the block adds nothing: the identity)
@@ -185,9 +127,7 @@ def write_readable_mmproj(spec: TextSpec, path: str | Path, *, seed: int = 0) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     vspec = readable_vision_spec(spec)
     designed = _designed_values(vspec, seed)
-    # no post-norm: llama.cpp applies v.post_ln only when the file has it
-    plans = [_plan_values(p, designed) for p in mmproj_plans(vspec)
-             if not p.name.startswith("v.post_ln.")]
+    plans = [_plan_values(p, designed) for p in mmproj_plans(vspec)]
     write_mmproj(vspec, path, seed, plans, name="kvagent-readable-mmproj",
                  flags=(POSITION_FEATURES_KEY,))
     return path

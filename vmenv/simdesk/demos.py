@@ -7,14 +7,12 @@ the state before action k is first knocked off-track (``Task.perturb``): that st
 marked ``perturbed`` — its screen was not caused by the previous action — and the labels
 that follow are the expert's recovery.  With ``slip_at=k`` the action at step k is a mistake
 (``slips.wrong_action``), executed like any other and marked ``slip``: it is what an agent
-did, not a label; the expert's recovery follows.  ``aim`` rewrites each expert action before it
-is applied (a trainer's choice of the point on a widget: the same effect, another spot).
+did, not a label; the expert's recovery follows.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 
 import attrs
 
@@ -42,9 +40,7 @@ class DemonstrationError(RuntimeError):
 
 def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None = None,
                   rng: random.Random | None = None, with_done: bool = False,
-                  max_steps: int = 64, slip_at: int | None = None,
-                  aim: Callable[[DeskState, Action], Action] | None = None,
-                  ) -> tuple[DemoStep, ...]:
+                  max_steps: int = 64, slip_at: int | None = None) -> tuple[DemoStep, ...]:
     """The expert's episode on ``task`` at this screen size (see the module docstring).
 
     ``with_done`` appends the solved state labelled ``Done()`` (for agents that must say so;
@@ -63,8 +59,6 @@ def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None
                 out.append(DemoStep(state, Done(), perturbed))
             return tuple(out)
         action = task.next_action(state)
-        if aim is not None:
-            action = aim(state, action)
         if isinstance(action, Fail | Done) or len(out) >= max_steps:
             raise DemonstrationError(f"{task.name}: expert answered {action} after "
                                      f"{len(out)} steps")
