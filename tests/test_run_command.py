@@ -199,7 +199,7 @@ def test_replay_env(cache_dir: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("example", ["run_simdesk.py", "custom_policy.py"])
 def test_examples_run(cache_dir: Path, tmp_path: Path, example: str) -> None:
     res = subprocess.run([sys.executable, str(REPO / "examples" / example)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120, env=_env(cache_dir),
+                         capture_output=True, text=True, timeout=300, env=_env(cache_dir),
                          check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     if example == "custom_policy.py":
