@@ -68,6 +68,7 @@ class Decoder:
         if rc != 0:
             raise DecodeError(f"llama_decode returned {rc} on sequence(s) {np.unique(seq_ids)} "
                               f"({m} rows)", rc)
+        self._seqs.shift_pending = False  # the decode applied every pending K-shift first
 
     def logits(self, row: int = -1) -> np.ndarray:
         """A copy of the last call's logits of ``row`` (-1: the last row with logits)."""
