@@ -8,10 +8,14 @@ A policy is configured once per model (``ModelInfo``, ``PromptKit``, window size
 from __future__ import annotations
 
 import abc
+import copy
 from collections.abc import Sequence
 from typing import ClassVar
 
-from cachepolicy.engine.checkpoint import CheckpointKind
+import attrs
+
+from cachepolicy.engine.checkpoint import CheckpointKind, ModelKind
+from cachepolicy.engine.row_classes import MAX_RUN_ROWS
 from cachepolicy.context_log import ContextLog
 from cachepolicy.errors import PolicyError, PolicyRefusedError
 from cachepolicy.layouts import PromptKit
@@ -21,8 +25,10 @@ from cachepolicy.plan import (
     TakeCheckpoint,
 )
 from cachepolicy.reuse import best_start
+from cachepolicy.tail import ReplayBudget, on_history, position_after, tail_start
 
 _FLOAT = 4
+_ATTENTION = ModelKind.ATTENTION
 
 
 class CachePolicy(abc.ABC):
@@ -32,9 +38,13 @@ class CachePolicy(abc.ABC):
     manifest: ClassVar[PolicyManifest]
     #: False for a layout whose segments hold the generation prompt themselves (faithful)
     adds_generation_prompt: ClassVar[bool] = True
+    #: the replay budget of an approximate (tail-replay) policy when none is given; None for
+    #: the exact ones, which take a budget only through ``with_tail``
+    default_tail: ClassVar[ReplayBudget | None] = None
 
     def __init__(self, model: ModelInfo, kit: PromptKit, *, window: int = 3,
-                 decode_tokens: int = 16) -> None:
+                 decode_tokens: int = 16, tail: ReplayBudget | None = None,
+                 measure_drift: bool = False) -> None:
         if model.kind not in self.manifest.supports:
             supported = ", ".join(sorted(k.value for k in self.manifest.supports))
             raise PolicyRefusedError(
@@ -42,7 +52,33 @@ class CachePolicy(abc.ABC):
                 f"(supports: {supported}); {self.manifest.changes}")
         if window < 1:
             raise PolicyError("window must be >= 1 screenshot")
+        if tail is not None and self.default_tail is None:
+            raise PolicyError(f"policy {self.name!r} is exact: it takes no replay budget "
+                              "(its approximate variant: with_tail)")
         self.model, self.kit, self.window, self.decode_tokens = model, kit, window, decode_tokens
+        #: plan by content and replay a tail where no exact restore point reaches
+        #: (``cachepolicy.tail``); None: the exact planner only
+        self.tail: ReplayBudget | None = tail if tail is not None else self.default_tail
+        #: an approximate policy's plans carry their layout's exact prompt as the drift
+        #: reference (next-token KL and top-1 on a spare sequence, as relocate's do)
+        self.measure_drift = measure_drift
+        if measure_drift:
+            if self.tail is None:
+                raise PolicyError(f"policy {self.name!r} is exact: nothing to measure")
+            self.manifest = attrs.evolve(self.manifest, needs_scratch_sequence=True)
+
+    def with_tail(self, budget: ReplayBudget) -> CachePolicy | None:
+        """This policy's tail-replay variant — the same layout and checkpoints, planned by
+        content with ``budget`` where no exact restore point reaches, its manifest
+        ``approximate`` — or None on a model without a recurrent state (there every trim is
+        exact).  What the memory ladder's replay rung plans an episode's next step with."""
+        if not self.model.kind.has_recurrent_state:
+            return None
+        twin = copy.copy(self)
+        twin.tail = budget
+        twin.manifest = attrs.evolve(self.manifest, quality="approximate",
+                                     supports=self.manifest.supports - {_ATTENTION})
+        return twin
 
     @abc.abstractmethod
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
@@ -51,6 +87,13 @@ class CachePolicy(abc.ABC):
     def prefetch(self, log: ContextLog, view: CacheView) -> Plan | None:
         """A prefill-only plan of what the next step will need before its screenshot exists
         (``log`` already holds this step's action).  None: the policy has nothing to prefetch."""
+        return None
+
+    def guess(self, log: ContextLog, view: CacheView) -> Plan | None:
+        """A prefill-only plan of the next step's prompt as far as ``log`` — which holds a
+        *guessed* screenshot (the current one again) — allows, with a restore point before the
+        guessed image, so that a wrong guess costs the step one cut back.  None: the policy
+        does not guess.  The episode's log never holds the guessed segment."""
         return None
 
     # ---------------------------------------------------------------- shared helpers
@@ -74,6 +117,10 @@ class CachePolicy(abc.ABC):
         how much of the prompt the next step can reuse.
         """
         pieces = tuple(pieces)
+        if (self.tail is not None and reuse and start is None and not edits
+                and self.model.kind.has_recurrent_state):
+            return self._plan_tail(log, view, pieces, anchors=anchors, decode=decode,
+                                   drift_reference=drift_reference, trim_after=trim_after)
         if start is None:
             start = (best_start(pieces, view, self.model.kind,
                                 max_reuse=len(pieces) - 1 if decode else None)
@@ -102,6 +149,46 @@ class CachePolicy(abc.ABC):
                     trim_after=(trim_after if trim_after is not None
                                 else anchors[0][0] if anchors else 0))
 
+    def _plan_tail(self, log: ContextLog, view: CacheView, pieces: tuple[Piece, ...], *,
+                   anchors: Sequence[tuple[int, str]], decode: bool,
+                   drift_reference: tuple[Piece, ...], trim_after: int | None) -> Plan:
+        """``plan_reusing`` by content (``cachepolicy.tail``): the start may be a replay, a
+        restore point may be any checkpoint of this sequence's history (approximate ones
+        included), and a start inside a text piece splits it."""
+        assert self.tail is not None
+        if self.measure_drift and decode and not drift_reference:
+            drift_reference = pieces  # the layout's own pieces, prefilled from scratch
+        ts = tail_start(pieces, view, self.tail,
+                        limit=len(pieces) - 1 if decode else len(pieces))
+        pieces, reused = ts.pieces, ts.reused
+        history = view.seq.history
+        takes: list[TakeCheckpoint] = []
+        keep: list[str] = []
+        for layout_boundary, label in anchors:
+            boundary = ts.moved(layout_boundary)
+            at = position_after(pieces, boundary)
+            existing = [c for c in view.state.checkpoints
+                        if boundary > 0 and c.checkpoint.kind is CheckpointKind.PARTIAL_ONLY
+                        and c.checkpoint.pos == at and on_history(c.checkpoint, history)]
+            if existing and boundary <= reused:
+                keep.append(existing[0].label)
+            elif boundary >= reused:
+                takes.append(TakeCheckpoint(boundary, self.checkpoint_kind(), label))
+        forecast = self._forecast(view, pieces, reused, takes, keep, decode)
+        by_key = {s.key: s for s in log.segments}
+        trim = trim_after if trim_after is not None else anchors[0][0] if anchors else 0
+        return Plan(policy=self.name, generation=log.generation,
+                    visible=tuple(by_key[k] for k in shown_keys(pieces)),
+                    pieces=pieces, start=ts.start, reused_pieces=reused, edits=(),
+                    checkpoints=tuple(takes), keep=tuple(keep), forecast=forecast,
+                    decode=decode, drift_reference=drift_reference,
+                    trim_after=ts.moved(trim), tail=True, replay=ts.replay,
+                    trim_forgets=self.trim_forgets)
+
+    #: a tail policy without checkpoints: an idle sequence may be cut back to its reuse
+    #: point with its recurrent state dropped (its next step replays a tail anyway)
+    trim_forgets: ClassVar[bool] = False
+
     def _forecast(self, view: CacheView, pieces: tuple[Piece, ...], reused: int,
                   takes: Sequence[TakeCheckpoint], keep: Sequence[str],
                   decode: bool) -> ByteForecast:
@@ -112,6 +199,8 @@ class CachePolicy(abc.ABC):
                         for t in takes)
         workspace = max((p.n_tokens * m.n_embd * _FLOAT for p in pieces[reused:] if p.is_image),
                         default=0) + m.n_vocab * _FLOAT
+        if decode:  # a run's logits rows, and a recurrent lane's snapshot for its rollback
+            workspace += MAX_RUN_ROWS * m.n_vocab * _FLOAT + m.recurrent_bytes_per_seq
         return ByteForecast(parent_bytes=view.state.held_bytes,
                             parent_seq_bytes=view.state.seq_bytes,
                             successor_seq_bytes=m.state_bytes(total),

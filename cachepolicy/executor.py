@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
 
-from cachepolicy.engine import Engine
+from cachepolicy.engine.checkpoint import is_approximate
 from cachepolicy.errors import PolicyError, Preempted
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import NamedCheckpoint, Plan, StartKind
+from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:  # the engine's type only: a thin client's imports reach this module
+    from cachepolicy.engine import Engine
 
 
 @attrs.frozen
@@ -31,6 +36,10 @@ class Execution:
     drift_top1_agree: bool | None = None
     stopped_at: int | None = None  # a prefetch stopped early: pieces[:stopped_at] are in
     encode_s: float = 0.0  # the vision encoder, for images the embedding cache did not hold
+    #: the sequence's state after the prefill is approximate (the engine's own record: its
+    #: history holds a rebase — this plan's tail replay or an earlier one)
+    approximate: bool = False
+    replay_tokens: int = 0  # rows of the matched prefix this plan's tail replay recomputed
 
 
 class _EncodeClock:
@@ -65,6 +74,9 @@ def _apply_start(engine: Engine, seq: int, plan: Plan) -> None:
     elif start.kind is StartKind.RESTORE:
         assert start.checkpoint is not None
         engine.restore(seq, start.checkpoint)
+    elif start.kind is StartKind.REPLAY:  # approximate: only tail plans start this way
+        assert plan.tail and plan.replay is not None, "a replay start outside a tail plan"
+        engine.replay_cut(seq, start.pos, base=start.checkpoint)
     elif engine.seq_info(seq).next_pos != start.pos:  # KEEP
         raise PolicyError("the sequence changed since the plan was made")
 
@@ -102,6 +114,7 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
     t0 = time.perf_counter()
     clock = _EncodeClock()
     _apply_start(engine, seq, plan)
+    replayed = plan.replay.rows if plan.replay is not None else 0
     for edit in plan.edits:  # relocate: descending positions, so earlier spans stay valid
         engine.remove_range(seq, edit.p0, edit.p1)
     takes = {t.after_piece: t for t in plan.checkpoints}
@@ -118,7 +131,8 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
                              prefill_tokens=sum(p.n_tokens for p in plan.pieces[
                                  plan.reused_pieces:i]),
                              prefill_s=time.perf_counter() - t0 - clock.seconds, decode_s=0.0,
-                             logits=None, stopped_at=i, encode_s=clock.seconds)
+                             logits=None, stopped_at=i, encode_s=clock.seconds,
+                             approximate=_approximate(engine, seq), replay_tokens=replayed)
         engine.batcher.yield_round()
         logits = _prefill_piece(engine, seq, plan.pieces[i], plan.decode and i == last, clock)
     if len(plan.pieces) in takes:
@@ -141,22 +155,29 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
     return Execution(new_checkpoints=tuple(made), output_tokens=(),
                      prefill_tokens=plan.prefill_tokens, prefill_s=t1 - t0 - clock.seconds,
                      decode_s=0.0, logits=logits, drift_kl=kl, drift_top1_agree=agree,
-                     encode_s=clock.seconds)
+                     encode_s=clock.seconds, approximate=_approximate(engine, seq),
+                     replay_tokens=replayed)
+
+
+def _approximate(engine: Engine, seq: int) -> bool:
+    return engine.kind.has_recurrent_state and is_approximate(engine.seq_info(seq).history)
 
 
 def decode(engine: Engine, plan: Plan, seq: int, prefilled: Execution, *,
            decode_tokens: int = 16, sampling: SamplingParams | None = None,
            stop_at_eog: bool = False, should_stop: Callable[[], bool] | None = None,
            stop: tuple[str, ...] = (),
-           on_token: Callable[[int], None] | None = None) -> Execution:
-    """Phase 2: generate from the prompt's logits.  It needs no engine slot of its own: its
-    rows join the engine's fixed-size decode calls with other sequences' rows.  Decoding
-    ends early once the text holds one of the ``stop`` strings."""
+           on_token: Callable[[int], None] | None = None,
+           drafting: Drafting | None = None) -> Execution:
+    """Phase 2: generate from the prompt's logits.  It needs no engine slot of its own: it
+    decodes in one of the engine's lanes (``DecodeBatcher``).  Decoding ends early once the
+    text holds one of the ``stop`` strings."""
     if not plan.decode or prefilled.logits is None:
         return prefilled
     t0 = time.perf_counter()
     output = engine.generate(seq, prefilled.logits, decode_tokens, sampling,
                              stop_at_eog=stop_at_eog, should_stop=should_stop,
-                             stop_when=_stop_strings(engine, stop), on_token=on_token)
+                             stop_when=_stop_strings(engine, stop), on_token=on_token,
+                             drafting=drafting)
     return attrs.evolve(prefilled, output_tokens=tuple(output),
                         decode_s=time.perf_counter() - t0)

@@ -56,6 +56,12 @@ class CacheState:
     # Where the sequence can be cut while idle without costing the next step any reuse
     # (terminal-slot: the region checkpoint; scratch policies: 0).  Memory pressure uses it.
     trim_pos: int = 0
+    #: the cut may drop the recurrent state too (``Engine.replay_cut`` with the zero base):
+    #: the next step replays a tail before ``trim_pos`` anyway (tail-replay, no checkpoints)
+    trim_forgets: bool = False
+    #: the memory ladder's replay rung dropped this state's checkpoints or recurrent state:
+    #: the next step is planned by the episode's tail-replay variant of its policy
+    replay_next: bool = False
 
     @property
     def checkpoint_bytes(self) -> int:
@@ -80,6 +86,9 @@ class StartKind(enum.Enum):
     TRIM = "trim"  # attention-only: cut the sequence back to a run boundary
     TRUNCATE = "truncate"  # hybrid: PARTIAL_ONLY checkpoint + attention trim
     RESTORE = "restore"  # load a FULL checkpoint
+    #: APPROXIMATE (tail replay, ``cachepolicy.tail``): keep the attention KV up to ``pos``,
+    #: recurrent state from ``checkpoint`` (an older PARTIAL_ONLY one) or zero
+    REPLAY = "replay"
 
 
 @attrs.frozen
@@ -98,6 +107,18 @@ class RemoveSpan:
 
 
 @attrs.frozen
+class Replay:
+    """A tail replay: the attention KV kept up to position ``cut``, the recurrent state from
+    position ``base`` (0: zero), ``rows`` rows of the matched prefix (of ``matched`` rows,
+    which ends at the true point of divergence) prefilled again."""
+
+    cut: int
+    base: int
+    rows: int
+    matched: int
+
+
+@attrs.frozen
 class TakeCheckpoint:
     after_piece: int  # take it once pieces[:after_piece] are in the sequence
     kind: CheckpointKind
@@ -112,7 +133,8 @@ class ByteForecast:
     place, so the sequence costs the larger of its size before and after; new checkpoints and
     the workspace (logits, and one image's rows: retained screenshots' rows live in the
     embedding cache, whose capacity the scheduler holds; at most the image being prefilled
-    may be outside it) come on top.  An upper bound.
+    may be outside it; a decoding plan's run of logits rows and, on recurrent models, the
+    lane snapshot its rollbacks restore) come on top.  An upper bound.
     """
 
     parent_bytes: int  # already held by the published state (sequence + checkpoints)
@@ -149,6 +171,11 @@ class Plan:
     trim_after: int = 0  # pieces[:trim_after] are what the next step can reuse
     # relocate: the exact reference prompt (terminal-scratch's pieces) to measure drift against
     drift_reference: tuple[Piece, ...] = attrs.field(default=(), eq=False)
+    #: planned by content (``cachepolicy.tail``): the sequence's runs need not be one per
+    #: piece, so positions are the pieces' (``position_after``)
+    tail: bool = False
+    replay: Replay | None = None  # this plan's tail replay (start REPLAY)
+    trim_forgets: bool = False  # see ``CacheState.trim_forgets``
 
     @property
     def prefill(self) -> tuple[Piece, ...]:
@@ -165,6 +192,10 @@ class Plan:
     @property
     def context_tokens(self) -> int:
         return sum(p.n_tokens for p in self.pieces)
+
+    def position_after(self, n_pieces: int) -> int:
+        """The position after ``pieces[:n_pieces]`` (a prompt starts at position 0)."""
+        return sum(p.n_pos for p in self.pieces[:n_pieces])
 
 
 

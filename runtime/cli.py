@@ -7,17 +7,17 @@ import sys
 from collections.abc import Sequence
 
 from runtime.commands import (
-    bench, bench_decode, bench_encode, bench_eval, bench_kernels, bench_serve, check_exact, demo,
-    forge, run, serve,
+    bench, bench_decode, bench_encode, bench_eval, bench_kernels, bench_peer, bench_serve,
+    check_exact, demo, forge, run, serve, train,
 )
 from runtime.logs import configure_logging
 
 COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo, "bench": bench,
             "bench-decode": bench_decode, "bench-encode": bench_encode,
             "bench-eval": bench_eval,
-            "bench-kernels": bench_kernels,
+            "bench-kernels": bench_kernels, "bench-peer": bench_peer,
             "bench-serve": bench_serve, "run": run,
-            "serve": serve}
+            "serve": serve, "train": train}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module in COMMANDS.items():
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        # argparse %-formats a sub-command's help ("95% CI" would break --help)
+        p = sub.add_parser(name, help=module.HELP.replace("%", "%%"),
+                           description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser

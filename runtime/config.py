@@ -20,10 +20,12 @@ import math
 import attrs
 
 from cachepolicy.base import CachePolicy
+from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import MAX_TEMPERATURE, SamplingParams
-from cachepolicy.policies import make_policy
+from cachepolicy.policies import POLICIES, make_policy
 from cachepolicy.policies import names as policy_names
 from cachepolicy.segments import SegmentFactory, model_info
+from cachepolicy.tail import BASES, DEFAULT_BUDGET, ReplayBudget
 from runtime.actions import CoordConvention, Screen
 from runtime.profiles import Profile, get, names
 from runtime.profiles.registry import SERVING_PROFILES
@@ -57,10 +59,18 @@ def _known_profile(_: object, attribute: attrs.Attribute, name: str) -> None:
         raise ValueError(f"unknown agent profile {name!r}; known: {', '.join(names())}")
 
 
+def _budget(_: object, attribute: attrs.Attribute, value: str) -> None:
+    ReplayBudget.parse(value)  # ValueError naming the value
+
+
 def _finite_temperature(_: object, attribute: attrs.Attribute, value: float) -> None:
     if not (math.isfinite(value) and 0.0 <= value <= MAX_TEMPERATURE):
         raise ValueError(f"temperature must be a number from 0 to {MAX_TEMPERATURE:g} "
                          f"(0 = greedy), got {value}")
+
+
+#: ``AgentConfig.guess``
+GUESS_MODES = ("auto", "always", "off")
 
 
 @attrs.frozen
@@ -95,6 +105,33 @@ class AgentConfig:
             attrs.validators.ge(1), attrs.validators.le(MAX_DECODE_TOKENS)]))
     stop_at_eog: bool = True  # False: always decode ``decode_tokens`` (benchmarks)
     system_prompt: str | None = None  # None: the profile's prompt for the screen size
+    #: tail replay (hybrid models; ``cachepolicy.tail``): how much of a matched prefix an
+    #: approximate step re-prefills — tokens (``64``) or a share of the prefix (``10%``) —
+    #: for the approximate policies (tail-replay, noevict-tail, faithful-tail) and the
+    #: replay rung
+    replay_budget: str = attrs.field(default=str(DEFAULT_BUDGET), validator=_budget)
+    #: where a replay's recurrent state starts: ``checkpoint`` (the nearest older checkpoint
+    #: of the sequence's history, else zero) or ``zero``
+    replay_base: str = attrs.field(default="checkpoint", validator=attrs.validators.in_(BASES))
+    #: allow approximation under memory pressure: the fallback ladder may drop this
+    #: episode's checkpoints and recurrent state instead of its whole cache, and its next
+    #: steps then replay a tail (marked ``approximate``).  Off: the ladder stays exact
+    replay_rung: bool = False
+    #: an approximate policy measures each step against its exact prompt prefilled from
+    #: scratch on a spare sequence (next-token KL and top-1: ``drift_kl``,
+    #: ``drift_top1_agree``) — a full prefill more per step, for benchmarks
+    replay_drift: bool = False
+    #: where the engine decodes in runs: feed text the grammar forces (jump-forward) and
+    #: prompt-lookup drafts for verification in one call; speed only — the tokens are those
+    #: of plain decoding (``cachepolicy.engine.generation``)
+    jump_forward: bool = True
+    drafts: bool = True
+    #: with overlap, after the prefetch: prefill the next step's prompt with the current
+    #: screenshot as the guess for the next one (a wait, a click that changed nothing);
+    #: when the next screenshot's pixels are the same, the step's critical path is the
+    #: decode (and its closing text).  auto: only when the VM's past actions took long
+    #: enough for the guess to finish; always: whenever the prefetch ends first; off.
+    guess: str = attrs.field(default="auto", validator=attrs.validators.in_(GUESS_MODES))
 
     def __attrs_post_init__(self) -> None:
         if self.profile != DEFAULT_PROFILE and self.convention is not CoordConvention.ABSOLUTE:
@@ -124,14 +161,34 @@ class AgentConfig:
     def step_options(self, screen: Screen) -> StepOptions:
         """The scheduler's options for a step on a ``screen``-sized screenshot."""
         return StepOptions(decode_tokens=self.max_tokens(screen), stop_at_eog=self.stop_at_eog,
-                           sampling=self.sampling(screen))
+                           sampling=self.sampling(screen), drafting=self.drafting)
+
+    @property
+    def drafting(self) -> Drafting:
+        return Drafting(jump_forward=self.jump_forward, lookup=self.drafts)
 
     def make_policy(self, factory: SegmentFactory, screen: Screen, *,
                     policy: str | None = None) -> CachePolicy:
         """The episode's cache policy for ``factory``'s model (raises PolicyRefusedError for
-        e.g. relocate on a hybrid model)."""
-        return make_policy(policy or self.policy, model_info(factory.engine), factory.kit,
-                           window=self.window, decode_tokens=self.max_tokens(screen))
+        e.g. relocate on a hybrid model); an approximate one replays with this config's
+        budget."""
+        name = policy or self.policy
+        approximate = POLICIES[name].default_tail is not None
+        return make_policy(name, model_info(factory.engine), factory.kit, window=self.window,
+                           decode_tokens=self.max_tokens(screen),
+                           **({"tail": self.tail(), "measure_drift": self.replay_drift}
+                              if approximate else {}))
+
+    def tail(self) -> ReplayBudget:
+        """The replay budget (``replay_budget`` from ``replay_base``)."""
+        return ReplayBudget.parse(self.replay_budget, self.replay_base)
+
+    def replay_twin(self, policy: CachePolicy) -> CachePolicy | None:
+        """What the replay rung plans an episode of ``policy`` with after it struck: the
+        policy's tail-replay variant, when ``replay_rung`` allows it (else None)."""
+        if not self.replay_rung:
+            return None
+        return policy if policy.tail is not None else policy.with_tail(self.tail())
 
 
 def system_prompt(config: AgentConfig, screen: Screen) -> str:

@@ -24,6 +24,7 @@ failure there is only logged: the step's own build encodes again and reports it.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -33,6 +34,8 @@ import attrs
 import structlog
 
 from cachepolicy.context_log import Segment
+from cachepolicy.engine.errors import ImageError
+from cachepolicy.engine.images import decode_png
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.errors import describe_error
@@ -60,6 +63,15 @@ class _Prefetch:
     record: PrefetchRecord | None = None
     error: str = ""
     seconds: float = 0.0
+    # the guess after it (AgentConfig.guess): started once the prefetch was published and
+    # no screenshot had arrived; ``guess_stop`` stops it at a piece boundary (a wrong guess)
+    guessed_id: str | None = None  # pixel identity of the guessed screenshot (None: no guess)
+    guess_record: PrefetchRecord | None = None
+    guess_stop: threading.Event = attrs.Factory(threading.Event)
+
+
+#: the VM times the guess's "auto" mode looks back on (the shortest is its estimate)
+VM_HISTORY = 3
 
 
 @attrs.define(eq=False)
@@ -74,6 +86,9 @@ class EpisodeDriver:
         self.scheduler, self.session = scheduler, session
         self._prefetch: _Prefetch | None = None
         self._closed = False
+        self._acted_at: float | None = None  # the action went to the env (start_prefetch)
+        self._arrived = False  # the next screenshot is in hand: no guess starts any more
+        self._vm_s: list[float] = []  # how long the env's past actions took
         self._log = log.bind(episode_id=session.episode.episode_id, seq_id=session.episode.seq)
 
     @classmethod
@@ -83,7 +98,8 @@ class EpisodeDriver:
         """Open the episode's cache in ``scheduler`` (a sequence of its own) and a session on
         it.  Raises PolicyRefusedError / NoFreeSequenceError before anything is held."""
         policy = config.make_policy(factory, screen)
-        episode = scheduler.open_episode(episode_id, policy, seed=seed)
+        episode = scheduler.open_episode(episode_id, policy, seed=seed,
+                                         replay_twin=config.replay_twin(policy))
         return cls(scheduler, AgentSession(scheduler, factory, episode, config, instruction,
                                            screen, teacher=teacher))
 
@@ -105,9 +121,14 @@ class EpisodeDriver:
         actions follow it (coordinates refer to the screenshot the model sees), and the
         change is logged."""
         t0 = time.perf_counter() if arrived_at is None else arrived_at
+        self._arrived = True
+        if self._acted_at is not None:
+            self._vm_s = (self._vm_s + [max(0.0, t0 - self._acted_at)])[-VM_HISTORY:]
+            self._acted_at = None
         if screen is not None and screen != self.session.screen:
             self._log.warning("screen_size_changed", old=self.session.screen, new=screen)
             self.session.resize(screen)
+        guess = await self._check_guess(png)
         ahead = _Ahead()
         if self.prefetch_running and self.session.can_encode_ahead:
             async with anyio.create_task_group() as tg:  # both finish before the step
@@ -118,7 +139,24 @@ class EpisodeDriver:
             job = await self._settle(cancel=False)
             waited = time.perf_counter() - t0
         act = await self.session.act(png, options=options)
-        return self._measured(act, t0, waited, job, ahead.seconds)
+        return self._measured(act, t0, waited, job, ahead.seconds, guess)
+
+    async def _check_guess(self, png: bytes) -> str:
+        """When a guess was made for this screenshot: hit (same pixels: its work is the
+        step's, let it finish) or miss (stop it at its next piece boundary: the step cuts
+        back to before the guessed image).  '' without a guess."""
+        job = self._prefetch
+        if job is None or job.guessed_id is None:
+            return ""
+        try:
+            pixels = await anyio.to_thread.run_sync(decode_png, png)
+        except ImageError:
+            job.guess_stop.set()  # the step's own build reports the bad screenshot
+            return "miss"
+        if pixels.image_id == job.guessed_id:
+            return "hit"
+        job.guess_stop.set()
+        return "miss"
 
     async def _encode_ahead(self, png: bytes, ahead: _Ahead) -> None:
         t = time.perf_counter()
@@ -130,17 +168,19 @@ class EpisodeDriver:
             ahead.seconds = time.perf_counter() - t
 
     def _measured(self, act: ActStep, t0: float, waited: float,
-                  job: _Prefetch | None, ahead_s: float = 0.0) -> DriverStep:
+                  job: _Prefetch | None, ahead_s: float = 0.0, guess: str = "") -> DriverStep:
         critical = time.perf_counter() - t0
         metrics = StepMetrics.decided(
             act.record, act.prefetch, action=format_action(act.action) if act.parsed else None,
             parsed=act.parsed, build_encode_s=act.encode_s, encode_ahead_s=ahead_s,
             critical_path_s=critical,
             prefetch_s=job.seconds if job is not None else 0.0, prefetch_wait_s=waited,
-            prefetch_error=job.error if job is not None else "", notes=act.notes)
+            prefetch_error=job.error if job is not None else "", notes=act.notes,
+            guess=guess if job is not None and job.guess_record is not None else "",
+            guess_record=job.guess_record if job is not None else None)
         self._log.info("step_decided", step=act.index, action=metrics.action,
                        parsed=act.parsed, prefill_tokens=metrics.critical_path_prefill_tokens,
-                       critical_path_s=round(critical, 4))
+                       critical_path_s=round(critical, 4), guess=metrics.guess or None)
         return DriverStep(act, metrics)
 
     async def respond(self, build: Callable[[], tuple[Segment, ...]], *, options: StepOptions,
@@ -168,6 +208,7 @@ class EpisodeDriver:
             return False
         assert self._prefetch is None, "a prefetch is already running"
         job = self._prefetch = _Prefetch()
+        self._acted_at, self._arrived = time.perf_counter(), False
         tg.start_soon(self._run_prefetch, job, name=f"prefetch {self.episode_id}")
         return True
 
@@ -188,6 +229,11 @@ class EpisodeDriver:
         try:
             with job.scope:  # absorbs only its own cancellation (the driver dropping it)
                 job.record = await self.session.prefetch()
+                if self._guess_allowed(job, time.perf_counter() - t0):
+                    job.guessed_id = self.session.last_image_id
+                    job.guess_record = await self.session.guess(job.guess_stop)
+                    if job.guess_record is None:  # discarded (no memory, nothing to guess)
+                        job.guessed_id = None
         except Exception as exc:  # noqa: BLE001  speculative work: reported with the next
             # step (its segments stay pending for that step); cancellation passes through
             job.error = describe_error(exc)
@@ -195,6 +241,22 @@ class EpisodeDriver:
         finally:
             job.seconds = time.perf_counter() - t0
             job.done.set()
+
+    def _guess_allowed(self, job: _Prefetch, prefetch_s: float) -> bool:
+        """Guess when asked to and the screenshot is not here yet; in auto mode only when
+        the shortest of the VM's recent actions leaves time for a guess as long as this
+        prefetch was — so a wrong guess rarely delays the step (it can only stop between
+        pieces)."""
+        mode = self.session.config.guess
+        if (mode == "off" or self._arrived or job.record is None or self._acted_at is None
+                or self.session.last_image_id is None):
+            return False
+        if mode == "always":
+            return True
+        if not self._vm_s:
+            return False
+        elapsed = time.perf_counter() - self._acted_at
+        return elapsed + prefetch_s <= min(self._vm_s)
 
     async def _settle(self, *, cancel: bool) -> _Prefetch | None:
         job = self._prefetch

@@ -1,8 +1,9 @@
 """One home for the model files and the engine's settings: which model, how big, whether it
 fits, and the load.
 
-* ``resolve_model`` — the user's files, or the default model when none is given (forged
-  once into the model cache, and said once: ``ModelFiles.note``).  Every command, ``kvagent
+* ``resolve_model`` — the user's files, or the default model when none is given (the
+  shipped trained agent, or a forged model forged once into the model cache; said once:
+  ``ModelFiles.note``).  Every command, ``kvagent
   serve`` and ``KvAgent`` resolve their model here; nothing else forges a fallback.
 * ``default_threads`` — the one rule for the engine's thread count (defined beside
   ``EngineConfig``, whose default it is).
@@ -19,19 +20,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import structlog
 
-from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.engine import EngineConfig
 from cachepolicy.engine.records import default_threads
 from cachepolicy.engine.sizing import context_cost
 from cachepolicy.forge import forge_cached
+from runtime.agent_models import MissingAgentError, agent_files
 from runtime.context_budget import ContextNeed
 from scheduler.sizes import UNLIMITED_BYTES, format_bytes
 
-__all__ = ["BENCH_MODEL", "DEMO_MODEL", "DefaultModel", "ModelFiles", "available_memory",
+if TYPE_CHECKING:  # loading libllama waits for ``load_engine``: a thin KvAgent(server=URL)
+    from cachepolicy.engine import Engine  # resolves nothing and loads nothing
+
+__all__ = ["BENCH_MODEL", "DEMO_MODEL", "Default", "DefaultModel", "ModelFiles", "ShippedAgent",
+           "available_memory",
            "check_memory", "default_threads", "engine_config", "load_engine",
            "resolve_model"]
 
@@ -40,12 +46,14 @@ log = structlog.get_logger("kvagent.model")
 
 @attrs.frozen
 class DefaultModel:
-    """The model used when none is given: forged deterministically into the model cache."""
+    """A forged model used when none is given: forged deterministically into the model cache,
+    its weights random."""
 
     arch: str
     size: str
     vision: bool = True
     quant: str = "f16"
+    trained = False
 
     @property
     def name(self) -> str:
@@ -57,9 +65,41 @@ class DefaultModel:
         quant = "" if self.quant == "f16" else f" {self.quant}"
         return f"the forged {self.size} {self.arch}{quant} model{vision}"
 
+    def files(self, vision: bool) -> tuple[Path, Path | None]:
+        """The text model and (if ``vision``) its projector, forged on first use."""
+        forged = forge_cached(self.arch, self.size, vision=self.vision or vision,
+                              quant=self.quant)
+        return forged.model_path, forged.mmproj_path if vision else None
+
+
+@attrs.frozen
+class ShippedAgent:
+    """One of the tiny agents kvagent ships, trained on simdesk by ``kvagent train``
+    (``runtime/agent_models``): real, if narrow, skill instead of random weights."""
+
+    arch: str  # "qwen35" (hybrid) or "llama"
+    trained = True
+
+    @property
+    def name(self) -> str:
+        return f"kvagent-agent-{self.arch}"
+
+    def describe(self) -> str:
+        kind = "hybrid qwen35" if self.arch == "qwen35" else self.arch
+        return f"kvagent's trained demo agent ({kind}, trained on simdesk)"
+
+    def files(self, vision: bool) -> tuple[Path, Path | None]:
+        """The shipped files; ``ModelChoiceError`` if this install lacks them."""
+        try:
+            return agent_files(self.arch, vision=vision)
+        except MissingAgentError as exc:
+            raise ModelChoiceError(str(exc)) from exc
+
+
+Default = DefaultModel | ShippedAgent
 
 #: ``kvagent run`` / ``serve`` / ``KvAgent`` / ``check-exact`` without a model.
-DEMO_MODEL = DefaultModel("qwen35", "tiny")
+DEMO_MODEL: Default = ShippedAgent("qwen35")
 #: The benchmarks' model: big enough that prefill, not Python, dominates a step.
 BENCH_MODEL = DefaultModel("qwen35", "M")
 
@@ -71,7 +111,7 @@ class ModelFiles:
 
     model: Path
     mmproj: Path | None
-    default: DefaultModel | None = None
+    default: Default | None = None
 
     @property
     def name(self) -> str:
@@ -82,6 +122,10 @@ class ModelFiles:
         """The sentence to say once when the default is used (None for the user's files)."""
         if self.default is None:
             return None
+        if self.default.trained:
+            return (f"no --model: using {self.default.describe()} ({self.model.parent}); it "
+                    f"solves simdesk's tasks from screenshots and knows nothing else — bring "
+                    f"your own GGUF (--model, --mmproj) for real desktops")
         return (f"no --model: using {self.default.describe()} ({self.model.parent}); its "
                 f"weights are random, so its actions are valid (grammar-constrained) but "
                 f"aimless — it shows the runtime, not intelligence")
@@ -92,16 +136,15 @@ class ModelChoiceError(ValueError):
 
 
 def resolve_model(model: str | Path | None, mmproj: str | Path | None, *,
-                  default: DefaultModel = DEMO_MODEL, vision: bool = True) -> ModelFiles:
-    """The user's ``model`` (+ ``mmproj`` when ``vision``), or ``default`` forged once when
+                  default: Default = DEMO_MODEL, vision: bool = True) -> ModelFiles:
+    """The user's ``model`` (+ ``mmproj`` when ``vision``), or ``default``'s files when
     ``model`` is None.  ``ModelChoiceError`` for an mmproj without a model, or a model
     without the mmproj a vision use needs; missing files are the engine's to report."""
     if model is None:
         if mmproj is not None:
             raise ModelChoiceError("--mmproj needs --model (the projector belongs to a model)")
-        forged = forge_cached(default.arch, default.size, vision=default.vision or vision,
-                              quant=default.quant)
-        files = ModelFiles(forged.model_path, forged.mmproj_path if vision else None, default)
+        text, projector = default.files(vision)
+        files = ModelFiles(text, projector, default)
         log.info("model_default", model=str(files.model), name=files.name)
         return files
     if vision and mmproj is None:
@@ -159,6 +202,9 @@ def load_engine(files: ModelFiles, config: EngineConfig | Callable[[int], Engine
     loading) is loaded once more at the measured size, a size the user gave raises
     ``ContextBudgetError``.  With ``vision``, a projector that gives no vision encoder is a
     ``ValueError``.  Engines not returned are closed."""
+    # imported here: the engine's module loads libllama, which only a load needs
+    from cachepolicy.engine import Engine
+
     def make(size: int) -> Engine:
         cfg = config(size) if callable(config) else config
         engine = Engine(files.model, files.mmproj, cfg)

@@ -88,32 +88,49 @@ class StepMetrics:
     output_tokens: tuple[int, ...] = ()
     drift_kl: float | None = None
     drift_top1_agree: bool | None = None
+    #: the action was decoded from an approximate state (a tail replay — this step's, its
+    #: prefetch's, or an earlier one the sequence still carries; the engine's record)
+    approximate: bool = False
+    #: rows of a matched prefix re-prefilled by tail replay for this step (its prefetch's
+    #: and guess's included); part of ``prefill_tokens``
+    replay_tokens: int = 0
+    #: the guess made for this step's screenshot (``AgentConfig.guess``): "hit" (the same
+    #: pixels: the step kept its work), "miss" (cut back before the guessed image) or ""
+    guess: str = ""
+    guess_prefill_tokens: int = 0  # what the guess prefilled (in ``prefill_tokens`` too)
 
     @classmethod
     def decided(cls, record: StepRecord, prefetch: PrefetchRecord | None, *, action: str,
                 parsed: bool, build_encode_s: float, critical_path_s: float,
                 encode_ahead_s: float = 0.0,
                 prefetch_s: float, prefetch_wait_s: float, prefetch_error: str,
-                notes: tuple[str, ...] = ()) -> StepMetrics:
+                notes: tuple[str, ...] = (), guess: str = "",
+                guess_record: PrefetchRecord | None = None) -> StepMetrics:
         pre_tokens = prefetch.prefill_tokens if prefetch is not None else 0
+        guess_tokens = guess_record.prefill_tokens if guess_record is not None else 0
         # A prefetch appends after the sequence's end; the step uses its work only when it
         # keeps the sequence as the prefetch left it (a step that cuts back to an earlier
-        # checkpoint — a wrong prediction — reused none of it)
-        used = pre_tokens if record.start == "keep" else 0
+        # checkpoint — a wrong prediction — reused none of it); a wrong guess is cut back
+        # to after the prefetch's work, which the step then uses
+        if record.start == "keep":
+            used = pre_tokens + guess_tokens
+        else:
+            used = pre_tokens if guess == "miss" else 0
         return cls(
             episode_id=record.episode_id, step=record.step, status=record.status,
             reason=record.reason, action=action, parsed=parsed, notes=notes,
             policy=record.policy,
             start=record.start, generation=record.generation,
             new_content_tokens=record.new_content_tokens,
-            prefill_tokens=record.prefill_tokens + pre_tokens,
+            prefill_tokens=record.prefill_tokens + pre_tokens + guess_tokens,
             critical_path_prefill_tokens=record.critical_path_prefill_tokens,
             prefetch_prefill_tokens=pre_tokens,
             reused_tokens=record.reused_tokens - used,
             context_tokens=record.context_tokens, decode_tokens=record.decode_tokens,
             encode_s=encode_ahead_s + build_encode_s + record.encode_s,
             encode_ahead_s=encode_ahead_s,
-            prefill_s=record.prefill_s + (prefetch.prefill_s if prefetch is not None else 0.0),
+            prefill_s=(record.prefill_s + (prefetch.prefill_s if prefetch is not None else 0.0)
+                       + (guess_record.prefill_s if guess_record is not None else 0.0)),
             prefetch_s=prefetch_s, prefetch_wait_s=prefetch_wait_s,
             prefetch_error=prefetch_error, decode_s=record.decode_s,
             critical_path_s=critical_path_s, kv_bytes=record.kv_bytes,
@@ -121,7 +138,11 @@ class StepMetrics:
             forecast_peak_bytes=record.forecast_peak_bytes,
             ledger_peak_bytes=record.ledger_peak_bytes, rss_bytes=rss_bytes(),
             output_tokens=record.output_tokens, drift_kl=record.drift_kl,
-            drift_top1_agree=record.drift_top1_agree)
+            drift_top1_agree=record.drift_top1_agree, approximate=record.approximate,
+            replay_tokens=(record.replay_tokens
+                           + (prefetch.replay_tokens if prefetch is not None else 0)
+                           + (guess_record.replay_tokens if guess_record is not None else 0)),
+            guess=guess, guess_prefill_tokens=guess_tokens)
 
     @classmethod
     def failed(cls, episode_id: str, step: int, reason: str, *,

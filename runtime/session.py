@@ -18,6 +18,7 @@ sees: its actions come back in those pixels.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -100,6 +101,9 @@ class AgentSession:
     _last_prefetch: PrefetchRecord | None = None
     _pointer: Point | None = None  # where the last action left the mouse (None: unknown)
     _projector_checked: set[Screen] = attrs.Factory(set)
+    # the last decided screenshot (the guess for the next one) and its pixel identity
+    _last_png: bytes | None = None
+    _last_image_id: str | None = None
     # what the next prefetch appends instead of the last step's history line (a whole-prompt
     # client's predicted next turn; see ``respond``)
     _continuation: tuple[Segment, ...] | None = None
@@ -132,6 +136,8 @@ class AgentSession:
         carry = self._history_text if (i > 0 and not self._prefetched) else None
         encode, image_tokens = [0.0], [0]
 
+        image_id: list[str | None] = [None]
+
         def build() -> tuple[Segment, ...]:
             segs: tuple[Segment, ...] = prompt.head(screen, self.instruction) if i == 0 else ()
             if carry is not None:
@@ -139,7 +145,7 @@ class AgentSession:
             t0 = time.perf_counter()
             shot = self.factory.screenshot(i, screenshot_png)  # PNG decode + vision encoder
             encode[0] = time.perf_counter() - t0
-            image_tokens[0] = shot.n_image_tokens
+            image_tokens[0], image_id[0] = shot.n_image_tokens, shot.image_id
             return segs + (shot,)
 
         if options is None:
@@ -158,7 +164,23 @@ class AgentSession:
         self._pointer = pointer_after(action, self._pointer)
         step = ActStep(i, action, response, record, self._last_prefetch, encode[0], notes)
         self._index, self._prefetched, self._last_prefetch = i + 1, False, None
+        self._last_png, self._last_image_id = screenshot_png, image_id[0]
         return step
+
+    @property
+    def last_image_id(self) -> str | None:
+        """The pixel identity of the screenshot the last step decided on."""
+        return self._last_image_id
+
+    async def guess(self, stop: threading.Event | None = None) -> PrefetchRecord | None:
+        """After the prefetch, while the VM still acts: prefill the next step's prompt as if
+        its screenshot were the last one again (``Scheduler.guess``; the log never holds
+        it).  ``stop``: stop at the next piece boundary (the real screenshot differs)."""
+        if self._last_png is None or not self._prefetched:
+            return None
+        i, png = self._index, self._last_png
+        return await self.scheduler.guess(
+            self.episode, lambda: (self.factory.screenshot(i, png),), stop=stop)
 
     @property
     def can_encode_ahead(self) -> bool:
@@ -187,6 +209,7 @@ class AgentSession:
         self._continuation = continuation(response)
         step = ActStep(i, action, response, record, self._last_prefetch, 0.0)
         self._index, self._prefetched, self._last_prefetch = i + 1, False, None
+        self._last_png = self._last_image_id = None  # a whole-prompt client: no guess
         return step
 
     async def observe(self, screenshot_png: bytes, history_text: str) -> None:
@@ -206,6 +229,7 @@ class AgentSession:
         await self.scheduler.prefetch(self.episode, build)  # discarded: the next step has it
         self._history_text = history_text
         self._index, self._prefetched, self._last_prefetch = i + 1, False, None
+        self._last_png = self._last_image_id = None
 
     def _check_projector(self, n_tokens: int, screen: Screen) -> tuple[str, ...]:
         """Once per screenshot size: a note when the projector did not make of the screenshot

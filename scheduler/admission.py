@@ -93,7 +93,7 @@ class Admission:
                 txn = await anyio.to_thread.run_sync(functools.partial(
                     begin, self.engine, slot.cache, segments,
                     prefetch=priority is Priority.PREFETCH, policy=policy, degraded=degraded,
-                    replace=slot.replacing))
+                    replace=slot.replacing, guess=slot.guessing))
             finally:
                 slot.planning = False
             if txn.parent is slot.cache.state:

@@ -3,9 +3,10 @@
 ``MemoryPressure.decide`` is synchronous — it reads the ledger and the episodes' bookkeeping,
 and either reserves the transaction's bytes (``Admit``, holding the ``Admitted`` handle) or
 says what to do instead: cut an idle episode back to its reuse point (``Trim``, free for that
-episode), drop an idle episode's cache state (``Evict``), shrink the image-embedding cache
-(``Shrink``), ``Wait`` for in-flight work to release, or ``GiveUp``.  ``carry_out`` performs
-the effect; the caller re-plans and decides again.  The caller carries out a ``Trim`` or
+episode), drop an idle episode's checkpoints or recurrent state (``DropCheckpoints``,
+``DropRecurrent``: the replay rung), drop an idle episode's cache state (``Evict``), shrink
+the image-embedding cache (``Shrink``), ``Wait`` for in-flight work to release, or
+``GiveUp``.  ``carry_out`` performs the effect; the caller re-plans and decides again.  The caller carries out a ``Trim`` or
 ``Evict`` before its next await, and ``carry_out`` claims the victim (``evicting``) before
 its first, so no other decision picks it too — the httpcore pool's way: bookkeeping in one
 step of the event loop, effects outside it.
@@ -13,10 +14,17 @@ step of the event loop, effects outside it.
 Ownership of the episodes' flags: ``evicting`` is set and cleared only by ``_claimed`` here
 (around a trim or an eviction); ``pinned`` only by the ``Admitted`` handle.
 
-Order of rung 1: every free trim first, then evictions (least recently used first), then the
-embedding cache.  A job that is not first in the memory queue waits (FIFO): nobody jumps the
-queue — so under pressure the work serializes instead of failing.  A prefetch (speculative)
-takes only what fits now.
+Order of rung 1: every free trim first; then the replay rung, for episodes that allow
+approximation (``EpisodeCache.replay_twin``, ``AgentConfig.replay_rung``): their checkpoints
+(``DropCheckpoints``), then their recurrent states (``DropRecurrent``).  Each keeps the
+victim's attention KV, and its next step plans with its policy's tail-replay variant: a
+trimmed episode whose sequence ends at its dropped checkpoint goes on from there exactly; one
+whose recurrent state was dropped replays a tail (approximate, and marked so in its records
+until its sequence is cleared).  The rung is taken only when what it can free covers what the
+step lacks — else it would only make episodes approximate that the next rung evicts anyway.
+Then evictions (least recently used first), then the embedding cache.  A job that is not
+first in the memory queue waits (FIFO): nobody jumps the queue — so under pressure the work
+serializes instead of failing.  A prefetch (speculative) takes only what fits now.
 """
 
 from __future__ import annotations
@@ -34,12 +42,13 @@ import structlog
 
 from cachepolicy.engine import Engine
 from cachepolicy.engine.images import EmbeddingCache
+from cachepolicy.plan import CacheState
 from scheduler.admitted import Admitted
 from scheduler.errors import BudgetExceededError
 from scheduler.ledger import MemoryLedger
 from scheduler.slots import IMAGE_CACHE, Slot
 from scheduler.transaction import Transaction
-from scheduler.trim import cut_to_reuse_point
+from scheduler.trim import cut_to_reuse_point, drop_recurrent_state
 
 EngineCall = Callable[[Callable[[], Any]], Awaitable[Any]]
 
@@ -58,6 +67,22 @@ class Replan:
 
 @attrs.frozen
 class Trim:
+    victim: Slot
+
+
+@attrs.frozen
+class DropCheckpoints:
+    """The replay rung (episodes that allow approximation): drop the victim's checkpoints,
+    keep its sequence; its next step plans with its policy's tail-replay variant."""
+
+    victim: Slot
+
+
+@attrs.frozen
+class DropRecurrent:
+    """The replay rung, further: keep the victim's attention KV, drop its recurrent state
+    (approximate: its next step replays a tail)."""
+
     victim: Slot
 
 
@@ -83,7 +108,7 @@ class GiveUp:
     """Nothing is in flight and nothing more can be freed: waiting cannot help."""
 
 
-Decision = Admit | Replan | Trim | Evict | Shrink | Wait | GiveUp
+Decision = Admit | Replan | Trim | DropCheckpoints | DropRecurrent | Evict | Shrink | Wait | GiveUp
 
 
 class MemoryPressure:
@@ -138,6 +163,16 @@ class MemoryPressure:
                 return Trim(victim)
         if speculative:
             return GiveUp()
+        # the replay rung, for episodes that allow approximation: their checkpoints, then
+        # their recurrent states, before anyone's whole cache — when that covers what the
+        # step lacks (else it would only make episodes approximate that are evicted next)
+        if self._replay_rung_bytes(victims) >= txn.need_bytes - self.ledger.free:
+            for victim in victims:
+                if victim.allows_replay and victim.cache.state.checkpoints:
+                    return DropCheckpoints(victim)
+            for victim in victims:
+                if self._recurrent_droppable(victim):
+                    return DropRecurrent(victim)
         for victim in victims:  # least recently used first
             return Evict(victim)
         cache = self.image_cache.snapshot()
@@ -147,9 +182,21 @@ class MemoryPressure:
         others_busy = any(s.jobs or s.closed for s in self.slots.values() if s is not slot)
         return Wait() if others_busy else GiveUp()
 
+    def _recurrent_droppable(self, victim: Slot) -> bool:
+        return (victim.allows_replay and victim.cache.state.seq_bytes > 0
+                and not victim.was_rebased())
+
+    def _replay_rung_bytes(self, victims: list[Slot]) -> int:
+        """What the replay rung could free: the checkpoints and recurrent states of the
+        victims that allow it (a recurrent state at the model's size: an upper bound)."""
+        return sum(v.cache.state.checkpoint_bytes
+                   + (self.engine.recurrent_bytes_per_seq if self._recurrent_droppable(v) else 0)
+                   for v in victims if v.allows_replay)
+
     # ------------------------------------------------------------------ act (async)
 
-    async def carry_out(self, decision: Trim | Evict | Shrink) -> str:
+    async def carry_out(self, decision: Trim | DropCheckpoints | DropRecurrent | Evict | Shrink,
+                        ) -> str:
         """Perform a rung-1 decision; returns the reason to log ("" if nothing was freed).
         Call it right after ``decide`` (no await between): it claims a trim's or an
         eviction's victim before it first waits."""
@@ -157,6 +204,14 @@ class MemoryPressure:
             freed = await self._trim(decision.victim)
             return (f"trimmed idle episode {decision.victim.cache.episode_id}'s sequence back "
                     f"to its reuse point ({freed} bytes)") if freed else ""
+        if isinstance(decision, DropCheckpoints):
+            freed = self._drop_checkpoints(decision.victim)
+            return (f"dropped idle episode {decision.victim.cache.episode_id}'s checkpoints "
+                    f"({freed} bytes; its next step replays a tail)")
+        if isinstance(decision, DropRecurrent):
+            freed = await self._drop_recurrent(decision.victim)
+            return (f"dropped idle episode {decision.victim.cache.episode_id}'s recurrent "
+                    f"state ({freed} bytes; its next step replays a tail)")
         if isinstance(decision, Evict):
             freed = await self._evict(decision.victim)
             return f"evicted idle episode {decision.victim.cache.episode_id}'s cache state " \
@@ -198,6 +253,42 @@ class MemoryPressure:
         self.counters["trimmed_episodes"] += 1
         self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed,
                        kind="trim", trim_pos=state.trim_pos)
+        return freed
+
+    def _republish(self, victim: Slot, state: CacheState) -> None:
+        """Publish a smaller state for an idle victim (the replay rung), keeping what rung 1
+        already knows of it: a trimmed state stays trimmed, a rebased one rebased."""
+        ep = victim.cache
+        trimmed, rebased = victim.was_trimmed(), victim.was_rebased()
+        with ep.publish_lock:
+            ep.state = state
+            self.ledger.publish(ep.episode_id, state.held_bytes, None)
+        victim.trimmed = weakref.ref(state) if trimmed else None
+        victim.rebased = weakref.ref(state) if rebased else None
+
+    def _drop_checkpoints(self, victim: Slot) -> int:
+        """Synchronous: a publication only (the checkpoints die with their last reference)."""
+        ep = victim.cache
+        with self._claimed(victim):
+            freed = ep.state.checkpoint_bytes
+            self._republish(victim, attrs.evolve(ep.state, checkpoints=(), replay_next=True))
+        self.counters["replay_rung_checkpoints"] += 1
+        self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed,
+                       kind="replay_checkpoints")
+        return freed
+
+    async def _drop_recurrent(self, victim: Slot) -> int:
+        ep = victim.cache
+        state = ep.state
+        with self._claimed(victim):
+            new_bytes = await self._engine_call(
+                functools.partial(drop_recurrent_state, self.engine, ep.seq))
+            self._republish(victim, attrs.evolve(state, seq_bytes=new_bytes, replay_next=True))
+            victim.rebased = weakref.ref(ep.state)
+        freed = state.seq_bytes - new_bytes
+        self.counters["replay_rung_recurrent"] += 1
+        self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed,
+                       kind="replay_recurrent")
         return freed
 
     async def _evict(self, victim: Slot) -> int:

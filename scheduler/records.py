@@ -33,6 +33,10 @@ class StepRecord:
     reason: str = ""
     drift_kl: float | None = None
     drift_top1_agree: bool | None = None
+    #: decoded from an approximate state: this step's tail replay or an earlier one the
+    #: sequence still carries (the engine's record of the sequence, not the plan's claim)
+    approximate: bool = False
+    replay_tokens: int = 0  # rows of the matched prefix this step's tail replay recomputed
 
     def as_dict(self) -> dict[str, Any]:
         d = attrs.asdict(self)

@@ -119,9 +119,12 @@ class Scheduler:
     # ------------------------------------------------------------------ episodes
 
     def open_episode(self, episode_id: str, policy: CachePolicy, *, seed: int = 0,
-                     options: StepOptions | None = None) -> EpisodeCache:
+                     options: StepOptions | None = None,
+                     replay_twin: CachePolicy | None = None) -> EpisodeCache:
         """A new episode on a free sequence; ``options`` are its step options (decode
-        budget, sampling, grammar) when they differ from the scheduler's."""
+        budget, sampling, grammar) when they differ from the scheduler's; ``replay_twin``:
+        the episode allows the fallback ladder's replay rung, and this (its policy's
+        tail-replay variant) plans its steps once the rung struck it."""
         if episode_id in self._slots:
             raise ValueError(f"episode {episode_id} is already open")
         if not self._free_seqs:
@@ -130,7 +133,7 @@ class Scheduler:
         seq = self._free_seqs.pop(0)
         spare = self._spare_seq if policy.manifest.needs_scratch_sequence else None
         episode = EpisodeCache(episode_id, seq, policy, seed=seed, options=options,
-                               scratch_seq=spare)
+                               scratch_seq=spare, replay_twin=replay_twin)
         self._slots[episode_id] = Slot(episode, last_used=next(self._clock))
         self._log.info("episode_open", episode_id=episode_id, seq_id=seq, policy=policy.name)
         return episode
@@ -185,6 +188,22 @@ class Scheduler:
         assert result is None or isinstance(result, PrefetchRecord)
         return result
 
+    async def guess(self, episode: EpisodeCache, build: Callable[[], tuple[Segment, ...]], *,
+                    stop: threading.Event | None = None) -> PrefetchRecord | None:
+        """Speculative prefill of the next step's prompt with a guessed screenshot
+        (``CachePolicy.guess``): ``build``'s segments are planned on, never appended to the
+        log.  A prefetch in every other respect — it yields to critical work at piece
+        boundaries, takes only free memory and publishes what it did; ``stop`` (set by
+        whoever learns the guess is wrong) stops it at the next piece boundary too.  Not
+        when segments of a discarded prefetch wait for the next step (the guess would
+        stand on a history the log does not have yet): None then, as when discarded."""
+        slot = self._slots.get(episode.episode_id)
+        if slot is None or slot.pending:
+            return None
+        result = await self._transact(episode, build, Priority.PREFETCH, guess=True, stop=stop)
+        assert result is None or isinstance(result, PrefetchRecord)
+        return result
+
     def summary(self) -> str:
         """The state in one line, for progress output, logs and tests: ``episodes: 3
         running, 1 waiting | budget: 1.2 GiB of 2.0 GiB, peak 1.9 GiB | checkpoints: 7``"""
@@ -213,7 +232,9 @@ class Scheduler:
 
     async def _transact(self, episode: EpisodeCache, build: Callable[[], tuple[Segment, ...]],
                         priority: Priority, options: StepOptions | None = None,
-                        replace: bool = False) -> StepRecord | PrefetchRecord | None:
+                        replace: bool = False, *, guess: bool = False,
+                        stop: threading.Event | None = None,
+                        ) -> StepRecord | PrefetchRecord | None:
         slot = self._slots.get(episode.episode_id)
         if slot is None or slot.closed:
             if priority is Priority.PREFETCH:
@@ -231,6 +252,15 @@ class Scheduler:
                 # call by call, not the gate: it may interleave with another job's prefill,
                 # and lets this job reach admission meanwhile.
                 built = await anyio.to_thread.run_sync(build)
+                if guess:  # planned on, never appended: whatever happens, nothing pends
+                    if slot.pending:
+                        return None
+                    slot.guessing = True
+                    try:
+                        return await self._admit_and_run(slot, built, priority, self.options,
+                                                         stop=stop)
+                    finally:
+                        slot.pending = ()
                 # a replacing request supersedes what a discarded prefetch left pending
                 segments = built if replace else slot.pending + built
                 slot.pending, slot.replacing = (), replace
@@ -249,15 +279,16 @@ class Scheduler:
             raise
         finally:
             slot.jobs -= 1
-            slot.phase, slot.replacing = Phase.IDLE, False
+            slot.phase, slot.replacing, slot.guessing = Phase.IDLE, False, False
             slot.last_used = next(self._clock)
             if self.debug and not any(s.jobs for s in self._slots.values()):
                 self.check_integrity()
                 self.counters["idle_checks"] += 1
 
     async def _admit_and_run(self, slot: Slot, segments: tuple[Segment, ...],
-                             priority: Priority,
-                             options: StepOptions) -> StepRecord | PrefetchRecord | None:
+                             priority: Priority, options: StepOptions, *,
+                             stop: threading.Event | None = None,
+                             ) -> StepRecord | PrefetchRecord | None:
         cause = ""  # why the previous attempt failed: the degraded step's reason says it
         for attempt in range(3):
             try:
@@ -271,7 +302,7 @@ class Scheduler:
             try:
                 # the handle gives the reservation and the pin back however the run ends
                 with admitted as txn:
-                    result = await self._run(slot, txn, priority, options)
+                    result = await self._run(slot, txn, priority, options, stop=stop)
                 if isinstance(result, PrefetchRecord) and result.preempted:
                     self.counters["prefetch_preempted"] += 1
                 return result
@@ -301,12 +332,14 @@ class Scheduler:
         raise AssertionError("unreachable")
 
     async def _run(self, slot: Slot, txn: Transaction, priority: Priority,
-                   options: StepOptions) -> StepRecord | PrefetchRecord:
+                   options: StepOptions, *,
+                   stop: threading.Event | None = None) -> StepRecord | PrefetchRecord:
         """execute + publish in worker threads, in two phases: the prefill holds the engine
         gate; the decode does not (its rows join the engine's fixed-size decode calls with
         other episodes' rows — continuous batching).  Cancellation and preemption are polled
         between pieces, between tokens and before publication, so a cancelled step rolls
         back."""
+        asked = stop  # the caller's own stop (a guess found wrong): at a piece boundary
         stop = threading.Event()
         gate = self.gate
 
@@ -314,7 +347,8 @@ class Scheduler:
             if self.fault is not None:
                 self.fault("between_pieces")
             return stop.is_set() or (priority is Priority.PREFETCH
-                                     and gate.critical_waiting > 0)
+                                     and (gate.critical_waiting > 0
+                                          or (asked is not None and asked.is_set())))
 
         def fault(point: str) -> None:
             if stop.is_set():

@@ -38,7 +38,7 @@ class Slot:
     * ``planning`` — ``Admission.begin``, around the policy's ``select``;
     * ``pinned`` — the ``Admitted`` handle, from the reservation to the job's end;
     * ``evicting`` — ``MemoryPressure._claimed``, around a trim or an eviction;
-    * ``trimmed`` — ``MemoryPressure`` (what its last trim left);
+    * ``trimmed``, ``rebased`` — ``MemoryPressure`` (what its last trim / replay rung left);
     * ``jobs``, ``phase``, ``pending``, ``replacing``, ``last_used``, ``closed`` — the
       ``Scheduler``, around each job and at close.
     """
@@ -54,12 +54,23 @@ class Slot:
     evicting: bool = False  # being cut back or evicted (rung 1): its next job waits
     closed: bool = False
     replacing: bool = False  # the job in flight replaces the log (a whole-prompt request)
+    guessing: bool = False  # the job in flight is a guess (its segments are never appended)
     # the published state rung 1 last cut back (cutting it again frees nothing); a weak
     # reference: holding the state would keep its checkpoints alive after it is replaced
     trimmed: weakref.ref[CacheState] | None = None
+    # the published state whose recurrent state the replay rung dropped (weak, as above)
+    rebased: weakref.ref[CacheState] | None = None
 
     def was_trimmed(self) -> bool:
         return self.trimmed is not None and self.trimmed() is self.cache.state
+
+    def was_rebased(self) -> bool:
+        return self.rebased is not None and self.rebased() is self.cache.state
+
+    @property
+    def allows_replay(self) -> bool:
+        """The episode allows the replay rung (``AgentConfig.replay_rung``)."""
+        return self.cache.replay_twin is not None
 
     @property
     def evictable(self) -> bool:

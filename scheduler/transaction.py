@@ -19,20 +19,25 @@ import itertools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import attrs
 import structlog
 
 from cachepolicy.base import CachePolicy
 from cachepolicy.context_log import ContextLog, Segment
-from cachepolicy.engine import Engine
+from cachepolicy.engine.checkpoint import is_approximate
 from cachepolicy.errors import StalePublishError
 from cachepolicy.executor import Execution, decode, prefill
 from cachepolicy.plan import CacheState, CacheView, Plan
+from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import SamplingParams
 from scheduler.ledger import MemoryLedger, Reservation
 from scheduler.records import StepRecord
 from scheduler.trim import cut_to_reuse_point
+
+if TYPE_CHECKING:  # the engine's type only: a thin client imports this module (StepOptions)
+    from cachepolicy.engine import Engine
 
 log = structlog.get_logger("kvagent.transaction")
 _txn_ids = itertools.count(1)
@@ -54,6 +59,10 @@ class EpisodeCache:
     #: asked for one: ``needs_scratch_sequence``); the scheduler's, shared by every episode
     #: that asked, and used only in the prefill phase, which holds the engine gate
     scratch_seq: int | None = None
+    #: the episode allows approximation under memory pressure (``AgentConfig.replay_rung``):
+    #: its policy's tail-replay variant (``CachePolicy.with_tail``), which plans its steps
+    #: while its state was hit by the replay rung or is approximate; None: never
+    replay_twin: CachePolicy | None = None
     publish_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
 
     def view(self, engine: Engine) -> CacheView:
@@ -83,6 +92,8 @@ class StepOptions:
     sampling: SamplingParams = attrs.Factory(SamplingParams)
     stop_at_eog: bool = False
     stop: tuple[str, ...] = ()  # decoding ends once the text holds one of these
+    #: jump-forward and drafts (speed only: the tokens are plain decoding's)
+    drafting: Drafting = attrs.Factory(Drafting)
     #: called with each decoded token as it comes (in the engine's worker thread): streaming
     on_token: Callable[[int], None] | None = attrs.field(default=None, eq=False)
 
@@ -98,6 +109,8 @@ class PrefetchRecord:
     planned: bool  # False: the policy had nothing to prefetch (only the log advanced)
     preempted: bool = False  # stopped early for critical work; what it did was published
     encode_s: float = 0.0
+    approximate: bool = False  # the sequence's state after it is approximate
+    replay_tokens: int = 0  # rows its tail replay recomputed
 
 
 @attrs.define(eq=False)
@@ -113,6 +126,9 @@ class Transaction:
     prefetch: bool
     reservation: Reservation | None = None
     degraded: str = ""  # why the plan is not the episode's own policy's plan
+    #: a guess (``CachePolicy.guess``): planned on a log with a guessed screenshot that is
+    #: never published — the episode keeps its log, its state gains the guess's pieces
+    guess: bool = False
 
     @property
     def need_bytes(self) -> int:
@@ -121,16 +137,25 @@ class Transaction:
 
 def begin(engine: Engine, episode: EpisodeCache, segments: tuple[Segment, ...], *,
           prefetch: bool = False, policy: CachePolicy | None = None,
-          degraded: str = "", replace: bool = False) -> Transaction:
+          degraded: str = "", replace: bool = False, guess: bool = False) -> Transaction:
     """append + select: a new log and the plan for it (``policy`` overrides the episode's own
-    policy, e.g. a downgraded one; ``replace``: the segments are the whole new log).
-    Nothing is reserved or executed yet."""
-    prefix = "p" if prefetch else "t"
+    policy, e.g. a downgraded one; ``replace``: the segments are the whole new log;
+    ``guess``: the segments are a guess, planned on but never appended).  Nothing is
+    reserved or executed yet."""
+    prefix = "g" if guess else "p" if prefetch else "t"
     txn_id = f"{episode.episode_id}/{prefix}{next(_txn_ids)}"
     parent_log, parent = episode.log, episode.state
     new_log = parent_log.replace(*segments) if replace else parent_log.append(*segments)
     chooser = policy or episode.policy
     view = episode.view(engine)
+    if policy is None and episode.replay_twin is not None and (
+            parent.replay_next or is_approximate(view.seq.history)):
+        # the replay rung took this episode's checkpoints or recurrent state, or its state is
+        # approximate already: an exact plan would throw the sequence away
+        chooser = episode.replay_twin
+    if guess:
+        return Transaction(txn_id, episode, parent_log, parent, parent_log,
+                           chooser.guess(new_log, view), True, degraded=degraded, guess=True)
     if prefetch:
         plan = chooser.prefetch(new_log, view)
     else:
@@ -196,10 +221,13 @@ def commit_finish(engine: Engine, txn: Transaction, ledger: MemoryLedger,
         exe = decode(engine, plan, ep.seq, prefilled, decode_tokens=options.decode_tokens,
                      sampling=step_sampling(options.sampling, ep.seed, txn.new_log),
                      stop_at_eog=options.stop_at_eog, should_stop=should_stop,
-                     stop=options.stop, on_token=options.on_token)
+                     stop=options.stop, on_token=options.on_token,
+                     drafting=options.drafting)
         if fault is not None:
             fault("before_publish")
         successor = _successor(engine, ep, plan, exe, txn.parent)
+        if txn.guess:  # the log did not change: neither does the state's generation
+            successor = attrs.evolve(successor, generation=txn.parent.generation)
         ep.publish(txn.parent_log, txn.parent, txn.new_log, successor, ledger, txn.reservation)
         text = engine.detokenize(exe.output_tokens) if not txn.prefetch else ""
         text = cut_at_stop(text, options.stop)
@@ -210,7 +238,8 @@ def commit_finish(engine: Engine, txn: Transaction, ledger: MemoryLedger,
     if txn.prefetch:
         return PrefetchRecord(ep.episode_id, txn.new_log.generation, exe.prefill_tokens,
                               exe.prefill_s, True, preempted=exe.stopped_at is not None,
-                              encode_s=exe.encode_s)
+                              encode_s=exe.encode_s, approximate=exe.approximate,
+                              replay_tokens=exe.replay_tokens)
     ep.steps_done += 1
     return _record(txn, exe, successor, ledger, text)
 
@@ -285,16 +314,21 @@ def _successor(engine: Engine, episode: EpisodeCache, plan: Plan, exe: Execution
                           checkpoints=parent.checkpoints + exe.new_checkpoints,
                           seq_bytes=engine.held_bytes(episode.seq),
                           layout_keys=tuple(p.key for p in plan.pieces[: exe.stopped_at]),
-                          trim_pos=min(parent.trim_pos, _end_of(history, exe.stopped_at)))
+                          trim_pos=min(parent.trim_pos, _end_of(plan, history, exe.stopped_at)),
+                          trim_forgets=plan.trim_forgets and parent.trim_forgets)
     kept = tuple(c for c in parent.checkpoints if c.label in plan.keep)
     return CacheState(generation=plan.generation, checkpoints=kept + exe.new_checkpoints,
                       seq_bytes=engine.held_bytes(episode.seq),
                       layout_keys=tuple(p.key for p in plan.pieces),
-                      trim_pos=_end_of(history, plan.trim_after))
+                      trim_pos=_end_of(plan, history, plan.trim_after),
+                      trim_forgets=plan.trim_forgets)
 
 
-def _end_of(history: tuple, n_pieces: int) -> int:
-    """The position after the first ``n_pieces`` pieces (one run each) of the sequence."""
+def _end_of(plan: Plan, history: tuple, n_pieces: int) -> int:
+    """The position after the first ``n_pieces`` pieces of the sequence: one run each, or,
+    for a tail plan (runs split or rebased), the pieces' own positions."""
+    if plan.tail:
+        return plan.position_after(n_pieces)
     return history[n_pieces - 1].end_pos if 0 < n_pieces <= len(history) else 0
 
 
@@ -324,4 +358,5 @@ def _record(txn: Transaction, exe: Execution, state: CacheState, ledger: MemoryL
         ledger_peak_bytes=ledger.snapshot().peak, output_tokens=exe.output_tokens,
         output_text=text, encode_s=exe.encode_s,
         status="degraded" if txn.degraded else "ok", reason=txn.degraded,
-        drift_kl=exe.drift_kl, drift_top1_agree=exe.drift_top1_agree)
+        drift_kl=exe.drift_kl, drift_top1_agree=exe.drift_top1_agree,
+        approximate=exe.approximate, replay_tokens=exe.replay_tokens)

@@ -31,9 +31,10 @@ def children_of(pid: int) -> list[int]:
 
 
 def worker(tasks: Any, vm_address: str, result_root: str, model: str, mmproj: str,
-           screen: tuple[int, int], report: str) -> None:
+           screen: tuple[int, int], report: str, server: str | None = None) -> None:
     """The worker process: build the env and the agent, drain ``tasks`` ((domain, example)
-    pairs), report, ``os._exit(0)``."""
+    pairs), report, ``os._exit(0)``.  ``server``: a ``kvagent serve`` URL — the agent is then
+    ``KvAgent(server=URL)`` (the one line a run_multienv worker changes to share a model)."""
     status = 1
     done: list[str] = []
     try:
@@ -46,8 +47,12 @@ def worker(tasks: Any, vm_address: str, result_root: str, model: str, mmproj: st
             action_space="pyautogui", screen_size=screen, headless=True, os_type="Ubuntu",
             require_a11y_tree=False, cache_dir=str(Path(result_root) / f"cache-{os.getpid()}"))
         # the one line a worker changes: OSWorld's agent → KvAgent
-        agent = KvAgent(model, mmproj, screen_size=screen, n_batch=64, temperature=1.0,
-                        seed=os.getpid() % 1000)
+        if server is None:
+            agent = KvAgent(model, mmproj, screen_size=screen, n_batch=64, temperature=1.0,
+                            seed=os.getpid() % 1000)
+        else:
+            agent = KvAgent(server=server, screen_size=screen, temperature=1.0,
+                            seed=os.getpid() % 1000)
         try:
             while True:
                 try:
@@ -60,7 +65,7 @@ def worker(tasks: Any, vm_address: str, result_root: str, model: str, mmproj: st
                 run_single_example_like(agent, env, example, 2, example["instruction"], ARGS,
                                         str(out), [])
                 done.append(example["id"])
-            n_threads = agent.config.engine.n_threads
+            n_threads = agent.config.engine.n_threads if server is None else 0
         finally:
             env.close()
         Path(report).write_text(json.dumps({

@@ -5,7 +5,7 @@ have exited cleanly."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -16,13 +16,14 @@ Served = ServeProcess
 
 @contextmanager
 def kvagent_serve(model_dir: Path, tmp: Path, *args: str, timeout: float = 120.0,
-                  expect_clean_exit: bool = True) -> Iterator[ServeProcess]:
+                  expect_clean_exit: bool = True,
+                  launcher: Sequence[str] = ("-m", "runtime.cli")) -> Iterator[ServeProcess]:
     """Start ``kvagent serve --port 0`` on ``model_dir``'s model.gguf + mmproj.gguf; yield
     it; SIGTERM it at the end (and check it exited cleanly, closing every episode)."""
     err = tmp / f"serve-{time.monotonic_ns()}.err"
     with serve_process(["--threads", "1", "--model", str(model_dir / "model.gguf"),
                         "--mmproj", str(model_dir / "mmproj.gguf"), "--ctx", "4096", *args],
-                       err, start_timeout=timeout) as served:
+                       err, start_timeout=timeout, launcher=launcher) as served:
         yield served
     if expect_clean_exit:
         text = served.stderr()

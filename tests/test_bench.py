@@ -149,8 +149,10 @@ def test_bench_episodes_under_a_tight_budget(forged, tmp_path: Path) -> None:
     t = report["throughput"]
     assert t["ratio"] == pytest.approx(t["concurrent_steps_per_s"] / t["sequential_steps_per_s"])
     assert '"event": "fallback"' in res.stderr  # memory pressure went down the ladder
-    assert report["decode"]["concurrent"]["rows"] == report["decode"]["sequential"]["rows"]
-    assert report["decode"]["sequential"]["rows_per_call"] == 1
+    assert report["decode"]["concurrent"]["tokens"] == report["decode"]["sequential"]["tokens"]
+    # the runs shape: one generation per call, two tokens or more in it
+    seq = report["decode"]["sequential"]
+    assert seq["rows"] + seq["pad_rows"] >= 2 * seq["calls"]
     conc = {i["name"]: i for i in report["targets"]["items"]}["concurrent_over_sequential"]
     assert conc["met"] is None and "overlap" in conc["note"]  # this run had overlap off
     assert report["plot"] is None  # no arms ran: nothing per arm to draw
@@ -159,21 +161,72 @@ def test_bench_episodes_under_a_tight_budget(forged, tmp_path: Path) -> None:
 
 
 def test_bench_decode_rows_reach_the_engine(forged, tmp_path: Path) -> None:
-    """--decode-rows 1: one lane, so concurrent episodes' decode rows never share a call
-    (and their outputs stay those of the back-to-back run); out of 1..16 it is refused."""
+    """--decode-shape lanes --decode-rows 1: one lane, so concurrent episodes' decode rows
+    never share a call (and their outputs stay those of the back-to-back run); out of
+    1..16 it is refused."""
     m = forged("qwen35")
     out = tmp_path / "lanes.json"
     res = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--steps", "3",
                 "--image-tokens", "48", "--decode-tokens", "4", "--episodes", "3",
-                "--decode-rows", "1", "--json", str(out))
+                "--decode-rows", "1", "--decode-shape", "lanes", "--json", str(out))
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["config"]["decode_rows"] == 1
+    assert report["config"]["decode_shape"].startswith("lanes: up to 1 generations")
     assert report["decode"]["concurrent"]["rows_per_call"] == 1
     assert report["outputs_identical_to_sequential"] is True
     bad = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--decode-rows",
                 "17")
     assert bad.returncode == 2 and "--decode-rows must be 1..16" in bad.stderr
+
+
+def test_bench_squeeze_without_and_with_the_replay_rung(forged, tmp_path: Path) -> None:
+    """--compare-replay-rung: the concurrent phase twice on one budget, the second with the
+    replay rung; the comparison printed and in the JSON, every step's record saying whether
+    it was decoded from an approximate state, and no unmarked step differing from the
+    sequential (exact) run.  (Whether the rung helps depends on the model: test_replay_rung
+    and docs/benchmarks.md.)"""
+    m = forged("qwen35")
+    out = tmp_path / "rung.json"
+    res = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path), "--steps", "4",
+                "--image-tokens", "48", "--decode-tokens", "4", "--episodes", "8",
+                "--memory-budget", "1.0x", "--compare-replay-rung", "--rung-repeats", "2",
+                "--replay-budget", "8", "--json", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "replay rung: steps/s with / without" in res.stdout
+    report = json.loads(out.read_text())
+    assert report["config"]["compare_replay_rung"] is True
+    rung = report["replay_rung"]
+    assert rung["without"]["repeats"] == rung["with"]["repeats"] == 2  # A B B A
+    assert rung["without"]["steps"] == rung["with"]["steps"] == 64
+    assert rung["without"]["wall_s"] == pytest.approx(sum(rung["without"]["wall_s_each"]))
+    assert rung["without"]["approximate_steps"] == rung["without"]["replay_rung_recurrent"] == 0
+    assert rung["with"]["replay_rung_checkpoints"] + rung["with"]["replay_rung_recurrent"] > 0
+    assert rung["unmarked_differences"] == 0 and report["outputs_identical_to_sequential"]
+    assert rung["steps_per_s_ratio"] == pytest.approx(
+        rung["with"]["steps_per_s"] / rung["without"]["steps_per_s"])
+    steps = [st for ep in rung["episodes"] for st in ep["steps"]]
+    assert len(steps) == 32 and all({"approximate", "replay_tokens"} <= set(st) for st in steps)
+    assert sum(st["approximate"] for st in steps) <= rung["with"]["approximate_steps"]
+    refused = bench("--model", str(m.model_path), "--mmproj", str(m.mmproj_path),
+                    "--compare-replay-rung")
+    assert refused.returncode == 2 and "--episodes" in refused.stderr
+
+
+def test_arm_names() -> None:
+    from runtime.bench.arms import ArmSpec, split_arm
+    from runtime.commands.options import bench_agent_defaults
+
+    spec = ArmSpec.parse("tail-replay@5%+overlap")
+    assert spec == ArmSpec("tail-replay", True, "5%")
+    agent = spec.agent(bench_agent_defaults())
+    assert (agent.policy, agent.overlap, agent.replay_budget) == ("tail-replay", True, "5%")
+    assert ArmSpec.parse("terminal-slot") == ArmSpec("terminal-slot")
+    assert split_arm("noevict-tail@64+overlap") == ("noevict-tail", True)
+    for bad, message in (("lru", "unknown arm"), ("terminal-slot@5%", "is exact"),
+                         ("tail-replay@", "replay budget"), ("tail-replay@150%", "0..1")):
+        with pytest.raises(ValueError, match=message):
+            ArmSpec.parse(bad)
 
 
 def test_bench_rejects_a_bad_budget(forged) -> None:

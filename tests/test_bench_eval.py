@@ -87,8 +87,43 @@ def test_relocate_is_measured_where_the_model_allows_it(
     assert "vs terminal-scratch: approximate" in printed
 
 
+def test_tail_replay_at_replay_budgets_against_the_exact_reference(
+        forged: Callable[..., object], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The command the trained model's tail-replay numbers come from, on the forged one:
+    budgets as arms, judged against terminal-scratch (which runs though not asked for) with
+    the success difference, the drift and what each step cost; a budget of the whole prefix
+    is the reference itself, step for step, and nothing in it is marked approximate."""
+    code, report, printed = _eval(
+        forged, "qwen35", tmp_path, "--instances", "2",
+        "--arms", "terminal-slot,tail-replay@5%,tail-replay@16,tail-replay@100%",
+        "--replay-drift", capsys=capsys)
+    assert code == 0
+    arms = {a["arm"]: a for a in report["arms"]}
+    assert list(arms) == ["terminal-scratch", "terminal-slot", "tail-replay@5%",
+                          "tail-replay@16", "tail-replay@100%"]
+    for name in ("tail-replay@5%", "tail-replay@16", "tail-replay@100%"):
+        a = arms[name]
+        assert a["policy"] == "tail-replay" and a["reference"] == "terminal-scratch"
+        assert not a["exact_expected"] and a["expectation"] == "approximate"
+        assert a["success_vs_reference"]["n"] == 2 and a["drift"]["kl_mean"] >= 0
+        assert a["cost"]["checkpoint_bytes_peak"] == 0  # tail-replay holds no checkpoint
+        assert a["cost"]["steps"] == a["steps"] > 0
+    assert arms["terminal-slot"]["cost"]["checkpoint_bytes_peak"] > 0
+    assert arms["terminal-slot"]["cost"]["approximate_steps"] == 0
+    short = arms["tail-replay@16"]
+    assert short["cost"]["approximate_steps"] > 0 and short["cost"]["replay_tokens_per_step"] > 0
+    whole = arms["tail-replay@100%"]
+    assert whole["cost"]["approximate_steps"] == 0 and whole["drift"]["kl_max"] == 0.0
+    assert whole["agreement"]["identical_episodes"] == 2
+    assert "vs terminal-scratch: approximate" in printed and "replayed tok/step" in printed
+    assert "0 won / 0 lost" in printed
+
+
 @pytest.mark.parametrize("args, message", [
-    (("--arms", "nope"), "unknown arm"), (("--instances", "0"), "--instances"),
+    (("--arms", "nope"), "unknown arm"), (("--arms", "terminal-slot@5%"), "is exact"),
+    (("--arms", "tail-replay@lots"), "replay budget"),
+    (("--replay-budget", "-3"), "--replay-budget"), (("--instances", "0"), "--instances"),
     (("--seeds", "classic"), "sampled"), (("--task", "click-ok@3"), "takes a kind"),
     (("--screen", "10x10"), "--screen")])
 def test_bad_arguments(args: tuple[str, ...], message: str,
@@ -133,3 +168,9 @@ def test_references() -> None:
         "evict", "terminal-scratch", "noevict", "terminal-slot")
     assert with_references(["terminal-slot", "terminal-scratch"]) == (
         "terminal-slot", "terminal-scratch")
+    assert reference_of("tail-replay@5%+overlap") == ("terminal-scratch", False)
+    assert reference_of("noevict-tail@64") == ("noevict", False)
+    # a reference's own reference runs too, before it
+    assert with_references(["noevict-tail@64"]) == ("evict", "noevict", "noevict-tail@64")
+    assert with_references(["tail-replay@5%", "tail-replay@10%"]) == (
+        "terminal-scratch", "tail-replay@5%", "tail-replay@10%")

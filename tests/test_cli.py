@@ -80,6 +80,15 @@ def test_bad_arguments_get_clear_messages(tmp_path: Path) -> None:
     assert broken.returncode == 2 and "could not load" in broken.stdout
 
 
+def test_help_lists_every_command() -> None:
+    from runtime.cli import COMMANDS
+
+    res = kvagent("--help")
+    assert res.returncode == 0, res.stderr
+    assert all(name in res.stdout for name in COMMANDS)
+    assert "95% CI" in res.stdout  # a HELP's percent sign is text, not a format
+
+
 def test_demo_runs_on_the_embedded_tiny_model(tmp_path: Path) -> None:
     result = kvagent("demo", "--threads", "1", env_cache=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -26,6 +26,9 @@ pytestmark = needs_ray
 
 ARGS = ("--max-episodes", "2", "--memory-budget", "1GiB")
 HOST = "x-kvagent-host"
+#: The front door takes API keys like a single server; its hosts take only its own key.
+KEY, OTHER = "cluster-client-key-0123", "cluster-other-key-4567"
+AUTH = {"authorization": f"Bearer {KEY}"}
 
 
 def _b64(png: bytes) -> str:
@@ -51,7 +54,8 @@ def ray_address():
 def cluster(model_dir, ray_address, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cluster")
     with kvagent_serve(model_dir, tmp, *ARGS, "--ray", "--address", ray_address,
-                       timeout=180, expect_clean_exit=False) as served:
+                       "--api-key", KEY, "--api-key", OTHER, timeout=180,
+                       expect_clean_exit=False) as served:
         yield served
     text = served.stderr()
     assert served.process.returncode == 0, text[-3000:]
@@ -64,17 +68,27 @@ def single(model_dir, tmp_path_factory):
         yield served
 
 
+#: Every episode's number (its sampling seed), from the create answers: ids are unguessable.
+NUMBERS: dict[str, int] = {}
+
+
+def _create(c: httpx.Client, body: dict) -> str:
+    """Create an episode (on the cluster); its number is remembered."""
+    r = c.post("/v1/episodes", json=body)
+    assert r.status_code == 201, r.text
+    NUMBERS[r.json()["episode_id"]] = r.json()["episode_number"]
+    return r.json()["episode_id"]
+
+
 def _number(episode_id: str) -> int:
-    return int(episode_id.removeprefix("ep-"))
+    return NUMBERS[episode_id]
 
 
 def _create_as(c: httpx.Client, number: int, body: dict) -> str:
-    """Create an episode on a single host under ``number`` (its id and sampling seed): the
-    host numbers episodes in order, so earlier numbers are created and ended first."""
+    """Create an episode on a single host under ``number`` (its sampling seed): the host
+    numbers episodes in order, so earlier numbers are created and ended first."""
     while True:
-        r = c.post("/v1/episodes", json=body)
-        assert r.status_code == 201, r.text
-        ep = r.json()["episode_id"]
+        ep = _create(c, body)
         if _number(ep) == number:
             return ep
         assert _number(ep) < number, "the reference host is ahead of the cluster"
@@ -89,7 +103,7 @@ def _free(health: dict) -> dict[str, int]:
 
 
 def test_placement_by_headroom_then_affinity(cluster) -> None:
-    with httpx.Client(base_url=cluster.url, timeout=120) as c:
+    with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=120) as c:
         health = c.get("/health").json()
         assert len([h for h in health["hosts"].values() if h["alive"]]) == 2
         assert len({h["node_id"] for h in health["hosts"].values()}) == 2  # one per node
@@ -124,13 +138,41 @@ def test_placement_by_headroom_then_affinity(cluster) -> None:
         assert health["episodes"]["open"] == 0 and health["episodes"]["routed"] == 0
 
 
+def test_the_front_door_needs_a_key_and_the_hosts_take_only_its_own(cluster) -> None:
+    assert httpx.get(f"{cluster.url}/v1/episodes", timeout=30).status_code == 401
+    assert httpx.get(f"{cluster.url}/health", timeout=30).status_code == 200
+    with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=120) as c:
+        hosts = [h["url"] for h in c.get("/health").json()["hosts"].values() if h["alive"]]
+        ep = _create(c, {"instruction": "x"})
+        for url in hosts:
+            assert url.startswith("http://127.0.0.1:")  # one machine: loopback only
+            for headers in ({}, AUTH, {**AUTH, "x-kvagent-owner": "key-1"}):
+                r = httpx.get(f"{url}/v1/episodes", headers=headers, timeout=30)
+                assert r.status_code == 401, r.text  # the client's key is not the host's
+        wrong = {"authorization": "Bearer some-wrong-key-9999"}
+        assert httpx.get(f"{cluster.url}/v1/episodes/{ep}", headers=wrong,
+                         timeout=30).status_code == 401
+        # another client's key: the episode does not exist for it
+        with httpx.Client(base_url=cluster.url, timeout=60,
+                          headers={"authorization": f"Bearer {OTHER}"}) as o:
+            assert o.get("/v1/episodes").json()["data"] == []
+            for method, path in (("GET", f"/v1/episodes/{ep}"),
+                                 ("POST", f"/v1/episodes/{ep}/step"),
+                                 ("GET", f"/v1/episodes/{ep}/lease"),
+                                 ("DELETE", f"/v1/episodes/{ep}")):
+                r = o.request(method, path, json=_shot(0))
+                assert r.status_code == 404, (method, r.text)
+        assert [e["episode_id"] for e in c.get("/v1/episodes").json()["data"]] == [ep]
+        assert c.delete(f"/v1/episodes/{ep}").status_code == 204
+
+
 def _steps_total(text: str) -> int:
     m = re.search(r'^kvagent_steps_total\{api="episode",status="ok"\} (\d+)', text, re.M)
     return int(m.group(1)) if m else 0
 
 
 def test_metrics_sum_over_hosts_and_errors_pass_through(cluster) -> None:
-    with httpx.Client(base_url=cluster.url, timeout=120) as c:
+    with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=120) as c:
         before = _steps_total(c.get("/metrics").text)
         eps = [c.post("/v1/episodes", json={"instruction": "x"}).json()["episode_id"]
                for _ in range(2)]
@@ -150,7 +192,7 @@ def test_metrics_sum_over_hosts_and_errors_pass_through(cluster) -> None:
         # a host's own error passes through in OpenAI's shape; the front door's too
         r = c.post(f"/v1/episodes/{eps[0]}/step", json={"screenshot": _b64(b"not an image")})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image"
-        r = c.post("/v1/episodes/ep-999999/step", json=_shot(0))
+        r = c.post("/v1/episodes/ep-unknown/step", json=_shot(0))
         assert r.status_code == 404 and r.json()["error"]["code"] == "episode_not_found"
         # chat completions go to a host and stick to it by conversation
         chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -164,9 +206,9 @@ def test_metrics_sum_over_hosts_and_errors_pass_through(cluster) -> None:
 
 def test_outputs_equal_one_host(cluster, single) -> None:
     body = {"instruction": "Open the terminal.", "options": {"temperature": 1.0}}
-    with httpx.Client(base_url=cluster.url, timeout=120) as cc, \
+    with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=120) as cc, \
             httpx.Client(base_url=single.url, timeout=120) as sc:
-        eps = [cc.post("/v1/episodes", json=body).json()["episode_id"] for _ in range(4)]
+        eps = [_create(cc, body) for _ in range(4)]
         shots = [[_shot(3 * k + i, 320 + 80 * k) for i in range(3)] for k in range(4)]
         got: list[list[str]] = [[] for _ in eps]
         hosts = set()
@@ -205,13 +247,14 @@ def test_parallel_osworld_run_over_the_cluster(cluster, ray_address, tmp_path) -
     run = functools.partial(
         run_parallel, result_root=tmp_path, model_name="kvagent", workers=2,
         make_env=functools.partial(FakeDesktopEnv, width=320, height=240),
-        make_agent=functools.partial(KvAgent, server=cluster.url, screen_size=(320, 240),
+        make_agent=functools.partial(KvAgent, server=cluster.url, api_key=KEY,
+                                     screen_size=(320, 240),
                                      temperature=1.0),
         run_example=osworld_runner_like.run_single_example_like, max_steps=3)
     ray.init(address=ray_address, log_to_driver=False)
     try:
         ray.cloudpickle.register_pickle_by_value(osworld_runner_like)  # a test helper
-        with httpx.Client(base_url=cluster.url, timeout=60) as c:
+        with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=60) as c:
             before = _steps_total(c.get("/metrics").text)
             outcomes = run(tasks)
             steps = _steps_total(c.get("/metrics").text) - before
@@ -237,9 +280,9 @@ def test_parallel_osworld_run_over_the_cluster(cluster, ray_address, tmp_path) -
 
 def test_a_killed_host_episode_continues_elsewhere_exactly(cluster, single) -> None:
     body = {"instruction": "Click OK.", "options": {"temperature": 1.0}}
-    with httpx.Client(base_url=cluster.url, timeout=120) as cc, \
+    with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=120) as cc, \
             httpx.Client(base_url=single.url, timeout=120) as sc:
-        eps = [cc.post("/v1/episodes", json=body).json()["episode_id"] for _ in range(2)]
+        eps = [_create(cc, body) for _ in range(2)]
         where = {}
         for ep in eps:
             for i in range(2):
@@ -284,9 +327,9 @@ def test_a_host_killed_during_a_step_the_step_is_answered_by_another(cluster, si
     the client gets the answer the uninterrupted episode gives."""
     body = {"instruction": "Save the note.", "options": {"temperature": 1.0}}
     big = [{"screenshot": _b64(screenshot(20 + i, 960, 720))} for i in range(2)]
-    with httpx.Client(base_url=cluster.url, timeout=180) as cc, \
+    with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=180) as cc, \
             httpx.Client(base_url=single.url, timeout=120) as sc:
-        ep = cc.post("/v1/episodes", json=body).json()["episode_id"]
+        ep = _create(cc, body)
         r = cc.post(f"/v1/episodes/{ep}/step", json=big[0])
         assert r.status_code == 200, r.text
         host, seconds = r.headers[HOST], r.elapsed.total_seconds()
@@ -294,7 +337,7 @@ def test_a_host_killed_during_a_step_the_step_is_answered_by_another(cluster, si
         answer: list[httpx.Response] = []
 
         def step() -> None:
-            with httpx.Client(base_url=cluster.url, timeout=180) as c2:
+            with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=180) as c2:
                 answer.append(c2.post(f"/v1/episodes/{ep}/step", json=big[1]))
 
         thread = threading.Thread(target=step)
@@ -318,9 +361,9 @@ def test_a_host_killed_during_a_step_the_step_is_answered_by_another(cluster, si
 
 def test_every_host_killed_the_episode_waits_for_a_replacement(cluster, single) -> None:
     body = {"instruction": "Type hello.", "options": {"temperature": 1.0}}
-    with httpx.Client(base_url=cluster.url, timeout=180) as cc, \
+    with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=180) as cc, \
             httpx.Client(base_url=single.url, timeout=120) as sc:
-        ep = cc.post("/v1/episodes", json=body).json()["episode_id"]
+        ep = _create(cc, body)
         for i in range(2):
             assert cc.post(f"/v1/episodes/{ep}/step", json=_shot(i)).status_code == 200
         before = cc.get("/health").json()

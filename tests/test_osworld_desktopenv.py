@@ -1,6 +1,7 @@
 """Contract tests against OSWorld's own code: the real ``DesktopEnv`` (desktop-env 1.0.2,
 installed with ``--no-deps``) driven against the loopback VM server over the simulated
-desktop, with ``KvAgent`` on the forged tiny qwen35 (random weights: aimless, valid actions).
+desktop, with ``KvAgent`` on its default model (kvagent's shipped trained hybrid) or the forged
+tiny qwen35 (random weights: aimless, valid actions).
 
 Only the VM is a stand-in; DesktopEnv, PythonController, SetupController and the evaluator
 (getter ``vm_command_line`` + metric ``check_include_exclude``) are OSWorld's.
@@ -64,8 +65,8 @@ def _status(vm: VmServer) -> dict[str, Any]:
 
 @pytest.fixture
 def kv_agent(forged: Any, kv_agents: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """``KvAgent(**options)`` without a model: the forged tiny qwen35, taken from the test
-    session's model cache (no second forge, nothing written to ~/.cache)."""
+    """``KvAgent(**options)`` without a model: kvagent's shipped trained hybrid (the model
+    cache points at the test session's, so nothing is written to ~/.cache)."""
     model = forged("qwen35")
     monkeypatch.setenv("KVAGENT_CACHE_DIR", str(model.model_path.parent.parent))
     return lambda **kw: kv_agents(**{"model_path": None, "mmproj_path": None, "n_ctx": 4096,

@@ -16,6 +16,7 @@ import pytest
 
 from cachepolicy.engine import Engine, EngineConfig, chunk_sizes
 from cachepolicy.engine.records import MIN_CHUNK_ROWS, prefill_rows_for
+from cachepolicy.engine.row_classes import RowClasses
 from cachepolicy.forge import ForgedModel, ForgeError, entry_name, forge, forge_cached
 from cachepolicy.oracle.checks import run_checks
 from conftest import skip_without_fast_kernels
@@ -227,3 +228,38 @@ def test_terminal_slot_equals_scratch_where_split_prefill_is_not_exact(qforged, 
     assert {s.start for s in outs[0].episode.steps[1:]} == {"truncate"}  # slot really reused
     assert runs[0] == runs[1] and len(runs[0]) > 6
     assert outs[0].output_sha256 == outs[1].output_sha256
+
+
+# ---------------------------------------------------------------- decode row classes
+
+
+@pytest.mark.parametrize(("quant", "lanes", "runs"),
+                         [("q8_0", ((1, 2, 3, 4),), tuple(range(2, 17))),
+                          ("q4_k_m", ((1, 2, 3, 4),), tuple(range(2, 8)))])
+def test_row_classes_of_quantized_models(qforged, quant: str, lanes: tuple,
+                                         runs: tuple) -> None:
+    """Q8_0: every lane count and run length computes a row alike; K-quants switch kernels
+    at 8 rows, so runs stop at 7.  On both a lone generation's one-row calls share a class
+    with more rows: by default the engine decodes in lanes, unpadded."""
+    m = qforged("qwen35", quant, vision=False)
+    with Engine(m.model_path, None, EngineConfig(n_ctx_per_seq=1024, n_seq_max=2,
+                                                 n_batch=32, n_threads=1,
+                                                 row_class_cache=False)) as e:
+        assert (e.row_classes.lanes, e.row_classes.runs) == (lanes, runs)
+        runs_shape = e.shape_for(True)
+        assert (runs_shape.min_run, runs_shape.max_run) == (2, max(runs))
+        assert e.decode_shape == e.shape_for(False)  # the default: lanes
+        assert e.decode_shape.lane_rows == (1, 2, 3, 4)  # no pad on a lone generation
+
+
+def test_wrong_run_class_fails_decode_runs(qforged) -> None:
+    """Claiming runs up to 16 tokens on a K-quant model (they switch kernels at 8): the
+    oracle's decode_runs and speculative_generation checks see other logits."""
+    m = qforged("qwen35", "q4_k_m", vision=False)
+    wrong = RowClasses(lanes=[[1, 2, 3, 4]], runs=range(2, 17))
+    with Engine(m.model_path, None, EngineConfig(n_ctx_per_seq=1024, n_seq_max=2, n_batch=32,
+                                                 n_threads=1), row_classes=wrong) as e:
+        assert e.shape_for(True).max_run == 16
+        results = {r.name: r for r in run_checks(e)}
+    assert not results["row_classes"].bitwise
+    assert not results["decode_runs"].bitwise and results["decode_runs"].max_abs_diff > 0

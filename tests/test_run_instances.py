@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from runtime.run.agents import RunConfig, simdesk_specs
-from runtime.run.instances import SeedChoice, episode_tasks, kind_of, parse_seeds
-from runtime.run.success import SuccessRate, wilson_interval
+from runtime.run.instances import (
+    SeedChoice, check_task, episode_tasks, kind_of, parse_seeds,
+)
+from runtime.run.success import PairedDifference, SuccessRate, wilson_interval
 from vmenv.simdesk import default_tasks, eval_seeds, is_eval_seed, sample_task, task_kinds
 
 
@@ -43,6 +45,16 @@ def test_bad_seed_choices(text: str, message: str) -> None:
         parse_seeds(text)
 
 
+def test_several_kinds_are_taken_in_turn() -> None:
+    assert episode_tasks(3, parse_seeds("40-42"), "click-ok,dialog-button") == (
+        "click-ok@40", "dialog-button@41", "click-ok@42")
+    assert check_task("click-ok,menu-launch") == "click-ok,menu-launch"
+    with pytest.raises(ValueError, match="unknown task"):
+        check_task("click-ok,nope")
+    with pytest.raises(ValueError, match="unknown task"):
+        check_task("click-ok@3,menu-launch")
+
+
 def test_combinations_that_name_nothing_are_refused() -> None:
     with pytest.raises(ValueError, match="no fixed layout"):
         episode_tasks(1, SeedChoice("classic"), "remember-code")
@@ -68,3 +80,21 @@ def test_wilson_interval() -> None:
     assert str(SuccessRate(8, 10)) == "8/10 (80%, 95% CI 49-94%)"
     with pytest.raises(ValueError):
         wilson_interval(3, 2)
+
+
+def test_paired_difference() -> None:
+    """Newcombe's method 10 on paired outcomes (12 both, 9 the arm only, 2 the reference
+    only, 21 neither: the interval recomputed independently from the published formula),
+    and the degenerate cases where a Wald interval would collapse."""
+    d = PairedDifference(12, 9, 2, 21)
+    assert d.n == 44 and d.delta == pytest.approx(7 / 44)
+    low, high = d.interval
+    assert low == pytest.approx(0.0112, abs=1e-4) and high == pytest.approx(0.2954, abs=1e-4)
+    none = PairedDifference.of([(False, False)] * 8)  # nothing differs: symmetric, not a point
+    assert none.delta == 0 and none.interval[0] == pytest.approx(-none.interval[1])
+    assert none.interval[1] == pytest.approx(wilson_interval(0, 8)[1])
+    lost = PairedDifference.of([(True, True)] * 30 + [(False, True)] * 2 + [(False, False)] * 8)
+    assert lost.delta == pytest.approx(-0.05)
+    assert lost.interval[0] < -0.05 < 0 < lost.interval[1] < 0.05
+    assert str(lost) == "-5 pts (95% CI -15 to +4; 0 won / 2 lost)"
+    assert PairedDifference(0, 0, 0, 0).interval == (-1.0, 1.0)

@@ -13,6 +13,7 @@ from runtime.bench.trajectory import screenshot
 from runtime.serve.config import ServeConfig
 from runtime.serve.host import ModelHost
 from runtime.serve.messages import ChatRequest, ImagePart, Message, Sampling, TextPart
+from runtime.serve.owners import ANONYMOUS
 
 SHOT = (320, 240)
 
@@ -37,42 +38,49 @@ def test_episodes_and_conversations_without_http(forged) -> None:
         async with ModelHost.running(_config(forged)) as host:
             # an episode opened with a teacher (a cluster's replay): the forced history text
             # is the step's, then the episode's own
-            eid = await host.episodes.create(host.config.agent, "Open the terminal.", None,
-                                             teacher=lambda i: "wait()" if i == 0 else None)
-            first = await host.episodes.step(eid, screenshot(0, *SHOT), SHOT,
+            created = await host.episodes.create(
+                host.config.agent, "Open the terminal.", None, ANONYMOUS,
+                teacher=lambda i: "wait()" if i == 0 else None)
+            eid = created.episode_id
+            assert eid.startswith("ep-") and created.number == 1
+            first = await host.episodes.step(eid, ANONYMOUS, screenshot(0, *SHOT), SHOT,
                                              arrived_at=time.perf_counter())
             assert first.history == "wait()" and first.screen == SHOT
-            second = await host.episodes.step(eid, screenshot(1, *SHOT), SHOT,
+            second = await host.episodes.step(eid, ANONYMOUS, screenshot(1, *SHOT), SHOT,
                                               arrived_at=time.perf_counter())
             assert second.step.act.index == 1 and second.history is not None
 
             # a terminal-mode chat: the second request continues the first's conversation
             system = Message("system", (TextPart("You operate a desktop."),))
             user = Message("user", (TextPart("Open the terminal."), _image(0)))
-            one = await host.chat.complete(_request([system, user]), None)
+            one = await host.chat.complete(_request([system, user]), None, ANONYMOUS)
             two = await host.chat.complete(_request([
                 system, user, Message("assistant", (TextPart(one.text),)),
-                Message("user", (_image(1),))]), None)
+                Message("user", (_image(1),))]), None, ANONYMOUS)
             assert one.mode == two.mode == "terminal"
             assert two.conversation_id == one.conversation_id
             assert two.step.metrics.reused_tokens > 0
-            assert {(v.episode_id, v.kind) for v in host.episodes.listing()} == {
+            assert {(v.episode_id, v.kind) for v in host.episodes.listing(ANONYMOUS)} == {
                 (eid, "episode"), (one.conversation_id, "chat")}
+            assert host.episodes.listing("key-2") == []  # another key sees none of them
 
             # every slot taken (an episode, the conversation): a new conversation takes the
-            # idle one's slot (chats have no end; an episode's is never taken), and the
-            # conversations forget the one closed
-            await host.episodes.end(eid)
-            other = await host.episodes.create(host.config.agent, "x", None)
+            # idle one's slot (chats have no end; an episode's is not taken before
+            # --idle-seconds), and the conversations forget the one closed
+            await host.episodes.end(eid, ANONYMOUS)
+            other = (await host.episodes.create(host.config.agent, "x", None,
+                                                ANONYMOUS)).episode_id
             mine = await host.chat.complete(_request([Message("user", (TextPart("hi"),))]),
-                                            "mine")
-            assert mine.mode == "faithful" and mine.conversation_id == "mine"
+                                            "mine", ANONYMOUS)
+            assert mine.mode == "faithful" and mine.conversation_id.startswith("chat-")
+            assert host.conversations.named(ANONYMOUS, "mine") is not None
+            assert host.conversations.named("key-2", "mine") is None  # names are per key
             host.conversations.prune()
             assert one.conversation_id not in host.conversations
-            assert {(v.episode_id, v.kind) for v in host.episodes.listing()} == {
-                (other, "episode"), ("mine", "chat")}
-            for e in (other, "mine"):
-                await host.episodes.end(e)
+            assert {(v.episode_id, v.kind) for v in host.episodes.listing(ANONYMOUS)} == {
+                (other, "episode"), (mine.conversation_id, "chat")}
+            for e in (other, mine.conversation_id):
+                await host.episodes.end(e, ANONYMOUS)
             assert host.status()["episodes"]["open"] == 0
 
     anyio.run(main)

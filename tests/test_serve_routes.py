@@ -34,8 +34,8 @@ def _router() -> Router:
     return Router([], start_host=_no_host, kill_host=lambda h: None)
 
 
-def test_the_table_has_nine_routes_with_distinct_names() -> None:
-    assert len(ROUTES) == 9 and len({r.name for r in ROUTES}) == 9 and len(TABLE) == 9
+def test_the_table_has_ten_routes_with_distinct_names() -> None:
+    assert len(ROUTES) == 10 and len({r.name for r in ROUTES}) == 10 and len(TABLE) == 10
 
 
 def test_both_apps_bind_exactly_the_table() -> None:

@@ -24,6 +24,16 @@ Numerical contract (README "The engine's exactness contract", and ``kvagent chec
   the same indices whether it was prefilled from scratch or restored from a checkpoint;
 * edits that llama.cpp would accept but that silently corrupt a recurrent state (a middle-range
   removal, a tail trim without a recurrent checkpoint) are refused with ``UnsafeEditError``.
+  The one approximate edit is separate and says so: ``replay_cut`` (tail replay: keep the
+  attention KV, set the recurrent state to an older base or zero) marks the sequence's
+  history so that no exact comparison matches it afterwards (``cachepolicy.engine.replay``).
+
+* generations decode in one of two measured shapes (``row_classes``, ``batcher``): lane
+  calls of several generations, one token each, padded to the smallest row count of one
+  class; or runs of one generation's tokens (2..16, one class on f16 and Q8_0), where
+  grammar-forced text and prompt-lookup drafts are verified against exactly what plain
+  decoding would choose and rolled back when rejected (``generation``).  By default lanes
+  where a lone generation needs no pad row in them (Q8_0, K-quants, one lane), else runs;
 
 * the vision encoder (mtmd, a graph of its own) runs WITH flash attention
   (``EngineConfig.encoder_flash_attn``): an image is encoded in one call, so no split rule

@@ -35,6 +35,10 @@ class CheckpointKind(enum.Enum):
 class RunKind(enum.Enum):
     TEXT = "text"  # token ids, one position each
     EMBEDDINGS = "embeddings"  # embedding rows (an image), positions given explicitly
+    #: no rows: the recurrent state was set to a base that did not absorb everything before
+    #: this point (an approximate edit, ``cachepolicy.engine.replay``).  Its digest chains
+    #: over the base, so every later digest differs from any exact history's
+    REBASE = "rebase"
 
 
 @attrs.frozen
@@ -67,6 +71,21 @@ def chain_digest(previous: bytes, kind: RunKind, content_id: bytes) -> bytes:
 
 def history_digest(history: tuple[Run, ...]) -> bytes:
     return history[-1].digest if history else GENESIS
+
+
+def is_approximate(history: tuple[Run, ...] | list[Run]) -> bool:
+    """Whether a sequence with this history holds an approximate state: some run was fed
+    after its recurrent state was rebased (a ``REBASE`` run), or it ends rebased."""
+    return any(r.kind is RunKind.REBASE for r in history)
+
+
+def without_trailing_rebase(history: tuple[Run, ...] | list[Run]) -> tuple[Run, ...]:
+    """The history without the ``REBASE`` runs at its end: what the attention KV holds.  A
+    rebase at the end describes only the recurrent state, which a restore replaces."""
+    out = list(history)
+    while out and out[-1].kind is RunKind.REBASE:
+        out.pop()
+    return tuple(out)
 
 
 @attrs.frozen(eq=False)

@@ -23,7 +23,9 @@ import llama_cpp
 import numpy as np
 import structlog
 
-from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind, Run
+from cachepolicy.engine import generation
+from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind, Run, RunKind
+from cachepolicy.engine.drafts import BREAK, Drafting
 from cachepolicy.engine.backend import init_backend
 from cachepolicy.engine.batcher import DecodeBatcher, DecodeStats
 from cachepolicy.engine.compute_thread import ComputeThread
@@ -36,18 +38,24 @@ from cachepolicy.engine.kv_access import KvAccess
 from cachepolicy.engine.kv_blob import KvRows
 from cachepolicy.engine.kv_patch import KvPatch, StoredKv
 from cachepolicy.engine.kv_rope import RopeSpec
-from cachepolicy.engine.sampler import Sampler
+from cachepolicy.engine.replay import RecurrentRebase, ReplayCut
+from cachepolicy.engine.row_classes import (
+    MAX_RUN_ROWS, DecodeShape, RowClasses, choose_shape,
+)
+from cachepolicy.engine import row_probe
+from cachepolicy.engine.sampler import CharTokens, Sampler
 from cachepolicy.engine.sequences import Sequences
 from cachepolicy.engine.state import SequenceState
 from cachepolicy.engine.vision import Vision
 from cachepolicy.engine.fast_kernels import fast_kernels_problem
-from cachepolicy.engine.errors import (
-    EngineError, FastKernelsUnavailableError, ModelLoadError, Preempted,
-)
+from cachepolicy.engine.errors import EngineError, FastKernelsUnavailableError, ModelLoadError
 from cachepolicy.engine.images import DecodedImage, EmbeddingCache, EncodedImage
 from cachepolicy.engine.sampling import SamplingParams
 
 log = structlog.get_logger("kvagent.engine")
+
+#: How much of a sequence's text prompt-lookup drafts search (its most recent tokens).
+DRAFT_CONTEXT = 8192
 
 
 
@@ -129,7 +137,10 @@ class Engine:
     """One llama.cpp model + context with ``n_seq_max`` independent sequences."""
 
     def __init__(self, model_path: str | Path, mmproj_path: str | Path | None = None,
-                 config: EngineConfig | None = None) -> None:
+                 config: EngineConfig | None = None, *,
+                 row_classes: RowClasses | None = None) -> None:
+        """``row_classes`` replaces the measured ones (the oracle's tests inject wrong
+        classes to show that its checks catch them)."""
         self.config = config = config or EngineConfig()
         model_path = Path(model_path)
         if not model_path.is_file():
@@ -159,6 +170,7 @@ class Engine:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(native.vocab)
         self.n_embd = llama_cpp.llama_model_n_embd_inp(native.model)
         self.n_params = int(llama_cpp.llama_model_n_params(native.model))
+        self._chars: CharTokens | None = None
         self._seqs = Sequences(config.n_seq_max)
         self.decoder = Decoder(native, self._seqs, kind=self.kind, n_batch=config.n_batch,
                                n_ctx_per_seq=config.n_ctx_per_seq, n_vocab=self.n_vocab,
@@ -167,10 +179,10 @@ class Engine:
                                     kind=self.kind)
         self.kv = KvAccess(native, self._seqs, kind=self.kind,
                            n_ctx_per_seq=config.n_ctx_per_seq)
-        self.batcher = DecodeBatcher(
-            lanes=range(config.n_seq_max, config.n_seq_total), n_ctx=config.n_ctx_per_seq,
-            run_lanes=self.decoder.run_lanes, copy_in=self.decoder.copy_to_lane,
-            clear=self.decoder.clear_lane)
+        # before anything is fed: it takes the zero recurrent state from an empty sequence
+        self.rebase = RecurrentRebase(native, self._seqs, model_id=self.model_id,
+                                      kind=self.kind)
+        self._lane_ids = tuple(range(config.n_seq_max, config.n_seq_total))
         self.image_cache = EmbeddingCache(config.image_cache_bytes)
         self.vision = Vision(native, self.image_cache, n_embd=self.n_embd,
                              beside=encoder_runs_beside(config))
@@ -181,6 +193,14 @@ class Engine:
                                  flash_attn=config.encoder_flash_attn)
             (self.kv_bytes_per_token, self.recurrent_bytes_per_seq,
              self.state_overhead_bytes) = self._measure_state_bytes()
+            self.row_classes = row_classes or self._row_classes()
+            self.batcher = DecodeBatcher(
+                lanes=self._lane_ids, n_ctx=config.n_ctx_per_seq,
+                shape=self.shape_for(config.decode_runs), decoder=self.decoder,
+                recurrent=self.kind.has_recurrent_state)
+            log.info("engine_decode_shape", model_id=self.model_id,
+                     classes=self.row_classes.describe(),
+                     shape=self.batcher.shape.describe(), reason=self.batcher.shape.why)
         except BaseException:
             self.close()
             raise
@@ -293,6 +313,13 @@ class Engine:
     def remove_range(self, seq: int, p0: int, p1: int) -> None:
         self.states.remove_range(seq, p0, p1)
 
+    # the approximate edit (tail replay): the RecurrentRebase
+    def replay_cut(self, seq: int, pos: int, *, base: Checkpoint | None = None) -> ReplayCut:
+        """APPROXIMATE unless ``base`` was taken at ``pos``: keep the attention KV of
+        ``[0, pos)``, set the recurrent state to ``base`` (None: zero); see
+        ``cachepolicy.engine.replay``."""
+        return self.rebase.replay_cut(seq, pos, base=base)
+
     def state_bytes(self, seq: int, kind: CheckpointKind = CheckpointKind.FULL) -> int:
         return self.states.state_bytes(seq, kind)
 
@@ -338,7 +365,7 @@ class Engine:
             live_checkpoints=count, live_checkpoint_bytes=nbytes,
             image_cache_bytes=self.image_cache.nbytes,
             live_stored_kv=stored, live_stored_kv_bytes=stored_bytes,
-            lanes_in_use=tuple(lane for lane in self.batcher.lanes
+            lanes_in_use=tuple(lane for lane in self._lane_ids
                                if self.decoder.occupied(lane)))
 
     def _measure_state_bytes(self) -> tuple[int, int, int]:
@@ -359,40 +386,94 @@ class Engine:
             self.clear(seq)
         return per_token, recurrent, sizes[0] - 4 * per_token
 
+    # ------------------------------------------------------------------ decode shape
+
+    def measure_row_classes(self) -> RowClasses:
+        """Measure which decode calls compute a row alike on this model and CPU (no cache;
+        every sequence and lane must be empty)."""
+        prompt, feeds = row_probe.probe_tokens(self.tokenize)
+        return row_probe.measure(self.decoder, scratch=0, clear=self.clear,
+                                 lanes=self._lane_ids, prompt=prompt, feeds=feeds,
+                                 max_run=self._max_run)
+
+    @property
+    def _max_run(self) -> int:
+        """The longest run a call may carry: a prefill call's rows (the MoE cap) at most."""
+        return max(2, min(MAX_RUN_ROWS, self.config.n_batch))
+
+    def _row_classes(self) -> RowClasses:
+        key = row_probe.cache_key(self.model_id, fast_kernels=self.config.fast_kernels,
+                                  lanes=len(self._lane_ids), max_run=self._max_run)
+        if self.config.row_class_cache and (cached := row_probe.load(key)) is not None:
+            return cached
+        classes = self.measure_row_classes()
+        if self.config.row_class_cache:
+            row_probe.store(key, classes, model=str(self.model_path))
+        return classes
+
+    def shape_for(self, runs: bool | None) -> DecodeShape:
+        """The decode shape these row classes give with ``runs`` (see ``EngineConfig``):
+        lanes as configured; runs no longer than a prefill call (the MoE cap)."""
+        return choose_shape(self.row_classes, len(self._lane_ids), runs=runs,
+                            max_run_cap=self._max_run)
+
+    @property
+    def decode_shape(self) -> DecodeShape:
+        return self.batcher.shape
+
+    def set_decode_shape(self, shape: DecodeShape) -> None:
+        """Decode in another shape from now on (between generations; benchmarks and the
+        oracle compare shapes on one engine)."""
+        self.batcher.set_shape(shape)
+
     # ------------------------------------------------------------------ generation
 
     def generate(self, seq: int, logits: np.ndarray, max_tokens: int,
                  sampling: SamplingParams | None = None, *, stop_at_eog: bool = True,
                  should_stop: Callable[[], bool] | None = None,
                  stop_when: Callable[[list[int]], bool] | None = None,
-                 on_token: Callable[[int], None] | None = None) -> list[int]:
+                 on_token: Callable[[int], None] | None = None,
+                 drafting: Drafting | None = None,
+                 trace: Callable[[int, np.ndarray | None], None] | None = None) -> list[int]:
         """Sample up to ``max_tokens`` tokens starting from ``logits`` (the prompt's last).
 
-        Every sampled token but the last is fed back — in a decode lane holding a copy of
-        ``seq`` (``DecodeBatcher``: bitwise the same tokens alone or beside other generations);
-        ``seq`` itself keeps the prompt.  Generation stops after an end-of-generation token
-        (unless ``stop_at_eog`` is False: benchmarks decode a fixed number of tokens).  ``should_stop`` is polled between tokens: True raises
-        ``Preempted`` (the caller was cancelled).
+        The tokens are fed in a decode lane holding a copy of ``seq`` (``DecodeBatcher``:
+        bitwise the same tokens alone or beside other generations); ``seq`` itself keeps the
+        prompt.  ``drafting`` (default: jump-forward and prompt-lookup drafts, where the
+        decode shape allows runs) changes the calls, never the tokens (``generation``).
+        Generation stops after an end-of-generation token (unless ``stop_at_eog`` is False:
+        benchmarks decode a fixed number of tokens).  ``should_stop`` is polled between
+        calls: True raises ``Preempted`` (the caller was cancelled).
         """
         sampler = self.sampler(sampling or SamplingParams())
-        out: list[int] = []
+        drafting = drafting or Drafting()
+        context = self._draft_context(seq) if drafting.lookup else ()
         try:
             with self.batcher.generating(seq) as lane:
-                for i in range(max_tokens):
-                    tok = sampler.sample(logits)
-                    out.append(tok)
-                    sampler.accept(tok)
-                    if on_token is not None:
-                        on_token(tok)
-                    if ((stop_at_eog and self.is_end_of_generation(tok)) or i == max_tokens - 1
-                            or (stop_when is not None and stop_when(out))):
-                        break
-                    if should_stop is not None and should_stop():
-                        raise Preempted(f"stopped after {len(out)} decoded tokens")
-                    logits = lane.decode(tok)
+                out, counts = generation.generate(
+                    lane, sampler, logits, max_tokens, drafting=drafting, context=context,
+                    spelling=self._spelling() if sampler.constrained and lane.runs else None,
+                    is_eog=self.is_end_of_generation, stop_at_eog=stop_at_eog,
+                    should_stop=should_stop, stop_when=stop_when, on_token=on_token,
+                    trace=trace)
+            self.batcher.note(counts)
         finally:
             sampler.close()
         return out
+
+    def _spelling(self) -> generation.Spelling:
+        """The single-character tokens forced text is asked about (found once)."""
+        if self._chars is None:
+            self._chars = CharTokens.of(self._native.vocab, self.n_vocab)
+        return generation.Spelling(self._chars, self.tokenize)
+
+    @locked
+    def _draft_context(self, seq: int) -> list[int]:
+        """The sequence's text, images as breaks (the last ``DRAFT_CONTEXT`` tokens)."""
+        text: list[int] = []
+        for run in self._seqs.runs(seq):
+            text += run.tokens if run.kind is RunKind.TEXT else [BREAK]
+        return text[-DRAFT_CONTEXT:]
 
     def decode_stats(self) -> DecodeStats:
         """The decode lanes' counters so far: calls, generated rows, seconds in the calls

@@ -19,14 +19,14 @@ import numpy as np
 
 from cachepolicy.engine.checkpoint import ModelKind, Run, RunKind, chain_digest, history_digest
 from cachepolicy.engine.native import Native, locked
-from cachepolicy.engine.records import chunk_sizes
+from cachepolicy.engine.records import PAD_TOKEN, chunk_sizes
 from cachepolicy.engine.sequences import Sequences
 from cachepolicy.engine.errors import (
-    ContextFullError, DecodeError, ImageError, SingleTokenPrefillError,
+    ContextFullError, DecodeError, ImageError, SingleTokenPrefillError, UnsafeEditError,
 )
 from cachepolicy.engine.images import EncodedImage
 
-_PAD_TOKEN = 0  # what a pad row feeds (any valid id: its logits are thrown away)
+_PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
 
 class Decoder:
@@ -190,13 +190,17 @@ class Decoder:
     @locked
     def run_lanes(self, rows: Sequence[tuple[int, int | None, int]],
                   ) -> tuple[list[np.ndarray | None], float]:
-        """One llama_decode over every decode lane, in lane order: a generation's lane feeds
-        its token at its position, an idle lane a pad row (a fixed token at position 0 of the
-        empty lane, removed again after the call).  Every row asks for logits, so every call
-        has the same shape; returns the logits of the real rows (None for pads) and the
-        seconds the call took."""
+        """One llama_decode over consecutive decode lanes, in lane order: a generation's lane
+        feeds its token at its position, an empty lane a pad row (a fixed token at position
+        0, removed again after the call).  Every row asks for logits; returns the logits of
+        the real rows (None for pads) and the seconds the call took."""
         ids = np.asarray([lane for lane, _, _ in rows], dtype=np.int32)
-        toks = np.asarray([_PAD_TOKEN if t is None else t for _, t, _ in rows], dtype=np.int32)
+        if len(ids) > self.n_batch:  # llama.cpp would abort the process (GGML_ASSERT)
+            raise ValueError(f"{len(ids)} lane rows exceed a call's {self.n_batch} rows")
+        if len(ids) > 1 and not np.array_equal(np.diff(ids), np.ones(len(ids) - 1)):
+            # llama.cpp computes non-consecutive streams apart: the row count would change
+            raise ValueError(f"lane rows must be consecutive sequence ids, got {ids.tolist()}")
+        toks = np.asarray([PAD_TOKEN if t is None else t for _, t, _ in rows], dtype=np.int32)
         pos = np.asarray([p if t is not None else 0 for _, t, p in rows], dtype=np.int32)
         mem = self._native.mem
         t0 = time.perf_counter()
@@ -210,6 +214,56 @@ class Decoder:
         elapsed = time.perf_counter() - t0
         return ([self.logits(i) if t is not None else None for i, (_, t, _) in enumerate(rows)],
                 elapsed)
+
+    @locked
+    def run_tokens(self, lane: int, tokens: Sequence[int], pos0: int,
+                   ) -> tuple[list[np.ndarray], float]:
+        """One llama_decode of ``tokens`` on ``lane`` at positions ``pos0``.. (a run: one
+        sequence, every row with logits); returns each row's logits and the seconds."""
+        toks = np.asarray(tokens, dtype=np.int32)
+        if len(toks) == 0:
+            raise ValueError("an empty run")
+        if len(toks) > self.n_batch:  # llama.cpp would abort the process (GGML_ASSERT)
+            raise ValueError(f"a run of {len(toks)} tokens exceeds a call's {self.n_batch} "
+                             "rows")
+        if toks.min() < 0 or toks.max() >= self.n_vocab:
+            raise ValueError(f"token id out of range 0..{self.n_vocab - 1}")
+        t0 = time.perf_counter()
+        self._decode(lane, tokens=toks, embd=None,
+                     pos=np.arange(pos0, pos0 + len(toks), dtype=np.int32),
+                     want_logits=np.ones(len(toks), dtype=np.int8))
+        elapsed = time.perf_counter() - t0
+        return [self.logits(i) for i in range(len(toks))], elapsed
+
+    @locked
+    def snapshot_lane(self, lane: int) -> bytes:
+        """The lane's recurrent state (PARTIAL_ONLY): what ``rewind_lane`` restores."""
+        ctx = self._native.ctx
+        size = llama_cpp.llama_state_seq_get_size_ext(ctx, lane, _PARTIAL)
+        buf = ctypes.create_string_buffer(max(1, size))
+        n = llama_cpp.llama_state_seq_get_data_ext(
+            ctx, ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8)), size, lane, _PARTIAL)
+        if n == 0 and size > 0:
+            raise DecodeError(f"llama.cpp returned no recurrent state for lane {lane}", 0)
+        return buf.raw[:n]
+
+    @locked
+    def rewind_lane(self, lane: int, pos: int, snapshot: bytes | None) -> None:
+        """Cut the lane back so that ``pos`` is its next position: attention-only models trim
+        the tail; recurrent ones restore ``snapshot`` (taken at ``pos``) and trim the
+        attention part (the engine's truncate, on a lane)."""
+        mem = self._native.mem
+        if self.kind.has_recurrent_state:
+            if snapshot is None:
+                raise UnsafeEditError("a recurrent lane rewinds only through a snapshot")
+            buf = (ctypes.c_uint8 * len(snapshot)).from_buffer_copy(snapshot)
+            if llama_cpp.llama_state_seq_set_data_ext(self._native.ctx, buf, len(snapshot),
+                                                      lane, _PARTIAL) == 0:
+                llama_cpp.llama_memory_seq_rm(mem, lane, -1, -1)
+                raise DecodeError(f"llama.cpp refused the snapshot of lane {lane}", 0)
+        if not llama_cpp.llama_memory_seq_rm(mem, lane, pos, -1):
+            llama_cpp.llama_memory_seq_rm(mem, lane, -1, -1)
+            raise DecodeError(f"llama.cpp could not trim lane {lane} at {pos}", 0)
 
     @locked
     def copy_to_lane(self, seq: int, lane: int) -> int:

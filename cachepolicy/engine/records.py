@@ -110,12 +110,21 @@ class EngineConfig:
     # use_extra_bufts). Its kernels depend on a batch's row count, so on quantized models a
     # split prefill is no longer bitwise a one-call prefill; check-exact reports it.
     fast_kernels: bool = False
-    # Generations decode in this many lanes (spare sequences, one KV stream each), every
-    # llama_decode call feeding all of them: a sequence's tokens are then the same alone or
-    # beside others, and up to this many generations share a call (see DecodeBatcher).
+    # Generations decode in this many lanes (spare sequences, one KV stream each): up to
+    # this many decode at once, sharing calls in the LANES shape (see DecodeBatcher).
     # None: the engine decides per model (``decode_lanes_for``).
     decode_rows: int | None = attrs.field(default=None, validator=attrs.validators.optional(
         [attrs.validators.ge(1), attrs.validators.le(MAX_DECODE_ROWS)]))
+    # How decode calls are formed (``row_classes.DecodeShape``): False lanes (generations
+    # share calls, one token each), True runs (one generation's tokens per call, which
+    # jump-forward and speculation need), None lanes where a lone generation needs no pad
+    # row in them, else runs (``row_classes.choose_shape``).  Either is exact in itself;
+    # they compute a row with other kernels on some models, so outputs may differ between
+    # them (never within one).
+    decode_runs: bool | None = None
+    # Read and write the measured row classes in the kvagent cache (``row_probe``); False
+    # measures at every load.
+    row_class_cache: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.n_ctx_per_seq < self.n_batch:
@@ -138,6 +147,9 @@ class EngineConfig:
         return self.n_ctx_per_seq * self.n_seq_total
 
 
+#: What a pad row or a pad guess feeds (any valid id: its logits are thrown away).
+PAD_TOKEN = 0
+
 #: Decode lanes when ``decode_rows`` is not given: up to this many generations share a call.
 DEFAULT_DECODE_ROWS = 4
 
@@ -145,8 +157,8 @@ DEFAULT_DECODE_ROWS = 4
 def decode_lanes_for(expert_count: int, requested: int | None) -> tuple[int, str]:
     """The decode lanes a model gets, and why.
 
-    On a dense model a row's result depends only on the row count of the call, which lanes
-    keep fixed (every call feeds all of them), so generations share calls exactly at any
+    On a dense model a row's result depends only on the row count's class (measured:
+    ``row_classes``), which lane calls keep, so generations share calls exactly at any
     count.  On a mixture-of-experts model the router sends each expert the rows whose tokens
     chose it, and with ``MIN_CHUNK_ROWS`` rows or more an expert's quantized matmul may take
     its large-batch kernel for some calls and not others — a generation's logits then depend

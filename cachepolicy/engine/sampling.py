@@ -1,6 +1,12 @@
 """Token choice from logits: greedy, or temperature / top-p with a seeded generator.
 
 Pure numpy; the grammar mask (if any) is applied by the engine before these run.
+
+The random stream is consumed explicitly: a sampled choice draws exactly one uniform number
+(``rng.random()``) and inverts the cumulative distribution, as numpy's ``Generator.choice``
+does — so a token whose choice is certain (a grammar that admits one token) can be taken
+without its logits while the stream stays where plain decoding leaves it
+(``consume_choice``).  Greedy choice draws nothing.
 """
 
 from __future__ import annotations
@@ -30,8 +36,16 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def _pick(probs: np.ndarray, u: float) -> int:
+    """The index whose cumulative probability first exceeds ``u`` (numpy's choice)."""
+    cdf = probs.cumsum()
+    cdf /= cdf[-1]
+    return int(cdf.searchsorted(u, side="right"))
+
+
 def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """Pick one token id.  Ties under greedy resolve to the lowest id (numpy argmax)."""
+    """Pick one token id.  Ties under greedy resolve to the lowest id (numpy argmax).
+    Sampling draws one uniform number from ``rng`` per call, whatever the logits."""
     if params.greedy:
         return int(np.argmax(logits))
     scaled = logits.astype(np.float64) / params.temperature
@@ -43,5 +57,11 @@ def choose_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
         cumulative = np.cumsum(probs[order])
         keep = order[: int(np.searchsorted(cumulative, params.top_p) + 1)]
         kept = probs[keep] / probs[keep].sum()
-        return int(keep[rng.choice(len(keep), p=kept)])
-    return int(rng.choice(len(probs), p=probs))
+        return int(keep[_pick(kept, rng.random())])
+    return _pick(probs, rng.random())
+
+
+def consume_choice(params: SamplingParams, rng: np.random.Generator) -> None:
+    """Advance ``rng`` as one ``choose_token`` call does: for a token that was certain."""
+    if not params.greedy:
+        rng.random()

@@ -16,7 +16,7 @@ import attrs
 import llama_cpp
 
 from cachepolicy.engine.checkpoint import (
-    GENESIS, Checkpoint, CheckpointKind, ModelKind, Run, chain_digest,
+    GENESIS, Checkpoint, CheckpointKind, ModelKind, Run, chain_digest, without_trailing_rebase,
 )
 from cachepolicy.engine.native import Native, locked
 from cachepolicy.engine.records import history_prefix_at
@@ -109,7 +109,10 @@ class SequenceState:
         if not 0 <= pos <= end:
             raise ValueError(f"truncate position {pos} outside 0..{end}")
         keep = history_prefix_at(hist, pos)
-        if via is not None and (via.history != tuple(keep) or via.pos != pos):
+        # a rebase run at ``pos`` itself (``replay_cut``) describes only the recurrent state,
+        # which the checkpoint replaces: compare what the attention KV holds
+        if via is not None and (without_trailing_rebase(via.history)
+                                != without_trailing_rebase(keep) or via.pos != pos):
             raise UnsafeEditError("checkpoint was taken on another history or position")
         if not self.kind.has_recurrent_state:
             if pos < end and not llama_cpp.llama_memory_seq_rm(mem, seq, pos, -1):
@@ -128,7 +131,7 @@ class SequenceState:
             self._seqs.replace(seq, [])
             raise EngineError(f"attention trim of sequence {seq} at {pos} failed; "
                               "sequence cleared")
-        self._seqs.replace(seq, keep)
+        self._seqs.replace(seq, list(via.history))  # what its recurrent state absorbed
 
     @locked
     def remove_range(self, seq: int, p0: int, p1: int) -> None:

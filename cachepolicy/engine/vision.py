@@ -45,22 +45,41 @@ LINEAR_PROJECTORS = ("mlp", "mlp_norm", "ldp", "ldpv2", "resampler", "gemma3", "
 _MROPE_TYPES = (llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_IMROPE)
 
 
+#: A projector that writes each cell's place into its embedding (kvagent's readable projector,
+#: ``runtime/train/readable_vision.py``) declares it with this key; such a projector is valid at
+#: plain sequential positions too, so it may pair with a text model without M-RoPE.
+POSITION_FEATURES_KEY = "kvagent.vision.position_features"
+
+
 def projector_type(path: Path) -> str | None:
     """``clip.projector_type`` from an mmproj's GGUF metadata (None if absent / unreadable:
     mtmd then decides)."""
+    return _metadata(path).get("clip.projector_type")
+
+
+def declares_position_features(path: Path) -> bool:
+    """Whether the projector declares ``POSITION_FEATURES_KEY`` (see there)."""
+    return _metadata(path).get(POSITION_FEATURES_KEY) == "True"
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    """The two keys the pairing check reads, as strings (empty if not readable as GGUF)."""
     try:
         from gguf import GGUFReader
 
-        field = GGUFReader(str(path)).fields.get("clip.projector_type")
-        return str(field.contents()) if field is not None else None
+        fields = GGUFReader(str(path)).fields
+        keys = ("clip.projector_type", POSITION_FEATURES_KEY)
+        return {k: str(fields[k].contents()) for k in keys if k in fields}
     except Exception:  # noqa: BLE001  not readable as GGUF here: mtmd reports it properly
-        return None
+        return {}
 
 
-def check_pairing(path: Path, projector: str | None, rope_type: int) -> None:
-    """Refuse a projector of another model family (see ``MROPE_PROJECTORS``)."""
+def check_pairing(path: Path, projector: str | None, rope_type: int, *,
+                  position_features: bool = False) -> None:
+    """Refuse a projector of another model family (see ``MROPE_PROJECTORS``); an M-RoPE
+    projector that declares ``position_features`` may feed a text model without M-RoPE."""
     model_mrope = rope_type in _MROPE_TYPES
-    if (projector in MROPE_PROJECTORS and not model_mrope
+    if (projector in MROPE_PROJECTORS and not model_mrope and not position_features
             or projector in LINEAR_PROJECTORS and model_mrope):
         raise ModelLoadError(
             f"mmproj {path} (projector type {projector!r}) is for another model family: it "
@@ -98,7 +117,8 @@ class Vision:
         screenshot's critical path.
         """
         check_pairing(path, projector_type(path),
-                      llama_cpp.llama_model_rope_type(self._native.model))
+                      llama_cpp.llama_model_rope_type(self._native.model),
+                      position_features=declares_position_features(path))
         params = mtmd_cpp.mtmd_context_params_default()
         params.use_gpu = False
         params.print_timings = False

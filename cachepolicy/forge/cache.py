@@ -14,6 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from cachepolicy.engine.cache_dir import cache_root
+
 from .build import MMPROJ_FILE, MODEL_FILE, ForgedModel, check_request, describe, forge
 from .errors import ForgeError
 from .specs import FORGE_VERSION
@@ -23,9 +25,8 @@ _STALE_TMP_SECONDS = 3600.0
 
 
 def default_cache_dir() -> Path:
-    """$KVAGENT_CACHE_DIR if set, else ~/.cache/kvagent/models."""
-    env = os.environ.get("KVAGENT_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "kvagent" / "models"
+    """$KVAGENT_CACHE_DIR if set, else ~/.cache/kvagent/models (the engine's rule)."""
+    return cache_root()
 
 
 def entry_name(arch: str, size: str, *, vision: bool, seed: int, quant: str = "f16") -> str:

@@ -80,8 +80,8 @@ def mmproj_plans(spec: VisionSpec) -> list[TensorPlan]:
     return plans
 
 
-def _add_metadata(writer: gguf.GGUFWriter, spec: VisionSpec) -> None:
-    writer.add_string("general.name", f"kvagent-forge-mmproj-{spec.projector}")
+def _add_metadata(writer: gguf.GGUFWriter, spec: VisionSpec, name: str | None = None) -> None:
+    writer.add_string("general.name", name or f"kvagent-forge-mmproj-{spec.projector}")
     writer.add_uint32("general.file_type", int(gguf.LlamaFileType.MOSTLY_F16))
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_string("clip.projector_type", spec.projector)
@@ -101,8 +101,19 @@ def _add_metadata(writer: gguf.GGUFWriter, spec: VisionSpec) -> None:
         writer.add_uint32(f"{v}.spatial_merge_size", spec.spatial_merge)
 
 
-def write_mmproj(spec: VisionSpec, path: Path, seed: int) -> int:
-    """Write the projector GGUF to `path`; returns the file size in bytes."""
+def write_mmproj(spec: VisionSpec, path: Path, seed: int,
+                 plans: list[TensorPlan] | None = None, *, name: str | None = None,
+                 flags: tuple[str, ...] = ()) -> int:
+    """Write the projector GGUF to `path`; returns the file size in bytes.  ``plans``: the
+    tensors (default ``mmproj_plans(spec)`` drawn from ``seed``); ``name``: general.name;
+    ``flags``: boolean metadata keys written as true."""
     # tensor names (v.*, mm.*) are disjoint from the text model's, so the same seed gives
     # independent values in the two files
-    return write_gguf(path, "clip", lambda w: _add_metadata(w, spec), mmproj_plans(spec), seed)
+    chosen = mmproj_plans(spec) if plans is None else plans
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        _add_metadata(writer, spec, name)
+        for flag in flags:
+            writer.add_bool(flag, True)
+
+    return write_gguf(path, "clip", metadata, chosen, seed)

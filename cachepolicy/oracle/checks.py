@@ -23,12 +23,15 @@ from cachepolicy.oracle.encoder import (
     encoder_after_eviction, encoder_run_to_run, image_prompt,
 )
 from cachepolicy.oracle.lanes import decode_lanes
+from cachepolicy.oracle.runs import decode_runs, row_classes, shaped, speculative_generation
 from cachepolicy.oracle.sweeps import PROBE_ROWS, SweepResult, Sweeper, remainder_tokens
 
 TEXT_A = ("You are a GUI agent. The screen shows a desktop with a file manager, a terminal and "
           "a browser. Step 1: click(120, 340). Step 2: type('report.txt'). ")
 TEXT_B = "Now press enter and wait for the dialog to close."
 TEXT_C = "A detour that will be cut away again before the real continuation."
+TEXT_SPEC = ("Step 1: click(120, 34)\nStep 2: type(\"ls la\")\nStep 3: click(120, 34)\n"
+             "Step 4: wait()\nStep 5: ")
 
 
 @attrs.frozen
@@ -82,6 +85,8 @@ class _Oracle:
         self.x = self._text_at_least(TEXT_B + " " + TEXT_C, 3 * 16)[:3 * 16]
         self.z = self._text_at_least(TEXT_A, remainder_tokens(engine.config.n_batch))
         self.sweeper = Sweeper(engine)
+        # a history whose lines the generations' drafts can find again
+        self.spec_prompt = self._text_at_least(TEXT_SPEC, 64)
         self.results: list[CheckResult] = []
 
     def _text_at_least(self, text: str, n: int) -> tuple[int, ...]:
@@ -127,11 +132,24 @@ class _Oracle:
             self._attention_checks(ref)
         if self.e.has_vision:
             self._image_checks()
-        self._fresh()
-        self._sweep("decode_lanes", decode_lanes(self.e, (self.a, self.b + self.c),
-                                                 (self.x[:8], self.x[8:16])))
-        self._fresh()
+        self._decode_checks()
         return self.results
+
+    def _decode_checks(self) -> None:
+        """Both decode shapes, whichever the engine uses: shared lane calls alone vs beside
+        others, runs with guesses vs plain calls, generations with and without drafts."""
+        e = self.e
+        self._fresh()
+        self._sweep("row_classes", row_classes(e))
+        self._fresh()
+        with shaped(e, e.shape_for(False)):
+            self._sweep("decode_lanes", decode_lanes(e, (self.a, self.b + self.c),
+                                                     (self.x[:8], self.x[8:16])))
+        self._fresh()
+        self._sweep("decode_runs", decode_runs(e, self.a, self.x[:3 * 16]))
+        self._fresh()
+        self._sweep("speculative_generation", speculative_generation(e, self.spec_prompt))
+        self._fresh()
 
     def _text_checks(self, ref: np.ndarray) -> None:
         e = self.e

@@ -1,7 +1,9 @@
 """The decode-lanes check: is a generation's every decode step bitwise the same alone as
-while other generations share its llama_decode calls?  (``DecodeBatcher``: every call feeds
-all lanes, so the row count never changes; on a mixture-of-experts model the engine gives
-one lane, and generations take turns.)
+while other generations share its llama_decode calls?  (``DecodeBatcher`` in the LANES
+shape: a call's row count varies with the generations in it, padded to the smallest count
+of one measured row class, so a lone generation and a crowded one take the same kernels;
+on a mixture-of-experts model the lanes are capped.)  The oracle runs it in the LANES shape
+whichever shape the engine decodes in.
 
 Teacher-forced: both generations feed fixed tokens, so the comparison does not depend on
 sampling — every step's full logits are compared, not only the sampled tokens.

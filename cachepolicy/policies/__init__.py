@@ -8,9 +8,10 @@ command line takes its choices from.  A policy of your own subclasses
 
 from cachepolicy.policies.registry import POLICIES, make_policy, register
 from cachepolicy.policies.evict import EvictPolicy
-from cachepolicy.policies.faithful import FaithfulPolicy
-from cachepolicy.policies.noevict import NoEvictPolicy
+from cachepolicy.policies.faithful import FaithfulPolicy, FaithfulTailPolicy
+from cachepolicy.policies.noevict import NoEvictPolicy, NoEvictTailPolicy
 from cachepolicy.policies.relocate import RelocatePolicy
+from cachepolicy.policies.tail_replay import TailReplayPolicy
 from cachepolicy.policies.terminal_scratch import TerminalScratchPolicy
 from cachepolicy.policies.terminal_slot import TerminalSlotPolicy
 
@@ -23,6 +24,6 @@ def names() -> tuple[str, ...]:
     return BUILTIN + tuple(sorted(n for n in POLICIES if n not in BUILTIN))
 
 
-__all__ = ["BUILTIN", "POLICIES", "EvictPolicy", "FaithfulPolicy", "NoEvictPolicy",
-           "RelocatePolicy", "TerminalScratchPolicy", "TerminalSlotPolicy", "make_policy",
-           "names", "register"]
+__all__ = ["BUILTIN", "POLICIES", "EvictPolicy", "FaithfulPolicy", "FaithfulTailPolicy",
+           "NoEvictPolicy", "NoEvictTailPolicy", "RelocatePolicy", "TailReplayPolicy",
+           "TerminalScratchPolicy", "TerminalSlotPolicy", "make_policy", "names", "register"]

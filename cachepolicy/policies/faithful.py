@@ -20,6 +20,7 @@ from cachepolicy.context_log import ContextLog, Segment, SegmentKind
 from cachepolicy.pieces import Piece, image_piece, merge_text, text_piece
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
 from cachepolicy.policies.registry import register
+from cachepolicy.tail import DEFAULT_BUDGET
 
 #: Parts per message in a segment's ``step`` (message m, part p → m * PLACES + p).
 PLACES = 1000
@@ -90,3 +91,24 @@ class FaithfulPolicy(CachePolicy):
         pieces, starts = verbatim(log)
         return self.plan_reusing(log, view, pieces, anchors=self._anchors(log, starts),
                                  decode=False, trim_after=len(pieces))
+
+
+@register
+class FaithfulTailPolicy(FaithfulPolicy):
+    """``faithful-tail`` (``--policy faithful-tail --replay-budget B``; kvagent serve's
+    faithful chat mode itself stays exact ``faithful``): faithful's prompt and checkpoints, reused to the TRUE point of divergence instead of the last
+    message boundary with a checkpoint — approximate.  Where a request diverges past its
+    last restore point (an agent that folds an old screenshot into text), the attention KV is
+    kept up to a replay budget before the divergence, the recurrent state starts from the
+    nearest older checkpoint (or zero) and the budget is re-prefilled (``cachepolicy.tail``)."""
+
+    name = "faithful-tail"
+    default_tail = DEFAULT_BUDGET
+    manifest = PolicyManifest(
+        changes="the sequence after the replay cut before the first token that differs; "
+                "checkpoints at up to three message boundaries (replay bases)",
+        evidence="the sequence's runs against the request's pieces, token by token",
+        adds_work="re-prefills r rows before the point of divergence (from the nearest older "
+                  "checkpoint or zero), then what differs",
+        omitted_recoverable=True, quality="approximate", bounded=False,
+        supports=frozenset({ModelKind.HYBRID}), may_degrade=False)

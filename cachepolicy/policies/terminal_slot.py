@@ -15,6 +15,7 @@ from cachepolicy.plan import CacheView, Plan, PolicyManifest
 from cachepolicy.policies.registry import register
 
 REGION = "region"
+GUESS = "guess"
 
 
 @register
@@ -44,3 +45,18 @@ class TerminalSlotPolicy(CachePolicy):
         if pieces and not pieces[-1].is_image and len(pieces) > region:
             pieces = pieces[:-1]
         return self.plan_reusing(log, view, pieces, anchors=[(region, REGION)], decode=False)
+
+    def guess(self, log: ContextLog, view: CacheView) -> Plan | None:
+        """The next step's pieces but the last (its closing text and the generation prompt,
+        whose logits the step decodes from), the guessed screenshot among them: the same
+        pieces with the same boundaries the step prefills itself, so a right guess leaves the
+        step the last piece and the decode, bitwise as without it.  A checkpoint before the
+        guessed image (hybrids; a trim does on attention-only models) is where a wrong guess
+        is cut back to — after the screenshot's label, which the step keeps."""
+        pieces, region = self._pieces(log, self.window, True)
+        if len(pieces) < region + 2 or not pieces[-2].is_image:
+            return None
+        pieces = pieces[:-1]
+        return self.plan_reusing(log, view, pieces, decode=False,
+                                 anchors=[(region, REGION), (len(pieces) - 1, GUESS)],
+                                 trim_after=None)

@@ -1,6 +1,6 @@
-"""One bench arm: a cache policy (with or without overlap) replaying a trajectory through the
-loop that ships — ``run_agents`` → ``run_episode`` → ``EpisodeDriver`` → ``Scheduler`` — as one
-episode on a ``ReplayEnv``.
+"""One bench arm: a cache policy (with or without overlap; an approximate one with its replay
+budget) replaying a trajectory through the loop that ships — ``run_agents`` → ``run_episode``
+→ ``EpisodeDriver`` → ``Scheduler`` — as one episode on a ``ReplayEnv``.
 
 Teacher forcing: every arm appends the trajectory's recorded action texts to its history,
 whatever it decoded, so all arms see the same content and their outputs compare step by step.
@@ -17,6 +17,8 @@ import attrs
 
 from cachepolicy.engine import Engine
 from cachepolicy.errors import PolicyRefusedError
+from cachepolicy.policies import POLICIES, names
+from cachepolicy.tail import ReplayBudget
 from runtime.config import AgentConfig
 from runtime.metrics import EpisodeResult
 from runtime.run.agents import EpisodeEvent
@@ -24,13 +26,54 @@ from runtime.run.replay import replay_run_config, run_replay
 from vmenv.trajectory import Trajectory
 
 OVERLAP_SUFFIX = "+overlap"
+#: ``<policy>@<budget>``: an approximate policy with its own replay budget (tokens or a share
+#: of the matched prefix: ``tail-replay@64``, ``tail-replay@5%``)
+BUDGET_SEPARATOR = "@"
+
+
+@attrs.frozen
+class ArmSpec:
+    """An arm's name read back: ``<policy>[@<replay budget>][+overlap]``."""
+
+    policy: str
+    overlap: bool = False
+    budget: str | None = None  # None: the agent config's replay budget
+
+    @classmethod
+    def parse(cls, arm: str) -> ArmSpec:
+        """The arm ``arm`` names; ValueError for an unknown policy, or a replay budget that
+        does not parse or is given to an exact policy."""
+        rest, overlap = arm.strip(), False
+        if rest.endswith(OVERLAP_SUFFIX):
+            rest, overlap = rest[: -len(OVERLAP_SUFFIX)], True
+        policy, sep, budget = rest.partition(BUDGET_SEPARATOR)
+        if policy not in POLICIES:
+            raise ValueError(f"unknown arm {arm!r}: choose from {', '.join(names())} (each "
+                             f"optionally {BUDGET_SEPARATOR}<replay budget> if approximate, "
+                             f"and {OVERLAP_SUFFIX})")
+        if not sep:
+            return cls(policy, overlap)
+        if POLICIES[policy].default_tail is None:
+            raise ValueError(f"arm {arm!r}: policy {policy!r} is exact, it takes no replay "
+                             "budget")
+        try:
+            ReplayBudget.parse(budget)
+        except ValueError as exc:
+            raise ValueError(f"arm {arm!r}: {exc}") from None
+        return cls(policy, overlap, budget)
+
+    def agent(self, agent: AgentConfig) -> AgentConfig:
+        """``agent`` running this arm: its policy, overlap and replay budget."""
+        return attrs.evolve(agent, policy=self.policy, overlap=self.overlap,
+                            **({"replay_budget": self.budget} if self.budget else {}))
 
 
 def split_arm(arm: str) -> tuple[str, bool]:
-    """``terminal-slot+overlap`` → (``terminal-slot``, True)."""
-    if arm.endswith(OVERLAP_SUFFIX):
-        return arm[: -len(OVERLAP_SUFFIX)], True
-    return arm, False
+    """``terminal-slot+overlap`` → (``terminal-slot``, True); ``tail-replay@5%`` →
+    (``tail-replay``, False)."""
+    rest, overlap = (arm[: -len(OVERLAP_SUFFIX)], True) if arm.endswith(OVERLAP_SUFFIX) \
+        else (arm, False)
+    return rest.partition(BUDGET_SEPARATOR)[0], overlap
 
 
 @attrs.frozen
@@ -55,11 +98,12 @@ class ArmResult:
 async def run_arm(engine: Engine, arm: str, traj: Trajectory, agent: AgentConfig, *,
                   vm_seconds: float = 0.0,
                   on_event: Callable[[EpisodeEvent], None] | None = None) -> ArmResult:
-    """Replay ``traj`` through the arm's policy (``<policy>+overlap``: with overlap)."""
-    policy, overlap = split_arm(arm)
+    """Replay ``traj`` through the arm's policy (``<policy>+overlap``: with overlap;
+    ``<policy>@<budget>``: with that replay budget)."""
+    spec = ArmSpec.parse(arm)
+    policy, overlap = spec.policy, spec.overlap
     engine.image_cache.clear()  # every arm starts cold, as an episode on a fresh host would
-    config = replay_run_config(attrs.evolve(agent, policy=policy, overlap=overlap), traj,
-                               vm_seconds=vm_seconds)
+    config = replay_run_config(spec.agent(agent), traj, vm_seconds=vm_seconds)
     try:
         run = await run_replay(engine, config, traj, prefix=f"bench-{arm}", on_event=on_event)
     except PolicyRefusedError as exc:

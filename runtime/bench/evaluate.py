@@ -18,10 +18,21 @@ kind, and per step whether the action equals its reference arm's on the same ins
   ``P+overlap`` against ``P``'s reference when ``P`` is one) must agree on every step;
   ``noevict`` shows the same screenshots as ``evict`` only while an episode is within its
   first K steps (it keeps every screenshot), so it is compared but not expected to agree;
-  ``relocate`` is approximate.
+  ``relocate`` is approximate;
+* the tail-replay arms are approximate, each against the exact policy of its own layout:
+  ``tail-replay`` against ``terminal-scratch``, ``noevict-tail`` against ``noevict``,
+  ``faithful-tail`` against ``faithful``; ``P@B`` runs ``P`` with replay budget ``B``
+  (``tail-replay@5%``, ``tail-replay@64``), so one run compares budgets.
 
-Arms a model cannot run (relocate on a hybrid) are reported as refused.  A reference arm
-not asked for runs anyway (it is what the others are judged by).
+Per arm beside success: the difference in success from its reference on the same instances
+(points, with a 95 % interval for paired outcomes: ``runtime.run.success``), and what its
+steps cost — prefill and replayed tokens, critical-path seconds, checkpoint bytes, steps
+decoded from an approximate state, and the drift (next-token KL, top-1 agreement against
+the exact prompt) where ``--replay-drift`` (or relocate) measured it.
+
+Arms a model cannot run (relocate on a hybrid, the tail-replay policies on an attention-only
+model) are reported as refused.  A reference arm not asked for runs anyway (it is what the
+others are judged by), and so does its own reference.
 """
 
 from __future__ import annotations
@@ -34,12 +45,12 @@ import attrs
 
 from cachepolicy.engine import Engine
 from cachepolicy.errors import PolicyRefusedError
-from runtime.bench.arms import split_arm
+from runtime.bench.arms import ArmSpec, split_arm
 from runtime.config import AgentConfig
 from runtime.metrics import EpisodeResult
 from runtime.run.agents import EpisodeEvent, RunConfig, run_agents, simdesk_specs
 from runtime.run.instances import kind_of
-from runtime.run.success import SuccessRate, succeeded
+from runtime.run.success import PairedDifference, SuccessRate, succeeded
 
 #: The arms evaluated when none are given (relocate is refused on hybrid models).
 DEFAULT_ARMS = ("terminal-scratch", "terminal-slot", "terminal-slot+overlap", "evict",
@@ -53,6 +64,9 @@ RELATIONS: dict[str, tuple[str, bool, str]] = {
     "relocate": (TERMINAL_REFERENCE, False, "approximate"),
     "evict": (INTERLEAVED_REFERENCE, True, ""),
     "noevict": (INTERLEAVED_REFERENCE, False, "same screenshots only within K steps"),
+    "tail-replay": (TERMINAL_REFERENCE, False, "approximate"),
+    "noevict-tail": ("noevict", False, "approximate"),
+    "faithful-tail": ("faithful", False, "approximate"),
 }
 _UNKNOWN = (TERMINAL_REFERENCE, False, "not declared")
 
@@ -65,8 +79,15 @@ def reference_of(arm: str) -> tuple[str, bool]:
 
 
 def with_references(arms: Sequence[str]) -> tuple[str, ...]:
-    """``arms`` in order, after the reference arms they need and lack (each arm once)."""
-    missing = [r for r in dict.fromkeys(reference_of(a)[0] for a in arms) if r not in arms]
+    """``arms`` in order, after the reference arms they need and lack, and the references of
+    those (each arm once, a reference before the arms judged by it)."""
+    missing: list[str] = []
+    for arm in arms:
+        chain, ref = [], reference_of(arm)[0]
+        while ref not in arms and ref not in missing and ref not in chain:
+            chain.append(ref)
+            ref = reference_of(ref)[0]
+        missing += reversed(chain)
     return tuple(dict.fromkeys([*missing, *arms]))
 
 
@@ -99,10 +120,9 @@ async def _run_arm(engine: Engine, arm: str, tasks: Sequence[str], agent: AgentC
                    max_steps: int, screen: tuple[int, int], vm_seconds: float,
                    concurrency: int,
                    on_event: Callable[[str, EpisodeEvent], None] | None) -> ArmRun:
-    policy, overlap = split_arm(arm)
-    config = RunConfig(agent=attrs.evolve(agent, policy=policy, overlap=overlap),
-                       episodes=len(tasks), tasks=tuple(tasks), max_steps=max_steps,
-                       screen=screen, vm_seconds=vm_seconds)
+    config = RunConfig(agent=ArmSpec.parse(arm).agent(agent), episodes=len(tasks),
+                       tasks=tuple(tasks), max_steps=max_steps, screen=screen,
+                       vm_seconds=vm_seconds)
     specs = simdesk_specs(config)
     episodes: list[EpisodeResult] = []
     wall = 0.0
@@ -164,6 +184,27 @@ def _success(episodes: Sequence[EpisodeResult], kind: str | None = None) -> Succ
     return SuccessRate(sum(succeeded(e.reward, e.status) for e in chosen), len(chosen))
 
 
+def _cost(episodes: Sequence[EpisodeResult]) -> dict[str, Any]:
+    """What an arm's steps cost and how many were decoded from an approximate state."""
+    steps = [s for e in episodes for s in e.steps if s.status != "failed"]
+    n = len(steps) or 1
+    return {"steps": len(steps),
+            "prefill_tokens_per_step": sum(s.prefill_tokens for s in steps) / n,
+            "critical_path_prefill_tokens_per_step": sum(
+                s.critical_path_prefill_tokens for s in steps) / n,
+            "replay_tokens_per_step": sum(s.replay_tokens for s in steps) / n,
+            "reused_tokens_per_step": sum(s.reused_tokens for s in steps) / n,
+            "prefill_s_per_step": sum(s.prefill_s for s in steps) / n,
+            "critical_path_s_mean": sum(s.critical_path_s for s in steps) / n,
+            # the critical path up to the first decoded token: encoding the screenshot,
+            # waiting for the prefetch, prefilling (not --replay-drift's reference prefill,
+            # which the step's wall time does include)
+            "first_token_s_mean": sum(s.encode_s + s.prefetch_wait_s + s.prefill_s
+                                      for s in steps) / n,
+            "checkpoint_bytes_peak": max((s.checkpoint_bytes for s in steps), default=0),
+            "approximate_steps": sum(s.approximate for s in steps)}
+
+
 def judge(runs: Sequence[ArmRun], tasks: Sequence[str], window: int) -> list[dict[str, Any]]:
     """Per arm: success overall and per kind, agreement with its reference, every episode."""
     by_arm = {r.arm: r for r in runs}
@@ -184,10 +225,15 @@ def judge(runs: Sequence[ArmRun], tasks: Sequence[str], window: int) -> list[dic
         entry["success_by_kind"] = {k: _success(r.episodes, k).as_dict() for k in kinds}
         agrees: list[list[bool] | None] = [None] * len(r.episodes)
         entry["agreement"] = None  # the reference itself (or its reference was refused)
+        entry["success_vs_reference"] = None
         if ref is not None and ref.refused is None and ref.arm != r.arm:
             entry["agreement"], per = _agreement(list(zip(r.episodes, ref.episodes)), exact,
                                                  window)
             agrees = list(per)
+            entry["success_vs_reference"] = PairedDifference.of(
+                [(succeeded(e.reward, e.status), succeeded(f.reward, f.status))
+                 for e, f in zip(r.episodes, ref.episodes)]).as_dict()
+        entry["cost"] = _cost(r.episodes)
         drifts = [d for e in r.episodes for d in (s.drift_kl for s in e.steps) if d is not None]
         if drifts:
             top1 = [t for e in r.episodes for t in (s.drift_top1_agree for s in e.steps)
@@ -216,14 +262,17 @@ def _rate(d: dict[str, Any]) -> str:
 
 def success_table(arms: Sequence[dict[str, Any]]) -> str:
     """One row per arm: success (95 % CI), agreement with the reference, identical outputs."""
-    rows = [("arm", "task success (95% CI)", "steps", "agreement with reference",
-             "identical episodes")]
+    rows = [("arm", "task success (95% CI)", "vs reference (95% CI)", "steps",
+             "agreement with reference", "identical episodes")]
     for a in arms:
         if a["refused"] is not None:
-            rows.append((a["arm"], "refused", "", a["refused"].split(";")[0], ""))
+            rows.append((a["arm"], "refused", "", "", a["refused"].split(";")[0], ""))
             continue
         ag = a["agreement"]
         n = a["success"]["n"]
+        diff = a.get("success_vs_reference")
+        delta = "" if diff is None else str(PairedDifference(
+            diff["both"], diff["arm_only"], diff["reference_only"], diff["neither"]))
         if ag is None:
             agree, same = "(reference)", ""
         else:
@@ -233,7 +282,27 @@ def success_table(arms: Sequence[dict[str, Any]]) -> str:
             agree = (f"{ag['agreed_steps']}/{ag['compared_steps']} ({rate}) vs "
                      f"{a['reference']}: {verdict}")
             same = f"{ag['identical_episodes']}/{n}"
-        rows.append((a["arm"], _rate(a["success"]), str(a["steps"]), agree, same))
+        rows.append((a["arm"], _rate(a["success"]), delta, str(a["steps"]), agree, same))
+    return _grid(rows)
+
+
+def cost_table(arms: Sequence[dict[str, Any]]) -> str:
+    """One row per arm that ran: what a step cost (means over its steps), the checkpoints it
+    held, how many steps were decoded from an approximate state, and the drift if measured."""
+    rows = [("arm", "prefill tok/step", "critical-path tok/step", "replayed tok/step",
+             "first token s", "checkpoint KiB (peak)", "approximate steps",
+             "KL (mean)", "top-1")]
+    for a in arms:
+        if a["refused"] is not None:
+            continue
+        c, d = a["cost"], a.get("drift")
+        rows.append((a["arm"], f"{c['prefill_tokens_per_step']:.0f}",
+                     f"{c['critical_path_prefill_tokens_per_step']:.0f}",
+                     f"{c['replay_tokens_per_step']:.0f}", f"{c['first_token_s_mean']:.3f}",
+                     f"{c['checkpoint_bytes_peak'] / 1024:.0f}",
+                     f"{c['approximate_steps']}/{c['steps']}",
+                     "" if d is None else f"{d['kl_mean']:.2e}",
+                     "" if d is None else f"{100 * d['top1_agreement']:.0f}%"))
     return _grid(rows)
 
 

@@ -42,6 +42,9 @@ def summarize(arm: ArmResult, reference_sha: str | None, window: int = 3) -> dic
         "wall_s": arm.wall_s,
         "identical_to_reference": (None if reference_sha is None
                                    else arm.output_sha256 == reference_sha),
+        # tail replay: steps decoded from an approximate state, rows replayed
+        "approximate_steps": sum(bool(s["approximate"]) for s in steps),
+        "replay_tokens_total": sum(s["replay_tokens"] for s in steps),
     }
     full = steps[window:] or steps  # once the screenshot window is full
     ratios = [s["critical_path_prefill_tokens"] / s["new_content_tokens"] for s in full]

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,13 +40,14 @@ class ServeProcess:
 
 @contextmanager
 def serve_process(args: list[str], stderr_path: Path, *,
-                  start_timeout: float = START_TIMEOUT_S) -> Iterator[ServeProcess]:
+                  start_timeout: float = START_TIMEOUT_S,
+                  launcher: Sequence[str] = ("-m", "runtime.cli")) -> Iterator[ServeProcess]:
     """Run ``kvagent serve --port 0 ARGS`` (the stderr log to ``stderr_path``) until the block
     ends; yields once the server printed its ready line.  The process is SIGTERMed on the
     way out (killed if it does not exit within ``STOP_TIMEOUT_S``); ``exit_code`` says how
-    it ended."""
-    cmd = [sys.executable, "-m", "runtime.cli", "--log-level", "info", "serve", "--port", "0",
-           *args]
+    it ended.  ``launcher``: the interpreter's arguments that run kvagent's command line
+    (a test's ``-c`` script injects a fault first, then calls ``runtime.cli.main``)."""
+    cmd = [sys.executable, *launcher, "--log-level", "info", "serve", "--port", "0", *args]
     with open(stderr_path, "w") as stderr:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -3,13 +3,16 @@ as a ``vmenv.trajectory.Trajectory`` that ``ReplayEnv`` replays (``kvagent bench
 --trajectory DIR`` replays a recorded one instead).
 
 Every step's screenshot differs (a moving window, a counter, a changing list), so a policy
-cannot get away with caching a stale image; sizes are chosen so each screenshot costs about
+cannot get away with caching a stale image — unless asked for steps whose action changed
+nothing (``unchanged``: the screen before, pixel for pixel, as agents' traces have after a
+wait or a click that missed); sizes are chosen so each screenshot costs about
 ``image_tokens`` tokens on the model's projector.
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Collection
 
 from PIL import Image, ImageDraw
 
@@ -49,9 +52,22 @@ def screenshot(step: int, width: int, height: int) -> bytes:
     return buf.getvalue()
 
 
-def trajectory(steps: int, width: int, height: int) -> Trajectory:
+def trajectory(steps: int, width: int, height: int, *,
+               unchanged: Collection[int] = ()) -> Trajectory:
     """``steps`` agent steps: ``steps + 1`` screens (the last is where the last action led),
-    each but the last with the action text the history records for it."""
-    return Trajectory.from_pairs(
-        ((screenshot(i, width, height), ACTIONS[i % len(ACTIONS)] if i < steps else None)
-         for i in range(steps + 1)), instruction=INSTRUCTION)
+    each but the last with the action text the history records for it.  The screens at
+    ``unchanged`` steps are the previous step's, pixel for pixel (an action that changed
+    nothing)."""
+    shown = 0
+    pairs = []
+    for i in range(steps + 1):
+        if i not in unchanged:
+            shown = i
+        pairs.append((screenshot(shown, width, height),
+                      ACTIONS[i % len(ACTIONS)] if i < steps else None))
+    return Trajectory.from_pairs(pairs, instruction=INSTRUCTION)
+
+
+def unchanged_every(steps: int, every: int) -> frozenset[int]:
+    """Every ``every``-th step (from the second) shows the screen before it again."""
+    return frozenset(range(every, steps + 1, every)) if every > 0 else frozenset()

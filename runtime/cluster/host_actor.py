@@ -2,8 +2,10 @@
 
 ``HostActor.serve`` (a long-running actor call; its ObjectRef is how the front door learns
 the host ended or died) runs ``runtime.serve.http.app.create_app`` under uvicorn on the actor's
-event loop, on a free port of the node's IP: the front door forwards the HTTP APIs (steps,
-chat completions, deletes) to it unchanged.  The rest are actor methods on the same loop (the
+event loop, on a free port — of loopback when the whole cluster is one machine, else of the
+node's IP — taking only the cluster's internal key (``keys``), which the front door alone
+holds: the front door forwards the HTTP APIs (steps, chat completions, deletes, leases) to
+it unchanged, naming the client's key id.  The rest are actor methods on the same loop (the
 host is single-threaded: everything touching it runs there):
 
 - ``ready``: the host's address once the model is loaded;
@@ -19,7 +21,6 @@ This module does not import Ray: ``runtime.cluster.spawn`` wraps the class with
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -35,7 +36,10 @@ from runtime.logs import configure_logging
 from runtime.serve.config import ServeConfig
 from runtime.serve.host import ModelHost
 from runtime.serve.http.app import create_app
+from runtime.serve.http.auth import ApiKeys
 from runtime.serve.http.errors import api_error
+from runtime.serve.http.server import uvicorn_server
+from runtime.serve.owners import Owner
 from runtime.serve.prometheus import ServeMetrics
 from scheduler.sizes import UNLIMITED_BYTES
 
@@ -68,11 +72,12 @@ class Reply:
 class HostActor:
     """See the module docstring.  ``auto_budget`` / ``auto_threads``: size the host on its
     node (``node_share``) rather than by ``config``; ``bind``: the address to listen on
-    (default: the node's IP as Ray knows it)."""
+    (default: the node's IP as Ray knows it); ``keys``: the keys its HTTP side takes (the
+    cluster's internal key)."""
 
     def __init__(self, name: str, config: ServeConfig, *, log_level: str = "warning",
                  auto_budget: bool = False, auto_threads: bool = False,
-                 bind: str | None = None) -> None:
+                 bind: str | None = None, keys: ApiKeys = ApiKeys()) -> None:
         configure_logging(log_level)
         if auto_budget or auto_threads:
             budget, threads = node_share()
@@ -81,7 +86,7 @@ class HostActor:
             if auto_threads:
                 config = attrs.evolve(config, engine=attrs.evolve(config.engine,
                                                                   n_threads=threads))
-        self.name, self.config = name, config
+        self.name, self.config, self.keys = name, config, keys
         self.bind = bind or _node_ip()
         self._host: ModelHost | None = None
         self._info: HostInfo | None = None
@@ -92,8 +97,6 @@ class HostActor:
     async def serve(self) -> str:
         """Run the host until ``stop`` (returns "stopped") or the model fails to load
         (raises).  The front door holds this call's ref for as long as the host lives."""
-        import uvicorn
-
         sock = socket.create_server((self.bind, 0))
         port = sock.getsockname()[1]
 
@@ -104,10 +107,8 @@ class HostActor:
             log.info("cluster_host_ready", host=self.name, url=self._info.url)
             self._ready.set()
 
-        server = uvicorn.Server(uvicorn.Config(create_app(self.config, on_ready=on_ready),
-                                               log_level="warning", lifespan="on",
-                                               timeout_graceful_shutdown=30))
-        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        server = uvicorn_server(create_app(self.config, keys=self.keys, on_ready=on_ready),
+                                self.config.limits, grace_s=30, lifespan="on")
         self._server = server
         try:  # the socket listens already: ready once the model is loaded (on_ready)
             await server.serve(sockets=[sock])
@@ -140,10 +141,12 @@ class HostActor:
         return self._host
 
     async def open_episode(self, body: Mapping[str, Any], number: int,
-                           replay: Sequence[RecordedStep] = ()) -> Reply:
+                           replay: Sequence[RecordedStep] = (), *, episode_id: str,
+                           owner: Owner) -> Reply:
         host = self._running()
         try:
-            created = await open_episode(host, body, number, replay)
+            created = await open_episode(host, body, number, replay, episode_id=episode_id,
+                                         owner=owner)
         except Exception as exc:  # noqa: BLE001  answered like the HTTP route would
             error = api_error(exc)
             if error.status >= 500:

@@ -23,6 +23,7 @@ import structlog
 
 from runtime.serve.host import ModelHost
 from runtime.serve.http.episode_bodies import created_body, parse_create, read_screenshot
+from runtime.serve.owners import Owner
 from runtime.session import Teacher
 
 log = structlog.get_logger("kvagent.cluster")
@@ -39,15 +40,19 @@ class RecordedStep:
 
 
 async def open_episode(host: ModelHost, body: Mapping[str, Any], number: int,
-                       replay: Sequence[RecordedStep] = ()) -> dict[str, Any]:
-    """Create episode ``ep-{number}`` from a create request's ``body``; replay ``replay``'s
-    steps (teacher-forced).  Returns the create answer plus ``replayed`` and ``diverged``.
-    On a failed replay the episode is closed again and the error propagates."""
+                       replay: Sequence[RecordedStep] = (), *, episode_id: str,
+                       owner: Owner) -> dict[str, Any]:
+    """Create ``owner``'s episode ``episode_id`` (number ``number``: its sampling seed) from
+    a create request's ``body``; replay ``replay``'s steps (teacher-forced).  Returns the
+    create answer plus ``replayed`` and ``diverged``.  On a failed replay the episode is
+    closed again and the error propagates."""
     episodes, limits = host.episodes, host.config.limits
-    create = parse_create(body, host.config.agent)
-    episode_id = await episodes.create(create.config, create.instruction, create.screen,
-                                       number=number, teacher=_teacher(replay))
-    created = created_body(episode_id, create.config)
+    create = parse_create(body, host.config.agent, limits)
+    host.check_episode_config(create.config, create.screen)
+    out = await episodes.create(create.config, create.instruction, create.screen, owner,
+                                number=number, episode_id=episode_id,
+                                teacher=_teacher(replay))
+    created = created_body(out, create.config)
     if not replay:
         return {**created, "replayed": 0, "diverged": 0}
     diverged = 0
@@ -55,10 +60,10 @@ async def open_episode(host: ModelHost, body: Mapping[str, Any], number: int,
         for step in replay:
             arrived = time.perf_counter()
             png, size = await read_screenshot({"screenshot": step.screenshot}, limits)
-            out = await episodes.step(episode_id, png, size, arrived_at=arrived)
-            diverged += out.step.act.response != step.response
+            done = await episodes.step(episode_id, owner, png, size, arrived_at=arrived)
+            diverged += done.step.act.response != step.response
     except Exception:
-        await episodes.end(episode_id)
+        await episodes.end(episode_id, owner)
         raise
     log.info("cluster_episode_rebuilt", episode_id=episode_id, replayed=len(replay),
              diverged=diverged)

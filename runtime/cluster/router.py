@@ -4,9 +4,15 @@
   has a free sequence (``placement.py``), asked afresh for every placement; placements are
   serialized (one lock), so each one sees the previous one's episode.  A host that refuses
   (429 / 503: it filled up meanwhile) passes the episode to the next.
-- **Affinity**: the front door numbers episodes (``ep-N``, N also the sampling seed, as a
-  single host numbers its own) and keeps ``ep-N → host``: every later step goes there, where
-  its checkpoints and KV are.  Chat conversations stick to a host by an affinity key.
+- **Affinity**: the front door names episodes (unguessable ids, as a single host's) and
+  numbers them (N, the sampling seed, as a single host numbers its own), and keeps
+  ``episode → host``: every later step goes there, where its checkpoints and KV are.  Chat
+  conversations stick to a host by an affinity key (per API key).
+- **Ownership**: an episode belongs to the client's key id; another key's requests get 404
+  here, and the hosts check the same (the front door names the owner to them).
+- **Leases**: a client holding its episode's lease through the front door (``lease.py``)
+  holds it on the host; when the client's lease request closes and does not come back
+  within the grace, the front door forgets the episode (its host ends it on its own).
 - **Failure**: a host is lost when its actor's ``serve`` call ends (Ray saw the process or
   node die) or a request to it fails in transport; its in-flight requests are cancelled,
   its actor killed and a replacement started.  Its episodes keep their record (the create
@@ -36,6 +42,8 @@ from runtime.cluster.placement import placement_order
 from runtime.cluster.resume import RecordedStep
 from runtime.cluster.spawn import HostHandle
 from runtime.serve.http.errors import ApiError, busy, not_found, unavailable
+from runtime.serve.ids import new_id
+from runtime.serve.owners import Owner
 
 log = structlog.get_logger("kvagent.cluster")
 
@@ -45,16 +53,16 @@ MAX_CONVERSATIONS = 4096
 
 @attrs.define(eq=False)
 class RoutedEpisode:
+    episode_id: str
     number: int
+    owner: Owner
     body: dict[str, Any]  # the create request, for a rebuild
     host: HostHandle | None
     steps: list[RecordedStep] = attrs.Factory(list)
     busy: bool = False
     last_used: float = attrs.Factory(time.monotonic)
-
-    @property
-    def episode_id(self) -> str:
-        return f"ep-{self.number}"
+    leases: int = 0  # the client's lease requests open through the front door
+    lease_dropped_at: float | None = None  # when the last one closed
 
 
 class Router:
@@ -65,16 +73,19 @@ class Router:
                  start_host: Callable[[str], Awaitable[HostHandle]],
                  kill_host: Callable[[HostHandle], None], read_timeout_s: float = 600.0,
                  replace_lost: bool = True, rebuild_wait_s: float = 300.0,
-                 idle_s: float = 900.0) -> None:
+                 idle_s: float = 300.0, lease_grace_s: float = 10.0,
+                 internal_key: str | None = None) -> None:
         self.pool = HostPool(hosts, start_host=start_host, kill_host=kill_host,
                              on_lost=self._on_lost, replace_lost=replace_lost)
         self.episodes: dict[str, RoutedEpisode] = {}
         self.conversations: OrderedDict[str, HostHandle] = OrderedDict()
         self.failovers = 0
         self._rebuild_wait_s, self._idle_s = rebuild_wait_s, idle_s
+        self.lease_grace_s = lease_grace_s
         self._numbers = itertools.count(1)
         self._place_lock = anyio.Lock()
-        self.http = Forwarder(self.pool.host_lost, read_timeout_s=read_timeout_s)
+        self.http = Forwarder(self.pool.host_lost, internal_key=internal_key,
+                              read_timeout_s=read_timeout_s)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
                   ) -> None:
@@ -132,10 +143,12 @@ class Router:
             return unavailable("no model host is running (one is being started)")
         return busy("every host's episode slots are in use")
 
-    async def create(self, body: dict[str, Any]) -> tuple[int, dict[str, Any], str]:
-        """A new episode: placed, created there under the next number."""
+    async def create(self, body: dict[str, Any], owner: Owner,
+                     ) -> tuple[int, dict[str, Any], str]:
+        """A new episode of ``owner``'s: placed, created there under a fresh id and the
+        next number."""
         self._forget_idle()
-        episode = RoutedEpisode(next(self._numbers), body, None)
+        episode = RoutedEpisode(new_id("ep"), next(self._numbers), owner, body, None)
         status, answer = await self._place(episode)
         if status == 201:
             self.episodes[episode.episode_id] = episode
@@ -157,7 +170,8 @@ class Router:
                 try:
                     with anyio.fail_after(self._rebuild_timeout(episode)):
                         reply = await host.actor.open_episode.remote(
-                            episode.body, episode.number, episode.steps)
+                            episode.body, episode.number, episode.steps,
+                            episode_id=episode.episode_id, owner=episode.owner)
                 except Exception as exc:  # noqa: BLE001  died meanwhile: try the next
                     self.pool.host_lost(host, f"open failed: {type(exc).__name__}")
                     continue
@@ -177,14 +191,20 @@ class Router:
 
     def _forget_idle(self) -> None:
         """Drop the records of episodes idle longer than ``idle_s`` (a client that vanished
-        without ending its episode; its host gives the slot away after as long): a later
-        step of one gets 404, as from a single host."""
+        without ending its episode; its host gives the slot away after as long) or whose
+        lease dropped longer than the grace ago (the client ended): a later step of one
+        gets 404, as from a single host."""
         now = time.monotonic()
         for episode_id, ep in list(self.episodes.items()):
-            if not ep.busy and now - ep.last_used > self._idle_s:
+            if not ep.busy and (now - ep.last_used > self._idle_s or self._lease_gone(ep)):
                 del self.episodes[episode_id]
                 log.info("cluster_episode_forgotten", episode_id=episode_id,
-                         idle_s=round(now - ep.last_used))
+                         idle_s=round(now - ep.last_used),
+                         lease_dropped=ep.lease_dropped_at is not None)
+
+    def _lease_gone(self, ep: RoutedEpisode) -> bool:
+        return (ep.leases == 0 and ep.lease_dropped_at is not None
+                and time.monotonic() - ep.lease_dropped_at > self.lease_grace_s)
 
     @staticmethod
     def _rebuild_timeout(episode: RoutedEpisode) -> float:
@@ -192,17 +212,19 @@ class Router:
 
     # ------------------------------------------------------------------ forwarding
 
-    def episode(self, episode_id: str) -> RoutedEpisode:
+    def episode(self, episode_id: str, owner: Owner) -> RoutedEpisode:
+        """``owner``'s routed episode ``episode_id`` (404 if none — or another's)."""
         ep = self.episodes.get(episode_id)
-        if ep is None:
+        if ep is None or ep.owner != owner or (not ep.busy and self._lease_gone(ep)):
             raise not_found(f"no open episode {episode_id!r}", param="episode_id",
                             code="episode_not_found")
         return ep
 
-    async def step(self, episode_id: str, raw: bytes, screenshot: str) -> Forwarded:
+    async def step(self, episode_id: str, owner: Owner, raw: bytes,
+                   screenshot: str) -> Forwarded:
         """Forward a step to the episode's host; rebuild it elsewhere first if that host is
         lost (also when it dies during this step: the step is sent again)."""
-        ep = self.episode(episode_id)
+        ep = self.episode(episode_id, owner)
         if ep.busy:
             raise ApiError(409, f"a step of episode {episode_id} is already running",
                            "invalid_request_error", None, "episode_busy")
@@ -220,7 +242,8 @@ class Router:
                 assert ep.host is not None
                 try:
                     out = await self.http.forward(ep.host, "POST",
-                                             f"/v1/episodes/{episode_id}/step", raw)
+                                                  f"/v1/episodes/{episode_id}/step", raw,
+                                                  owner)
                 except HostLost:
                     continue
                 if out.status == 200:
@@ -239,13 +262,14 @@ class Router:
         finally:
             ep.busy, ep.last_used = False, time.monotonic()
 
-    async def end(self, episode_id: str) -> Forwarded | None:
-        ep = self.episode(episode_id)
+    async def end(self, episode_id: str, owner: Owner) -> Forwarded | None:
+        ep = self.episode(episode_id, owner)
         del self.episodes[episode_id]
         if ep.host is None or not ep.host.alive:
             return None  # nothing held anywhere
         try:
-            return await self.http.forward(ep.host, "DELETE", f"/v1/episodes/{episode_id}", b"")
+            return await self.http.forward(ep.host, "DELETE", f"/v1/episodes/{episode_id}",
+                                           b"", owner)
         except HostLost:
             return None
 

@@ -18,6 +18,7 @@ import structlog
 
 from runtime.cluster.host_actor import HostActor, HostInfo
 from runtime.serve.config import ServeConfig
+from runtime.serve.http.auth import ApiKeys
 
 log = structlog.get_logger("kvagent.cluster")
 
@@ -40,6 +41,18 @@ def connect(address: str | None, *, hosts: int) -> int:
     else:
         ray.init(address=address, log_to_driver=True)
     return int(ray.cluster_resources().get(RESOURCE, 0))
+
+
+def host_bind() -> str | None:
+    """Where host actors listen: loopback when every node of the cluster is this machine
+    (the hosts are then reachable from nowhere else), else None — each host on its node's
+    IP, reachable by whoever reaches that IP but refusing requests without the cluster's
+    internal key."""
+    import ray
+
+    here = ray.util.get_node_ip_address()
+    nodes = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+    return "127.0.0.1" if nodes <= {here} else None
 
 
 def ray_address() -> str:
@@ -74,6 +87,10 @@ class Spawner:
     auto_budget: bool = True
     auto_threads: bool = True
     ready_timeout_s: float = 600.0
+    #: the hosts' HTTP keys (the cluster's internal key) and where they listen
+    #: (``host_bind``; None: their node's IP)
+    keys: ApiKeys = ApiKeys()
+    bind: str | None = None
 
     async def start(self, name: str) -> HostHandle:
         """Start host ``name`` and wait until its model is loaded (raises if it fails)."""
@@ -83,7 +100,8 @@ class Spawner:
             name=f"kvagent-{name}-{os.getpid()}", num_cpus=0, resources={RESOURCE: 1},
             max_restarts=0, max_concurrency=1000)
         actor = remote.remote(name, self.config, log_level=self.log_level,
-                              auto_budget=self.auto_budget, auto_threads=self.auto_threads)
+                              auto_budget=self.auto_budget, auto_threads=self.auto_threads,
+                              keys=self.keys, bind=self.bind)
         done = actor.serve.remote()
         try:
             with anyio.fail_after(self.ready_timeout_s):

@@ -26,13 +26,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     add_model_arguments(p, BENCH_MODEL)
     p.add_argument("--arms", default=None,
-                   help=f"comma-separated arms: policies, or <policy>{OVERLAP} (default: "
+                   help=f"comma-separated arms: policies, or <policy>{OVERLAP}; an approximate "
+                        "policy may name its replay budget, <policy>@64 or <policy>@5%% (default: "
                         f"{','.join(default_arms())}; none when --episodes > 1)")
     p.add_argument("--episodes", type=int, default=1,
                    help="run N episodes concurrently through the scheduler, then back to back")
     p.add_argument("--memory-budget", default=None,
                    help="ledger budget for --episodes: bytes (2GiB, 512MiB) or a multiple of one "
                         "episode's measured peak (3.2x); default: unlimited")
+    p.add_argument("--compare-replay-rung", action="store_true",
+                   help="with --episodes: run the concurrent phase twice on the same budget, "
+                        "without and with the fallback ladder's replay rung (--replay-rung), "
+                        "and print the throughput ratio; the rung's approximate steps are "
+                        "marked in the records")
+    p.add_argument("--rung-repeats", type=int, default=1,
+                   help="with --compare-replay-rung: run each variant this many times, in ABBA "
+                        "order (without, with, with, without, ...); the ratios are over the "
+                        "sums")
     p.add_argument("--wait-seconds", type=float, default=30.0,
                    help="bound of the scheduler's wait-for-release rung")
     p.add_argument("--trajectory", type=Path,
@@ -47,6 +57,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a preset run instead (study: the forged qwen35 L Q4_K_M with vision, "
                         "1280x720 and 1920x1080 screenshots x K = 3 and 5; see docs/benchmarks.md)")
     p.add_argument("--vm-seconds", type=float, default=0.0, help="simulated VM time per action")
+    p.add_argument("--unchanged-every", type=int, default=0,
+                   help="every N-th step of the synthetic trajectory shows the screen before "
+                        "it again (an action that changed nothing; 0: none)")
+    p.add_argument("--decode-arms", nargs="?", const="all", default=None,
+                   help="instead of policy arms: terminal-slot+overlap once per decode variant "
+                        "(lanes-fixed, lanes, runs, runs+drafts, runs+drafts+guess; comma-"
+                        "separated, or all), --rounds times in alternating order: the "
+                        "decode's share of the critical path and the actions' hashes")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of --decode-arms")
     add_engine_arguments(p, n_batch=True)
     p.add_argument("--json", type=Path, dest="json_out", help="write the full results here")
     p.add_argument("--plot", type=Path, default=None,
@@ -66,6 +85,7 @@ def default_arms() -> tuple[str, ...]:
 
 
 def _check(args: argparse.Namespace) -> str | None:
+    from runtime.bench.arms import ArmSpec
     from runtime.bench.study import parse_screen
     from cachepolicy.policies import names
     from runtime.arg_parsers import check_range, parse_memory_budget
@@ -75,12 +95,20 @@ def _check(args: argparse.Namespace) -> str | None:
         arms = [] if args.episodes > 1 else list(default_arms())
     else:
         arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-        unknown = [a for a in arms if a.removesuffix(OVERLAP) not in names()]
-        if unknown or not arms:
-            return (f"unknown arm(s) {unknown or args.arms!r}; choose from "
-                    f"{', '.join(names())} (each optionally with {OVERLAP})")
+        if not arms:
+            return (f"no arm in {args.arms!r}; choose from {', '.join(names())} (each "
+                    f"optionally with {OVERLAP})")
+        try:
+            for arm in arms:
+                ArmSpec.parse(arm)
+        except ValueError as exc:
+            return str(exc)
     if not 1 <= args.episodes <= 64:
         return "--episodes must be 1..64"
+    if args.compare_replay_rung and args.episodes < 2:
+        return "--compare-replay-rung needs --episodes N (N >= 2) and a --memory-budget"
+    if not 1 <= args.rung_repeats <= 16:
+        return "--rung-repeats must be 1..16"
     try:
         args.budget = parse_memory_budget(args.memory_budget, relative=True)
         if args.screen is not None:
@@ -97,6 +125,17 @@ def _check(args: argparse.Namespace) -> str | None:
     if args.screen is not None:
         if args.trajectory is not None:
             return "--screen and --trajectory: a recorded trajectory has its own screenshots"
+    if args.decode_arms is not None:
+        from runtime.bench.decode_arms import DEFAULT, parse_variants
+        try:
+            args.decode_variants = (DEFAULT if args.decode_arms == "all"
+                                    else parse_variants(args.decode_arms))
+        except ValueError as exc:
+            return str(exc)
+        if not 1 <= args.rounds <= 20:
+            return "--rounds must be 1..20"
+    if not 0 <= args.unchanged_every <= 1000:
+        return "--unchanged-every must be 0..1000"
     if args.trajectory is not None and not args.trajectory.is_dir():
         return f"--trajectory {args.trajectory}: not a directory"
     for name, top in (("steps", 1000), ("image_tokens", 16384)):
@@ -124,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         REFERENCE_ARM, bound_text, latency_table, summarize, table, time_table,
     )
     from runtime.bench.targets import targets, targets_text
-    from runtime.bench.trajectory import screenshot, trajectory
+    from runtime.bench.trajectory import screenshot, trajectory, unchanged_every
     from runtime.metrics import rss_bytes, rss_peak_bytes
     from vmenv.errors import VmEnvError
     from vmenv.trajectory import load_trajectory
@@ -168,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
             else:
                 w, h, tokens = fit_resolution(
                     lambda w, h: engine.image_tokens(screenshot(0, w, h))[0], args.image_tokens)
-            traj = trajectory(steps, w, h)
+            traj = trajectory(steps, w, h,
+                              unchanged=unchanged_every(steps, args.unchanged_every))
         else:
             traj = recorded
             w, h = traj.frames[0].width, traj.frames[0].height
@@ -193,6 +233,13 @@ def run(args: argparse.Namespace) -> int:
                   f"{m.reused_tokens}, decode {m.decode_tokens} tok in {m.decode_s:.2f} s, "
                   f"critical path {m.critical_path_s:.2f} s", file=sys.stderr, flush=True)
 
+        if args.decode_arms is not None:
+            return _decode_arms(args, engine, traj, progress,
+                                {"model": str(model), "steps": steps, "image_tokens": tokens,
+                                 "screenshot_size": [w, h], "vm_seconds": args.vm_seconds,
+                                 "unchanged_every": args.unchanged_every,
+                                 "threads": args.threads, "grammar": args.agent.grammar,
+                                 "decode_tokens": decode, "window": args.agent.window})
         results = run_arms(engine, args.arm_list, traj, args.agent,
                            vm_seconds=args.vm_seconds, on_event=progress)
         for res in results:
@@ -213,14 +260,23 @@ def run(args: argparse.Namespace) -> int:
             "profile": args.agent.profile, "decode_tokens": decode, "grammar": args.agent.grammar,
             "stop_at_eog": args.agent.stop_at_eog, "temperature": args.agent.temperature,
             "threads": args.threads, "n_batch": engine.config.n_batch,
-            "decode_rows": engine.config.decode_rows, "reference_arm": REFERENCE_ARM,
+            "decode_rows": engine.config.decode_rows,
+            "decode_shape": engine.decode_shape.describe(),
+            "row_classes": engine.row_classes.describe(),
+            "jump_forward": args.agent.jump_forward, "drafts": args.agent.drafts,
+            "reference_arm": REFERENCE_ARM,
             "rss_after_load_bytes": rss_loaded, "rss_peak_bytes": rss_peak_bytes(),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}"},
             "arms": arms, **blocks}
         if concurrency is not None:
             report["config"].update(episodes=args.episodes, policy=args.agent.policy,
                                     overlap=args.agent.overlap,
-                                    memory_budget=args.memory_budget)
+                                    memory_budget=args.memory_budget,
+                                    replay_rung=args.agent.replay_rung,
+                                    compare_replay_rung=args.compare_replay_rung,
+                                    rung_repeats=args.rung_repeats,
+                                    replay_budget=args.agent.replay_budget,
+                                    replay_base=args.agent.replay_base)
             report.update(concurrency)
         report["targets"] = targets(report, default_model=args.model is None)
     if arms:
@@ -265,7 +321,8 @@ def _concurrency(args: argparse.Namespace, engine: object, traj: object) -> dict
 
     return anyio.run(lambda: measure_concurrency(
         engine, traj, args.agent, args.episodes, budget=args.budget,  # type: ignore[arg-type]
-        vm_seconds=args.vm_seconds, wait_s=args.wait_seconds, progress=say))
+        vm_seconds=args.vm_seconds, wait_s=args.wait_seconds, progress=say,
+        compare_rung=args.compare_replay_rung, rung_repeats=args.rung_repeats))
 
 
 def _concurrency_table(c: dict) -> str:
@@ -277,6 +334,11 @@ def _concurrency_table(c: dict) -> str:
                 f"{statuses.count('failed')} failed")
 
     t, led = c["throughput"], c["ledger"]
+    rung = []
+    if c.get("replay_rung") is not None:
+        from runtime.bench.rung import rung_table
+
+        rung = [rung_table(c["replay_rung"])]
     return "\n".join([
         f"concurrent: {counts(c['episodes'])}; {t['concurrent_steps_per_s']:.2f} steps/s; "
         f"ledger peak {format_bytes(led['peak_bytes'])} of {format_bytes(led['budget_bytes'])}",
@@ -288,4 +350,30 @@ def _concurrency_table(c: dict) -> str:
         f"decode: {c['decode']['concurrent']['tokens_per_s']:.1f} tokens/s concurrent "
         f"({c['decode']['concurrent']['rows_per_call']:.2f} rows per call) vs "
         f"{c['decode']['sequential']['tokens_per_s']:.1f} sequential: "
-        f"{c['decode']['speedup']:.2f}x"])
+        f"{c['decode']['speedup']:.2f}x", *rung])
+
+
+def _decode_arms(args: argparse.Namespace, engine: object, traj: object, progress: object,
+                 config: dict) -> int:
+    """``--decode-arms``: the decode variants side by side (``runtime.bench.decode_arms``)."""
+    from runtime.bench.decode_arms import run_variants, summarize, table
+    from vmenv.trajectory_writer import write_durably
+
+    runs = run_variants(engine, traj, args.agent, args.decode_variants,  # type: ignore[arg-type]
+                        rounds=args.rounds, vm_seconds=args.vm_seconds,
+                        on_event=progress)  # type: ignore[arg-type]
+    summary = summarize(runs)
+    print(f"row classes: {engine.row_classes.describe()}")  # type: ignore[attr-defined]
+    print(table(summary))
+    groups = ({n for n in summary if n.startswith("lanes")},
+              {n for n in summary if n.startswith("runs")})
+    same = all(len({h for n in g for h in summary[n]["output_sha256"]}) <= 1 for g in groups)
+    print(f"actions identical within lanes and within runs: {str(same).lower()}")
+    if args.json_out is not None:
+        config.update(row_classes=engine.row_classes.as_dict(),  # type: ignore[attr-defined]
+                      rounds=args.rounds)
+        write_durably(args.json_out, json.dumps(
+            {"config": config, "decode_arms": summary, "identical_within_shapes": same,
+             "steps": {f"{r.variant} r{r.round}": r.arm.steps for r in runs}},
+            indent=1).encode())
+    return 0 if same else 1

@@ -43,14 +43,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instances", type=int, default=40,
                    help="held-out instances (instance i: kind i mod 8 on the i-th evaluation "
                         "seed; default 40)")
-    p.add_argument("--task", default=None, metavar="KIND",
-                   help="only this kind (default: every kind in turn)")
+    p.add_argument("--task", default=None, metavar="KIND[,KIND...]",
+                   help="only this kind, or these kinds in turn (default: every kind in turn)")
     p.add_argument("--seeds", default="eval", metavar="eval|A-B",
                    help="seeds of the instances (default eval: held out from training)")
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
-                   help="comma-separated policies, each optionally +overlap (default: "
-                        f"{','.join(DEFAULT_ARMS)}; relocate is skipped where the model "
-                        "cannot run it)")
+                   help="comma-separated policies, each optionally +overlap; an approximate "
+                        "one may name its replay budget, tail-replay@5%%, tail-replay@64 "
+                        f"(default: {','.join(DEFAULT_ARMS)}; relocate is skipped where the "
+                        "model cannot run it)")
     p.add_argument("--max-steps", type=int, default=10)
     p.add_argument("--screen", default="640x360", help="simdesk screen WxH (min 320x240)")
     p.add_argument("--vm-seconds", type=float, default=0.0,
@@ -67,15 +68,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> str | None:
     from cachepolicy.policies import names
     from runtime.arg_parsers import check_range, parse_wxh
-    from runtime.bench.arms import split_arm
+    from runtime.bench.arms import ArmSpec
     from runtime.commands.options import agent_config, engine_fields
     from runtime.run.instances import CLASSIC, check_task, episode_tasks, parse_seeds
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in arms if split_arm(a)[0] not in names()]
-    if unknown or not arms:
-        return (f"unknown arm(s) {unknown or args.arms!r}; choose from {', '.join(names())} "
-                "(each optionally with +overlap)")
+    if not arms:
+        return (f"unknown arm(s) {args.arms!r}; choose from {', '.join(names())} (each "
+                "optionally with +overlap; an approximate one with @<replay budget>)")
+    try:
+        for arm in arms:
+            ArmSpec.parse(arm)
+    except ValueError as exc:
+        return str(exc)
     if not 1 <= args.instances <= MAX_INSTANCES:
         return f"--instances must be 1..{MAX_INSTANCES}"
     if not 1 <= args.max_steps <= 100 or not 1 <= args.concurrency <= 64:
@@ -135,7 +140,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvagent bench-eval: error: {problem}", file=sys.stderr)
         return 2
     from cachepolicy.errors import KvagentCacheError
-    from runtime.bench.evaluate import judge, kind_table, run_arms, success_table, with_references
+    from runtime.bench.evaluate import (
+        cost_table, judge, kind_table, run_arms, success_table, with_references,
+    )
     from runtime.commands.options import model_files
     from runtime.engine_setup import DEMO_MODEL
 
@@ -171,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
             "concurrency": args.concurrency, "agent": _agent_dict(args.agent)},
             "tasks": list(args.tasks), "arms": judged}
     print(success_table(judged))
+    print()
+    print(cost_table(judged))
     print()
     print(kind_table(judged))
     if args.json_out is not None:

@@ -69,16 +69,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvagent check-exact: error: {exc}")
         return 2
     ok = all(r.bitwise for r in results)
+    classes, shape = engine.row_classes, engine.decode_shape
     if args.json:
         print(json.dumps({"checks": [r.as_dict() for r in results], "bitwise": ok,
                           "fast_kernels": args.fast_kernels,
                           "prefill_rows": engine.config.n_batch,
-                          "short_pieces_not_one_call": short}))
+                          "short_pieces_not_one_call": short,
+                          "row_classes": classes.as_dict(),
+                          "decode_shape": {"mode": shape.mode.value, "lanes": shape.lanes,
+                                           "lane_rows": list(shape.lane_rows),
+                                           "min_run": shape.min_run,
+                                           "max_run": shape.max_run}}))
     else:
         width = max(len(r.name) for r in results)
         for r in results:
             print(f"{r.name:<{width}}  max|diff| {r.max_abs_diff:.3g}  "
                   f"bitwise: {str(r.bitwise).lower()}")
+        details = {r.name: r.detail for r in results}
+        print(f"note: row classes on this model and CPU: {classes.describe()}; decoding in "
+              f"{shape.describe()}")
+        for name in ("decode_runs", "speculative_generation"):
+            if name in details:
+                print(f"note: {name}: {details[name]}")
         if short:
             print(f"note: pieces of {_rows(short)} rows (of 1-{PROBE_ROWS} tried) differ from a "
                   f"one-call prefill on this model: they are exact only against the same "

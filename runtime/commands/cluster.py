@@ -4,7 +4,9 @@ Every ``kvagent serve`` flag applies to each host (model, slots, context, agent 
 ``--threads`` is per host; without ``--memory-budget`` each host takes its node's available
 memory, split between the hosts of that node).  ``--address`` joins a running cluster (one
 host per ``kvagent_host`` resource unit, see docs/scaling.md); without it a one-machine Ray
-on loopback is started with ``--hosts`` hosts.  The ready line is ``kvagent serve``'s, with
+on loopback is started with ``--hosts`` hosts.  The front door takes ``kvagent serve``'s API
+keys; the hosts take only an internal key generated here, per cluster, and listen on
+loopback when the cluster is this one machine.  The ready line is ``kvagent serve``'s, with
 the hosts and the Ray address added.  SIGINT / SIGTERM: the front door stops, every host
 closes its episodes, Ray is left (or, when started here, shut down).
 """
@@ -12,8 +14,8 @@ closes its episodes, Ray is left (or, when started here, shut down).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import secrets
 import signal
 import socket
 import sys
@@ -35,7 +37,8 @@ def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
                         "cluster offers; 1 for a local Ray)")
 
 
-def run_cluster(args: argparse.Namespace, config: Any) -> int:
+def run_cluster(args: argparse.Namespace, config: Any, keys: Any) -> int:
+    """``keys``: the clients' API keys (``ApiKeys``), taken by the front door."""
     from runtime.cluster.spawn import connect, ray_address
 
     if args.hosts is not None and not 1 <= args.hosts <= 256:
@@ -61,7 +64,7 @@ def run_cluster(args: argparse.Namespace, config: Any) -> int:
                   f"units, {wanted or 1} wanted; start nodes with ray start "
                   "--resources='{\"kvagent_host\": 1}'", file=sys.stderr)
             return 2
-        return anyio.run(_main, args, config, wanted, sock, ray_address())
+        return anyio.run(_main, args, config, keys, wanted, sock, ray_address())
     finally:
         sock.close()
         import ray
@@ -69,16 +72,18 @@ def run_cluster(args: argparse.Namespace, config: Any) -> int:
         ray.shutdown()
 
 
-async def _main(args: argparse.Namespace, config: Any, wanted: int, sock: socket.socket,
-                address: str) -> int:
-    import uvicorn
-
+async def _main(args: argparse.Namespace, config: Any, keys: Any, wanted: int,
+                sock: socket.socket, address: str) -> int:
     from runtime.cluster.frontdoor import create_front_door
     from runtime.cluster.router import Router
-    from runtime.cluster.spawn import HostHandle, Spawner
+    from runtime.cluster.spawn import HostHandle, Spawner, host_bind
+    from runtime.serve.http.auth import ApiKeys
+    from runtime.serve.http.server import uvicorn_server
 
+    internal = secrets.token_urlsafe(32)  # this cluster's front door → host key
     spawner = Spawner(config, log_level=args.log_level,
-                      auto_budget=args.memory_budget is None, auto_threads=False)
+                      auto_budget=args.memory_budget is None, auto_threads=False,
+                      keys=ApiKeys(internal=internal), bind=host_bind())
     hosts: list[HostHandle] = []
     try:
         async with anyio.create_task_group() as tg:
@@ -95,11 +100,10 @@ async def _main(args: argparse.Namespace, config: Any, wanted: int, sock: socket
         return 2
     hosts.sort(key=lambda h: h.name)
     router = Router(hosts, start_host=spawner.start, kill_host=spawner.kill,
-                    idle_s=config.idle_s)
-    server = uvicorn.Server(uvicorn.Config(create_front_door(router, config.limits),
-                                           log_level="warning", lifespan="off",
-                                           timeout_graceful_shutdown=args.grace_seconds))
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+                    idle_s=config.idle_s, lease_grace_s=config.lease_grace_s,
+                    internal_key=internal)
+    server = uvicorn_server(create_front_door(router, config.limits, keys), config.limits,
+                            grace_s=args.grace_seconds, lifespan="off")
     port = sock.getsockname()[1]
     async with anyio.create_task_group() as tg:
         await tg.start(router.run)

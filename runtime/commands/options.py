@@ -19,8 +19,9 @@ import attrs
 
 from cachepolicy.engine.records import MAX_DECODE_ROWS, MAX_N_BATCH, default_threads
 from cachepolicy.policies import names
+from cachepolicy.tail import BASES
 from runtime.arg_parsers import check_decode_rows, check_threads
-from runtime.config import MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig
+from runtime.config import GUESS_MODES, MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig
 from runtime.engine_setup import DefaultModel, ModelFiles, resolve_model
 from runtime.profiles import names as profile_names
 
@@ -54,18 +55,23 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, n_batch: bool = False,
     p.add_argument("--threads", type=int, default=default_threads(),
                    help="engine threads (default: $KVAGENT_THREADS, else every core)")
     p.add_argument("--decode-rows", type=int, default=None,
-                   help=f"decode lanes, 1..{MAX_DECODE_ROWS}: every decode call feeds this "
-                        "many rows, so up "
-                        "to this many concurrent generations share a call and each pays "
-                        "for all of them (default 4; mixture-of-experts models at most 7; "
-                        "see docs/benchmarks.md section 4)")
+                   help=f"decode lanes, 1..{MAX_DECODE_ROWS}: up to this many generations "
+                        "decode at once (default 4; mixture-of-experts models at most 7)")
+    p.add_argument("--decode-shape", choices=("auto", "lanes", "runs"), default="auto",
+                   help="how decode calls are formed: runs (one generation's tokens per "
+                        "call, grammar-forced text and drafts verified in it) or lanes "
+                        "(generations share calls, one token each, padded to their row "
+                        "class); auto: lanes where a lone generation needs no pad row in "
+                        "them (Q8_0, K-quants, one lane), else runs.  Each is exact; they may "
+                        "compute other bits on some models (see docs/benchmarks.md section 4)")
 
 
 def engine_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The ``EngineConfig`` fields the engine options give (checked; ValueError naming the
     option)."""
     fields: dict[str, Any] = {"n_threads": check_threads(args.threads),
-                              "decode_rows": check_decode_rows(args.decode_rows)}
+                              "decode_rows": check_decode_rows(args.decode_rows),
+                              "decode_runs": DECODE_SHAPES[args.decode_shape]}
     if hasattr(args, "n_batch"):
         if not 2 <= args.n_batch <= MAX_N_BATCH:
             raise ValueError(f"--n-batch must be 2..{MAX_N_BATCH} (a 1-row batch takes "
@@ -74,10 +80,15 @@ def engine_fields(args: argparse.Namespace) -> dict[str, Any]:
     return fields
 
 
+#: ``--decode-shape`` → ``EngineConfig.decode_runs``
+DECODE_SHAPES: dict[str, bool | None] = {"auto": None, "lanes": False, "runs": True}
+
+
 def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | None = None,
                         ) -> None:
     """``--profile --policy --window --overlap --temperature --seed --grammar
-    --decode-tokens --stop-at-eog``, defaulting to ``defaults`` (``AgentConfig()`` if None;
+    --decode-tokens --stop-at-eog --replay-budget --replay-base --replay-rung
+    --replay-drift``, defaulting to ``defaults`` (``AgentConfig()`` if None;
     the window defaults to the profile's)."""
     d = defaults or AgentConfig()
     p.add_argument("--profile", default=d.profile, choices=profile_names(),
@@ -101,6 +112,35 @@ def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | N
     p.add_argument("--stop-at-eog", action=argparse.BooleanOptionalAction,
                    default=d.stop_at_eog,
                    help="stop decoding at end-of-generation (off: always --decode-tokens)")
+    p.add_argument("--replay-budget", default=d.replay_budget, metavar="TOKENS|PCT%",
+                   help="tail replay on hybrid models: rows of a matched prefix an approximate "
+                        "step re-prefills, as tokens (64) or a share of the prefix (10%%); for "
+                        "the approximate policies (tail-replay, noevict-tail, faithful-tail) "
+                        "and --replay-rung (default %(default)s)")
+    p.add_argument("--replay-base", default=d.replay_base, choices=BASES,
+                   help="where a replay's recurrent state starts: the nearest older "
+                        "checkpoint (else zero), or always zero")
+    p.add_argument("--replay-rung", action=argparse.BooleanOptionalAction,
+                   default=d.replay_rung,
+                   help="allow approximation under memory pressure: the fallback ladder may "
+                        "drop an idle episode's checkpoints and recurrent state instead of "
+                        "its whole cache; its next steps replay a tail (marked approximate)")
+    p.add_argument("--replay-drift", action=argparse.BooleanOptionalAction,
+                   default=d.replay_drift,
+                   help="an approximate policy measures every step against its exact prompt "
+                        "prefilled from scratch (next-token KL, top-1): a full prefill more "
+                        "per step")
+    p.add_argument("--jump-forward", action=argparse.BooleanOptionalAction,
+                   default=d.jump_forward,
+                   help="feed text the grammar forces without sampling it token by token "
+                        "(runs shape; the tokens are the same)")
+    p.add_argument("--drafts", action=argparse.BooleanOptionalAction, default=d.drafts,
+                   help="verify prompt-lookup drafts in the same call (runs shape; the "
+                        "tokens are the same)")
+    p.add_argument("--guess", choices=GUESS_MODES, default=d.guess,
+                   help="with overlap, prefill the current screenshot as the guess for the "
+                        "next one (auto: when the VM's actions leave time; the outputs are "
+                        "the same either way)")
 
 
 def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> AgentConfig:
@@ -108,10 +148,14 @@ def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> Agen
     fields = {"profile": args.profile, "policy": policy or args.policy,
               "overlap": args.overlap, "temperature": args.temperature, "seed": args.seed,
               "grammar": args.grammar, "decode_tokens": args.decode_tokens,
-              "stop_at_eog": args.stop_at_eog}
+              "stop_at_eog": args.stop_at_eog, "jump_forward": args.jump_forward,
+              "drafts": args.drafts, "guess": args.guess,
+              "replay_budget": args.replay_budget, "replay_base": args.replay_base,
+              "replay_rung": args.replay_rung, "replay_drift": args.replay_drift}
     if args.window is not None:  # else the profile's
         fields["window"] = args.window
-    for name in ("window", "temperature", "decode_tokens"):  # one at a time: name the culprit
+    for name in ("window", "temperature", "decode_tokens",  # one at a time: name the culprit
+                 "replay_budget"):
         if name not in fields:
             continue
         try:
@@ -123,5 +167,7 @@ def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> Agen
 
 def bench_agent_defaults() -> AgentConfig:
     """What the bench decodes: 16 tokens every step, greedy, no grammar, end-of-generation
-    ignored — a fixed amount of decode work per step, so arms compare."""
-    return attrs.evolve(AgentConfig(), grammar=False, decode_tokens=16, stop_at_eog=False)
+    ignored — a fixed amount of decode work per step, so arms compare; and no
+    unchanged-screenshot guess (the policies' own work: ``--decode-arms`` measures it)."""
+    return attrs.evolve(AgentConfig(), grammar=False, decode_tokens=16, stop_at_eog=False,
+                        guess="off")

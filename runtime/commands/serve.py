@@ -1,21 +1,28 @@
 """``kvagent serve``: one model host for many agents, over HTTP (see ``runtime/serve``).
 
-With no arguments it serves the forged tiny model on 127.0.0.1:8000.  When the model is
-loaded and the socket listens it prints one JSON line to stdout —
+With no arguments it serves the forged tiny model on 127.0.0.1:8000.  With API keys
+(``--api-key``, ``$KVAGENT_API_KEY``, ``--api-key-file``) every route but ``/health`` needs
+one; without, the server listens on loopback only (another ``--host`` is refused unless
+``--insecure-no-auth``).  When the model is loaded and the socket listens it prints one JSON
+line to stdout —
 ``{"event": "serve_ready", "url": ..., "port": ..., "model": ...}`` — which scripts (and the
 tests, with ``--port 0``) wait for.  SIGINT / SIGTERM shut it down gracefully: new requests
 are refused, in-flight steps finish (or roll back after the grace period), every episode
-closes and the ledger returns to zero.
+closes and the ledger returns to zero.  Exit status: 0 after a clean shutdown, 2 when it
+cannot start (a bad option, the model, the port), 1 when the shutdown failed (the cause is
+printed last).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import ipaddress
 import json
+import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import anyio
 
@@ -23,16 +30,43 @@ HELP = ("serve the model to many agents over HTTP: an OpenAI-compatible chat API
         "episode API, one engine, scheduler and memory budget")
 
 
+#: The environment variable holding API keys (comma-separated), for the server and clients.
+KEY_ENV = "KVAGENT_API_KEY"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from runtime.commands.options import (
         add_agent_arguments, add_engine_arguments, add_model_arguments,
     )
     from runtime.engine_setup import DEMO_MODEL
+    from runtime.profiles import names as profile_names
+    from runtime.serve.config import Limits
 
     add_model_arguments(p, DEMO_MODEL)
     p.add_argument("--model-name", help="the model id clients send (default: the file stem)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="where to listen; other than loopback needs an API key (or "
+                        "--insecure-no-auth)")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port")
+    a = p.add_argument_group("access (docs/serving.md, Security)")
+    a.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="a key clients send as 'Authorization: Bearer KEY' (repeatable; "
+                        f"also ${KEY_ENV}, comma-separated, and --api-key-file)")
+    a.add_argument("--api-key-file", action="append", default=[], type=Path, metavar="FILE",
+                   help="keys, one a line (keeps them out of ps)")
+    a.add_argument("--insecure-no-auth", action="store_true",
+                   help="listen on a non-loopback --host without any API key")
+    a.add_argument("--max-image-pixels", type=int, default=Limits().max_image_pixels,
+                   help="pixels of one image, read from its header before decoding; more: "
+                        "413 (default: a 3840x2160 screen)")
+    a.add_argument("--max-request-pixels", type=int, default=Limits().max_request_pixels,
+                   help="pixels of all of a request's images (default: 16 x 1920x1080)")
+    a.add_argument("--max-connections", type=int, default=Limits().max_connections,
+                   help="open connections; more are closed as they are accepted")
+    a.add_argument("--header-timeout", type=float, default=Limits().header_timeout_s,
+                   help="seconds a connection has to send a request's head")
+    a.add_argument("--body-timeout", type=float, default=Limits().body_timeout_s,
+                   help="seconds a request has to send its body (then 408)")
     p.add_argument("--memory-budget", default=None,
                    help="ledger budget (2GiB, 512MiB; default: the memory available now)")
     p.add_argument("--max-episodes", type=int, default=4,
@@ -40,13 +74,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-completion-tokens", type=int, default=4096,
                    help="a chat completion decodes at most this many tokens (a larger "
                         "max_tokens is capped to it)")
-    p.add_argument("--idle-seconds", type=float, default=900.0,
+    p.add_argument("--idle-seconds", type=float, default=300.0,
                    help="an episode idle this long gives its slot to a new one when all "
-                        "are taken (its client may be gone without ending it)")
+                        "are taken (its client may be gone without ending it; keep it "
+                        "below the clients' retry window, KvAgent's 600 s)")
+    p.add_argument("--lease-grace-seconds", type=float, default=10.0,
+                   help="an episode whose client's lease dropped (the client ended) is "
+                        "ended this long after, unless the lease comes back")
     add_engine_arguments(p, n_batch=True, ctx=16384)
     p.add_argument("--mode", default="terminal", choices=("terminal", "faithful"),
                    help="chat completions: re-lay prompts in kvagent's terminal layout, or "
                         "keep them exactly as sent")
+    p.add_argument("--chat-action-grammar", default=None, choices=profile_names(),
+                   metavar="PROFILE",
+                   help="constrain chat completions that bring no grammar of their own to "
+                        "this profile's action format (e.g. qwen3vl for OSWorld's "
+                        "Qwen3VLAgent)")
     p.add_argument("--grace-seconds", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, how long in-flight requests may finish")
     add_agent_arguments(p)
@@ -70,6 +113,15 @@ def _config(args: argparse.Namespace) -> object:
         raise ValueError("--max-completion-tokens must be 1..65536")
     if not 0 < args.idle_seconds <= 7 * 86400:
         raise ValueError("--idle-seconds must be more than 0 and at most a week")
+    if not 0 <= args.lease_grace_seconds <= 3600:
+        raise ValueError("--lease-grace-seconds must be 0..3600")
+    if not (1 <= args.max_image_pixels <= 1 << 31 and 1 <= args.max_request_pixels <= 1 << 31):
+        raise ValueError("--max-image-pixels / --max-request-pixels must be 1..2**31")
+    if not 8 <= args.max_connections <= 1 << 20:
+        raise ValueError("--max-connections must be 8..2**20")
+    if not (0 < args.header_timeout <= 3600 and 0 < args.body_timeout <= 3600):
+        raise ValueError("--header-timeout / --body-timeout must be more than 0 and at "
+                         "most an hour")
     budget = parse_memory_budget(args.memory_budget)
     check_slots(args.max_episodes)
     try:
@@ -85,11 +137,40 @@ def _config(args: argparse.Namespace) -> object:
         engine=engine,
         memory_budget=available_memory() if budget.unlimited else budget.resolve(),
         agent=agent_config(args), mode=args.mode, idle_s=args.idle_seconds,
-        limits=Limits(max_tokens=args.max_completion_tokens))
+        lease_grace_s=args.lease_grace_seconds, chat_action_grammar=args.chat_action_grammar,
+        limits=Limits(max_tokens=args.max_completion_tokens,
+                      max_image_pixels=args.max_image_pixels,
+                      max_request_pixels=args.max_request_pixels,
+                      max_connections=args.max_connections,
+                      header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout))
+
+
+def api_keys(args: argparse.Namespace) -> object:
+    """The server's API keys (``ApiKeys``) from the flags, the environment and key files;
+    refuses a non-loopback ``--host`` without any (``ValueError``)."""
+    from runtime.serve.http.auth import ApiKeys
+
+    keys = ApiKeys.gather(args.api_key, os.environ.get(KEY_ENV), args.api_key_file)
+    if not keys.required and not is_loopback(args.host) and not args.insecure_no_auth:
+        raise ValueError(f"--host {args.host} is not loopback and no API key is given: "
+                         f"anyone who can reach it could use and read every episode. Give "
+                         f"--api-key / --api-key-file / ${KEY_ENV}, or --insecure-no-auth")
+    return keys
+
+
+def is_loopback(host: str) -> bool:
+    """Is ``host`` a loopback address (or ``localhost``)?"""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        keys = api_keys(args)
         config = _config(args)
     except ValueError as exc:
         print(f"kvagent serve: error: {exc}", file=sys.stderr)
@@ -97,10 +178,9 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         from runtime.commands.cluster import run_cluster
 
-        return run_cluster(args, config)
-    import uvicorn
-
-    from runtime.serve.http.app import create_app
+        return run_cluster(args, config, keys)
+    from runtime.serve.http.app import create_app, shutdown_error
+    from runtime.serve.http.server import uvicorn_server
 
     try:
         sock = socket.create_server((args.host, args.port))
@@ -114,19 +194,21 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"event": "serve_ready", "url": f"http://{args.host}:{port}",
                           "port": port, "model": host.model_name}), flush=True)  # type: ignore[attr-defined]
 
-    app = create_app(config, on_ready=ready)  # type: ignore[arg-type]
-    server = uvicorn.Server(uvicorn.Config(
-        app, log_level="warning", timeout_graceful_shutdown=args.grace_seconds,
-        lifespan="on"))
-    # kvagent owns the signals (uvicorn would re-raise them after its shutdown, turning a
-    # clean SIGTERM into a traceback): the first asks for a graceful shutdown, a second
-    # forces it.
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    app = create_app(config, keys=keys, on_ready=ready)  # type: ignore[arg-type]
+    # kvagent owns the signals (``_serve``): the first asks for a graceful shutdown, a second
+    # forces it
+    server = uvicorn_server(app, config.limits, grace_s=args.grace_seconds,  # type: ignore[attr-defined]
+                            lifespan="on")
     try:
         anyio.run(_serve, server, sock)
     finally:
         sock.close()
-    return 0 if server.started else 2  # not started: the model did not load (logged)
+    if not server.started:
+        return 2  # the model did not load (logged)
+    if (error := shutdown_error(app)) is not None:
+        print(f"kvagent serve: error: the shutdown failed: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 async def _serve(server: object, sock: socket.socket) -> None:

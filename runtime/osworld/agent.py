@@ -37,16 +37,20 @@ it and end workers with ``os._exit``, which is fine: nothing an agent holds outl
 process (see ``runtime.osworld.local_host``).
 
 ``KvAgent(server="http://host:8000")`` is the same agent as a thin client of ``kvagent
-serve``: no model in this process, the episode (cache, overlapped prefetch, memory budget)
-lives on the server, shared with every other worker's agent.  It decides like the in-process
-agent with the same options — the server sends the action as data, this side parses it and
-generates the code (``runtime.osworld.remote``).  The model's sizes (``model_path``,
-``n_ctx``, ``n_threads``, ``memory_budget``) are then the server's flags.
+serve``: no model in this process (nor libllama), the episode (cache, overlapped prefetch,
+memory budget) lives on the server, shared with every other worker's agent.  It decides like
+the in-process agent with the same options — the server sends the action as data, this side
+parses it and generates the code (``runtime.osworld.remote``).  The model's sizes
+(``model_path``, ``n_ctx``, ``n_threads``, ``memory_budget``) are then the server's flags;
+``api_key`` (or ``$KVAGENT_API_KEY``) is the server's key.  While an episode is open the
+agent holds its lease on a thread of its own (``runtime.osworld.lease``), so a worker ended
+with ``os._exit`` gives its episode's slot back within seconds.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 import weakref
 from collections.abc import Mapping
@@ -115,9 +119,10 @@ class KvAgent:
 
     ``server``: the URL of a ``kvagent serve`` host to decide on instead of loading a model
     here (then ``model_path``, ``mmproj_path``, ``n_ctx``, ``n_threads``, ``memory_budget``
-    and the engine options belong to the server and are refused here); ``server_timeout``:
-    seconds a step may take there; ``server_retry_s``: how long to keep retrying while the
-    server is full (429/503) or not reachable yet.
+    and the engine options belong to the server and are refused here); ``api_key``: the
+    server's API key (default: ``$KVAGENT_API_KEY``, its first key when it lists several);
+    ``server_timeout``: seconds a step may take there; ``server_retry_s``: how long to keep
+    retrying while the server is full (429/503) or not reachable yet.
     """
 
     def __init__(self, model_path: str | Path | None = None,
@@ -131,8 +136,11 @@ class KvAgent:
                  memory_budget: int | str | None = None,
                  screen_size: tuple[int, int] = (1920, 1080), scale_to_screen: bool = False,
                  action_space: str = "pyautogui",
-                 server: str | None = None, server_timeout: float = 600.0,
-                 server_retry_s: float = 600.0, **options: Any) -> None:
+                 server: str | None = None, api_key: str | None = None,
+                 server_timeout: float = 600.0, server_retry_s: float = 600.0,
+                 **options: Any) -> None:
+        if server is None and api_key is not None:
+            raise ValueError("api_key is for a server (server=URL)")
         if server is not None:
             servers = {k for k, v in (("model_path", model_path), ("mmproj_path", mmproj_path),
                                       ("n_ctx", n_ctx), ("n_threads", n_threads),
@@ -163,7 +171,8 @@ class KvAgent:
             self._backend = LocalBackend(self.config, plan_context(self.config))
         else:
             self._backend = RemoteBackend(
-                EpisodeClient(server, timeout=server_timeout, retry_s=server_retry_s),
+                EpisodeClient(server, timeout=server_timeout, retry_s=server_retry_s,
+                              api_key=api_key if api_key is not None else env_api_key()),
                 remote_options(agent), name=self.config.name)
         # closes the backend (engine and loop thread, or the server's episode) when the
         # agent is collected or at interpreter exit; holds no reference to the agent
@@ -344,6 +353,17 @@ class KvAgent:
         self._note(logging.ERROR, f"kvagent: {message}")
         self._log.error("screen_size_mismatch", screen=(w, h), screenshot=size)
         return ScreenSizeError(message)
+
+
+#: The environment variable a server's API keys are read from (comma-separated).
+API_KEY_ENV = "KVAGENT_API_KEY"
+
+
+def env_api_key() -> str | None:
+    """The API key a remote agent sends when given none: ``$KVAGENT_API_KEY``'s (first)."""
+    value = os.environ.get(API_KEY_ENV, "")
+    keys = [k.strip() for k in value.split(",") if k.strip()]
+    return keys[0] if keys else None
 
 
 def _screen_of(obs: Mapping[str, Any]) -> tuple[int, int] | None:

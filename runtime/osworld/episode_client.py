@@ -12,6 +12,10 @@ agent, every request with a timeout.  Retries are limited to what cannot run a s
 A step whose answer was lost (read timeout, connection dropped mid-request) is NOT retried:
 the server may have decided it, and sending the screenshot again would decide a second
 step.  Everything else is an ``EpisodeApiError`` carrying the server's OpenAI-shaped message.
+
+With an API key every request carries ``Authorization: Bearer <key>`` (the key is never
+logged).  ``lease_request`` describes the request that holds an episode's lease (held by
+``runtime.osworld.lease`` on its own thread).
 """
 
 from __future__ import annotations
@@ -51,14 +55,19 @@ class EpisodeClient:
     """Speaks the episode API of one server.  Not thread-safe (one agent, one thread)."""
 
     def __init__(self, base_url: str, *, timeout: float = 600.0, retry_s: float = 600.0,
+                 api_key: str | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"server must be an http(s) URL, got {base_url!r}")
         if not (timeout > 0 and retry_s >= 0):
             raise ValueError("timeout must be positive and retry_s not negative")
+        if api_key is not None and (not api_key or any(c.isspace() for c in api_key)):
+            raise ValueError("api_key must be a non-empty string without spaces")
         self.base_url, self.retry_s = base_url.rstrip("/"), retry_s
+        #: the headers every request carries (the key's, if any)
+        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
-            base_url=self.base_url, transport=transport,
+            base_url=self.base_url, transport=transport, headers=self.headers,
             timeout=httpx.Timeout(timeout, connect=CONNECT_TIMEOUT_S))
 
     def close(self) -> None:
@@ -95,6 +104,10 @@ class EpisodeClient:
 
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/health")
+
+    def lease_path(self, episode_id: str) -> str:
+        """The request that holds ``episode_id``'s lease (a heartbeat stream)."""
+        return f"/v1/episodes/{episode_id}/lease"
 
     # ------------------------------------------------------------------ transport
 

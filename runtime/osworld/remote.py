@@ -6,6 +6,11 @@ data: ``action`` is read back into a record with kvagent's strict parser (an ans
 not parse is a protocol error, not a model error) and ``KvAgent`` generates the code from it
 as it does in-process — text from the network is never run.
 
+While an episode is open the backend holds its lease (``lease.py``: one long request on a
+thread the backend owns), so when this process ends — even with ``os._exit``, as OSWorld's
+workers do — the server ends the episode within seconds rather than holding its slot.
+``close`` (and ``reset``) end the episode outright.
+
 An episode can disappear on the server (it restarted, or the episode sat idle past the
 server's ``--idle-seconds`` while another client needed the slot): the step is then sent to
 a fresh episode of the same instruction, which starts without the lost history; the step's
@@ -25,6 +30,7 @@ from runtime.config import AgentConfig
 from runtime.osworld.backend import Decision
 from runtime.osworld.episode_client import EpisodeApiError, EpisodeClient
 from runtime.osworld.errors import AgentClosedError, AgentStepError
+from runtime.osworld.lease import LeaseKeeper
 from vmenv.actions import ActionError, NoOp
 
 log = structlog.get_logger("kvagent.osworld")
@@ -46,10 +52,13 @@ def remote_options(agent: AgentConfig) -> dict[str, Any]:
 
 
 class RemoteBackend:
-    def __init__(self, client: EpisodeClient, options: Mapping[str, Any], *, name: str) -> None:
+    def __init__(self, client: EpisodeClient, options: Mapping[str, Any], *, name: str,
+                 lease: bool = True) -> None:
         self.client, self.options, self.name = client, dict(options), name
         self._episode_id: str | None = None
         self._closed = False
+        #: holds the open episode's lease (None: no lease, e.g. a server without leases)
+        self.leases = LeaseKeeper(client.base_url, client.headers, name=name) if lease else None
 
     def new_episode(self) -> str | None:
         self._check_open()
@@ -72,6 +81,8 @@ class RemoteBackend:
                 lost = self._episode_id
                 log.warning("episode_lost", agent=self.name, episode_id=lost,
                             reason=str(exc))
+                if self.leases is not None:
+                    self.leases.release()
                 notes.append(f"episode {lost} was gone on the server (restarted, or idle "
                              "past its --idle-seconds); continued in a fresh episode "
                              "without the earlier history")
@@ -101,18 +112,26 @@ class RemoteBackend:
         try:
             self._end_current()
         finally:
-            self.client.close()
+            try:
+                if self.leases is not None:
+                    self.leases.close()  # the lease thread joined
+            finally:
+                self.client.close()
 
     # ------------------------------------------------------------------ internals
 
     def _start(self, instruction: str, screen: tuple[int, int]) -> None:
         self._episode_id = self.client.create(instruction, screen=screen,
                                               options=self.options)
+        if self.leases is not None:
+            self.leases.hold(self._episode_id)
         log.info("remote_episode_started", agent=self.name, episode_id=self._episode_id,
                  server=self.client.base_url)
 
     def _end_current(self) -> None:
         episode_id, self._episode_id = self._episode_id, None
+        if self.leases is not None:
+            self.leases.release()
         if episode_id is None:
             return
         try:

@@ -11,7 +11,9 @@ Episode i of n runs kind ``kinds[i mod len(kinds)]`` with the i-th seed of a see
   alone is ``A-A``), whichever split they belong to;
 * ``classic`` — no seeds: the four fixed tasks of ``default_tasks()`` (one layout each).
 
-A task given as ``KIND@SEED`` runs that instance in every episode.
+A task given as ``KIND@SEED`` runs that instance in every episode; ``KIND,KIND,...`` replaces
+the eight kinds (e.g. all but remember-code, which no agent with a window of K < its steps can
+solve: its code is on the first screenshot only).
 """
 
 from __future__ import annotations
@@ -68,12 +70,16 @@ def parse_seeds(text: str) -> SeedChoice:
 
 
 def check_task(name: str) -> str:
-    """``name`` if it names a kind or an instance (``KIND@SEED``); ValueError otherwise
-    (classic names are kinds too: ``--seeds classic`` picks their fixed layout)."""
-    if name in task_kinds() or parse_sampled_name(name) is not None:
+    """``name`` if it names a kind, several kinds (``KIND,KIND``: episodes take them in
+    turn) or an instance (``KIND@SEED``); ValueError otherwise (classic names are kinds too:
+    ``--seeds classic`` picks their fixed layout)."""
+    if parse_sampled_name(name) is not None:
         return name
-    raise ValueError(f"unknown task {name!r}; choose a kind ({', '.join(task_kinds())}) or an "
-                     f"instance KIND@SEED")
+    kinds = name.split(",")
+    if all(k in task_kinds() for k in kinds):
+        return name
+    raise ValueError(f"unknown task {name!r}; choose a kind ({', '.join(task_kinds())}), "
+                     f"kinds separated by commas, or an instance KIND@SEED")
 
 
 def episode_tasks(episodes: int, seeds: SeedChoice | None = None,
@@ -93,7 +99,7 @@ def episode_tasks(episodes: int, seeds: SeedChoice | None = None,
                              f"{', '.join(classic)}")
         names: Sequence[str] = (task,) if task is not None else classic
         return tuple(names[i % len(names)] for i in range(episodes))
-    kinds = (task,) if task is not None else task_kinds()
+    kinds = tuple(task.split(",")) if task is not None else task_kinds()
     return tuple(sampled_name(kinds[i % len(kinds)], s)
                  for i, s in enumerate(seeds.take(episodes)))
 

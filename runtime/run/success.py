@@ -1,4 +1,5 @@
-"""Task success as a rate with its uncertainty: the Wilson score interval.
+"""Task success as a rate with its uncertainty: the Wilson score interval (and, for two arms on
+the same instances, the paired difference).
 
 An episode succeeds when the env's checker passed at its end (simdesk's reward 1.0).  With a
 few dozen episodes the normal approximation is useless near 0 % and 100 % (exactly where a
@@ -9,6 +10,7 @@ degenerate there.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import attrs
 
@@ -55,6 +57,70 @@ class SuccessRate:
         low, high = self.interval
         return (f"{self.successes}/{self.n} ({100 * self.successes / self.n:.0f}%, 95% CI "
                 f"{100 * low:.0f}-{100 * high:.0f}%)")
+
+
+@attrs.frozen
+class PairedDifference:
+    """Success of an arm minus success of its reference on the SAME instances (paired
+    outcomes), with the 95 % interval of Newcombe's method 10 (Wilson intervals of both
+    rates, corrected for their correlation: Newcombe 1998, Stat. Med. 17:2635; Altman et al.,
+    "Statistics with confidence", 2000) — it stays in [-1, 1] and is not degenerate when no
+    pair differs, where the Wald interval collapses to a point."""
+
+    both: int  # pairs where both succeeded
+    arm_only: int  # the arm succeeded, the reference did not
+    reference_only: int
+    neither: int
+
+    @classmethod
+    def of(cls, pairs: Sequence[tuple[bool, bool]]) -> PairedDifference:
+        """From (arm succeeded, reference succeeded) per instance."""
+        return cls(sum(a and r for a, r in pairs), sum(a and not r for a, r in pairs),
+                   sum(r and not a for a, r in pairs), sum(not (a or r) for a, r in pairs))
+
+    @property
+    def n(self) -> int:
+        return self.both + self.arm_only + self.reference_only + self.neither
+
+    @property
+    def delta(self) -> float | None:
+        return (self.arm_only - self.reference_only) / self.n if self.n else None
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        n = self.n
+        if not n:
+            return -1.0, 1.0
+        a, b, c, d = self.both, self.arm_only, self.reference_only, self.neither
+        p1, p2 = (a + b) / n, (a + c) / n
+        l1, u1 = wilson_interval(a + b, n)
+        l2, u2 = wilson_interval(a + c, n)
+        # the correlation of the pair's outcomes, its numerator shrunk by n/2 when positive
+        # (Newcombe's continuity adjustment of phi)
+        denom = (a + b) * (c + d) * (a + c) * (b + d)
+        cross = a * d - b * c
+        cross = cross - n / 2 if cross > n / 2 else (cross if cross < 0 else 0.0)
+        phi = cross / math.sqrt(denom) if denom else 0.0
+        delta = p1 - p2
+        low = delta - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2)
+                                    + (u2 - p2) ** 2))
+        high = delta + math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2)
+                                     + (p2 - l2) ** 2))
+        return max(-1.0, low), min(1.0, high)
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        low, high = self.interval
+        return {"delta": self.delta, "ci95_low": low, "ci95_high": high, "n": self.n,
+                "both": self.both, "arm_only": self.arm_only,
+                "reference_only": self.reference_only, "neither": self.neither}
+
+    def __str__(self) -> str:
+        if not self.n:
+            return "n/a"
+        low, high = self.interval
+        assert self.delta is not None
+        return (f"{100 * self.delta:+.0f} pts (95% CI {100 * low:+.0f} to {100 * high:+.0f}; "
+                f"{self.arm_only} won / {self.reference_only} lost)")
 
 
 def succeeded(reward: float, status: str) -> bool:

@@ -17,13 +17,35 @@ from scheduler.sizes import UNLIMITED_BYTES
 
 @attrs.frozen
 class Limits:
-    """What one request may ask for (the server's settings)."""
+    """What one request (and one connection) may ask for: the server's settings, checked
+    before the work they bound is done (docs/serving.md, "Security")."""
 
     max_body_bytes: int = 64 << 20
     max_image_bytes: int = 16 << 20
     max_images: int = 16
+    #: pixels of one image, read from its header before it is decoded (a 4K screen)
+    max_image_pixels: int = 3840 * 2160
+    #: pixels of all of a request's images (16 1920x1080 screenshots)
+    max_request_pixels: int = 16 * 1920 * 1080
     max_messages: int = 256
     max_text_chars: int = 200_000
+    #: an episode's ``system_prompt`` option (a chat's system text counts in max_text_chars)
+    max_system_prompt_chars: int = 32_000
+    #: a conversation's name (its header or ``user``), a model name
+    max_name_chars: int = 256
+    #: a request's GBNF grammar
+    max_grammar_chars: int = 64_000
+    #: nesting of a JSON body (deeper: 400, before anything reads it)
+    max_json_depth: int = 64
+    #: values in a JSON body (counted by its commas, before it is parsed)
+    max_json_items: int = 200_000
+    #: seconds a connection may take to send a request's head, and its body
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    #: seconds an idle keep-alive connection stays open
+    keep_alive_s: float = 5.0
+    #: open connections; more are closed as they are accepted
+    max_connections: int = 512
     #: a completion decodes at most this many tokens: a larger ``max_tokens`` (OSWorld's
     #: Qwen3-VL agent asks for 32768) is capped to it, as llama-server caps to its context
     max_tokens: int = 4096
@@ -57,7 +79,12 @@ class ServeConfig:
     wait_s: float = 30.0  # the scheduler's wait-for-memory bound
     #: an episode idle this long gives its slot to a new one when every slot is taken (its
     #: client is gone, or thinks longer than any VM action takes)
-    idle_s: float = attrs.field(default=900.0, validator=attrs.validators.gt(0))
+    idle_s: float = attrs.field(default=300.0, validator=attrs.validators.gt(0))
+    #: an episode whose client's lease dropped is ended this long after (``leases.py``)
+    lease_grace_s: float = attrs.field(default=10.0, validator=attrs.validators.ge(0))
+    #: the profile whose action grammar constrains chat completions that bring no
+    #: constraint of their own (None: free text)
+    chat_action_grammar: str | None = None
     #: the screen an episode's prompt assumes until its first screenshot (the episode API's
     #: default), the one the policy is checked for at startup and the pool's default steps
     #: are sized for

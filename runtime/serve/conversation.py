@@ -67,10 +67,13 @@ def terminal_turns(messages: tuple[Message, ...]) -> TerminalTurns | None:
 
 @attrs.define(eq=False)
 class Conversation:
-    """One chat conversation; its episode in the pool has the same id."""
+    """One chat conversation; its episode in the pool has the same id (``chat-…``, the
+    host's).  ``name``: what the client called it (its conversation header or ``user``),
+    scoped to its ``owner``; None when it was matched by content."""
 
     conversation_id: str
-    explicit: bool  # the client named it
+    owner: str
+    name: str | None
     system: str
     instruction: str
     answers: list[str] = attrs.Factory(list)  # the history lines, the last one predicted
@@ -78,6 +81,14 @@ class Conversation:
     mode: str = attrs.field(default="terminal", validator=attrs.validators.in_(CHAT_MODES))
     #: faithful mode: each message of the last request
     signature: Signature = attrs.Factory(list)
+    #: its first step was decided: until then it cannot give its slot away (a request that
+    #: just opened it is still telling it the earlier turns)
+    stepped: bool = False
+
+    @property
+    def explicit(self) -> bool:
+        """The client named it."""
+        return self.name is not None
 
     def continues(self, turns: TerminalTurns) -> bool:
         """Whether ``turns`` repeats what this conversation holds and adds one screenshot."""

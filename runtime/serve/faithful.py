@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import anyio
 import attrs
 
 from cachepolicy.context_log import Segment
@@ -25,8 +26,9 @@ from runtime.driver import DriverStep
 from runtime.pool import EpisodePool
 from runtime.serve.conversation import Conversation, signature
 from runtime.serve.conversations import Conversations
-from runtime.serve.ids import NewId
+from runtime.serve.ids import new_id
 from runtime.serve.messages import ImagePart, Message, TextPart
+from runtime.serve.owners import Owner
 from scheduler.transaction import StepOptions
 
 
@@ -35,34 +37,44 @@ class FaithfulChat:
     ``agent`` is the server's agent configuration conversations are opened with."""
 
     def __init__(self, pool: EpisodePool, factory: SegmentFactory,
-                 conversations: Conversations, agent: AgentConfig, new_id: NewId) -> None:
+                 conversations: Conversations, agent: AgentConfig) -> None:
         self._pool, self._factory, self._conversations = pool, factory, conversations
-        self._agent, self._new_id = agent, new_id
+        self._agent = agent
 
-    async def complete(self, messages: tuple[Message, ...], key: str | None,
+    async def complete(self, messages: tuple[Message, ...], key: str | None, owner: Owner,
                        options: StepOptions, *, arrived_at: float) -> tuple[str, DriverStep]:
-        """Answer ``messages`` in the conversation ``key`` names (or the one sharing the
-        most leading messages); returns the conversation's id and the decided step."""
-        conv = self._conversations.get(key) if key is not None else self._find(messages)
-        if conv is None or conv.mode != "faithful":
+        """Answer ``messages`` in ``owner``'s conversation ``key`` names (or the one sharing
+        the most leading messages); returns the conversation's id and the decided step."""
+        conv = (self._conversations.named(owner, key) if key is not None
+                else self._find(messages, owner))
+        opened = conv is None or conv.mode != "faithful"
+        if opened:
             if conv is not None:
                 await self._conversations.close(conv.conversation_id)
-            conv = await self._open(messages, key)
+            conv = await self._open(messages, key, owner)
+        assert conv is not None
         factory, n = self._factory, len(messages)
-        step = await self._pool.decide(conv.conversation_id, lambda d: d.respond(
-            lambda: render(factory, messages), options=options,
-            continuation=continuation(factory, n), arrived_at=arrived_at))
+        try:
+            step = await self._pool.decide(conv.conversation_id, lambda d: d.respond(
+                lambda: render(factory, messages), options=options,
+                continuation=continuation(factory, n), arrived_at=arrived_at))
+        except BaseException:
+            if opened:  # opened here and never answered: its slot must not stay taken
+                with anyio.CancelScope(shield=True):
+                    await self._conversations.close(conv.conversation_id)
+            raise
+        conv.stepped = True
         conv.signature = signature(messages)
         return conv.conversation_id, step
 
-    def _find(self, messages: tuple[Message, ...]) -> Conversation | None:
-        """The idle faithful conversation that shares the most leading messages with the
-        request (at least one; ties: the most recently used), else None.  Agents that send
-        the same system prompt may share one this way — still exact, only reuse suffers; an
-        explicit conversation id keeps them apart."""
+    def _find(self, messages: tuple[Message, ...], owner: Owner) -> Conversation | None:
+        """``owner``'s idle faithful conversation that shares the most leading messages with
+        the request (at least one; ties: the most recently used), else None.  Agents that
+        send the same system prompt may share one this way — still exact, only reuse
+        suffers; an explicit conversation id keeps them apart."""
         sig = signature(messages)
         best, best_key = None, (0, 0.0)
-        for conv in self._conversations.implicit("faithful"):
+        for conv in self._conversations.implicit("faithful", owner):
             pooled = self._conversations.pooled(conv.conversation_id)
             if pooled is None or pooled.busy:
                 continue
@@ -71,14 +83,13 @@ class FaithfulChat:
                 best, best_key = conv, (n, pooled.last_used)
         return best
 
-    async def _open(self, messages: tuple[Message, ...], key: str | None) -> Conversation:
-        new_id, _ = self._new_id("chat")  # drawn even for a named one: ids stay as they were
-        conv_id = key if key is not None else new_id
+    async def _open(self, messages: tuple[Message, ...], key: str | None,
+                    owner: Owner) -> Conversation:
         system = "\n".join(m.text for m in messages if m.role == "system")
         config = attrs.evolve(self._agent, profile="chat", grammar=False, policy="faithful",
                               system_prompt=system, decode_tokens=None)
         images = [p for m in messages for p in m.parts if isinstance(p, ImagePart)]
-        conv = Conversation(conv_id, key is not None, system, "", mode="faithful")
+        conv = Conversation(new_id("chat"), owner, key, system, "", mode="faithful")
         await self._conversations.open(conv, config, images[-1].size if images else (1, 1))
         return conv
 

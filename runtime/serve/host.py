@@ -3,10 +3,12 @@ the episodes of every client — the serve domain's root, which HTTP (``runtime/
 and a cluster's host actor sit on.
 
 ``ModelHost.running(config)`` loads the engine (off the event loop), runs an ``EpisodePool``
-in a task group it owns, and on the way out stops it (prefetches cancelled, episodes closed,
-the ledger back to zero) and frees the engine.  It wires the domain's collaborators, each
-given what it uses: ``episodes`` (the episode API), ``chat`` (chat completions) and the
-``conversations`` both see, over the one ``pool``; ``status`` / ``gauges`` report on it.
+and the episodes' ``Leases`` in a task group it owns, and on the way out stops them
+(prefetches cancelled, episodes closed, the ledger back to zero) and frees the engine.  It
+wires the domain's collaborators, each given what it uses: ``episodes`` (the episode API),
+``chat`` (chat completions) and the ``conversations`` both see, over the one ``pool``; the
+one ``slots`` rule every open asks; ``leases`` (clients saying they are alive); ``status`` /
+``gauges`` report on it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import structlog
 
 from cachepolicy.engine import Engine
 from cachepolicy.segments import SegmentFactory
+from runtime.actions import Screen
+from runtime.config import AgentConfig
 from runtime.engine_setup import load_engine, resolve_model
 from runtime.pool import EpisodePool
 from runtime.serve.chat import ChatService
@@ -29,8 +33,11 @@ from runtime.serve.config import ServeConfig
 from runtime.serve.conversations import Conversations
 from runtime.serve.episodes import EpisodeService
 from runtime.serve.ids import IdCounter
+from runtime.serve.leases import Leases
 from runtime.serve.prometheus import ServeMetrics
+from runtime.serve.slots import SlotRule
 from scheduler.ledger import MemoryLedger
+from scheduler.slots import IMAGE_CACHE
 
 log = structlog.get_logger("kvagent.serve")
 
@@ -47,13 +54,17 @@ class ModelHost:
                                 options=config.agent.step_options(config.screen),
                                 wait_s=config.wait_s)
         self.metrics = ServeMetrics()
-        self._ids = IdCounter()
-        self.conversations = Conversations(self.pool)
-        self.episodes = EpisodeService(self.pool, self.conversations, screen=config.screen,
-                                       idle_s=config.idle_s, new_id=self.new_id,
+        # (the slot rule sees the conversations and leases; they ask it when opening)
+        self.conversations = Conversations(self.pool, lambda p: self.slots.evictable(p))
+        self.leases = Leases(grace_s=config.lease_grace_s,
+                             end=lambda eid: self.episodes.expire(eid),
+                             busy=lambda eid: self.episodes.busy(eid))
+        self.slots = SlotRule(self.conversations, self.leases, idle_s=config.idle_s)
+        self.episodes = EpisodeService(self.pool, self.conversations, self.leases, self.slots,
+                                       screen=config.screen, numbers=IdCounter(),
                                        metrics=self.metrics)
         self.chat = ChatService(self.pool, self.factory, self.conversations, config,
-                                new_id=self.new_id, metrics=self.metrics,
+                                metrics=self.metrics,
                                 is_end_of_generation=engine.is_end_of_generation)
 
     @classmethod
@@ -65,19 +76,25 @@ class ModelHost:
             config.agent.make_policy(host.factory, config.screen)  # refuse what it cannot run
             async with anyio.create_task_group() as tg:
                 await tg.start(host.pool.run)
+                await tg.start(host.leases.run)
                 log.info("serve_host_ready", model=name, kind=engine.kind.value,
                          max_episodes=config.max_episodes, mode=config.mode)
                 try:
                     yield host
                 finally:
+                    host.leases.stop()
                     host.pool.stop()
         finally:
             engine.close()
             log.info("serve_host_closed")
 
-    def new_id(self, prefix: str) -> tuple[str, int]:
-        """A fresh id (``ep-7``) and its number, from the host's one counter (``ids.py``)."""
-        return self._ids.new_id(prefix)
+    def check_episode_config(self, agent: AgentConfig, screen: Screen | None) -> None:
+        """Refuse, when an episode is created, what its steps could not run: a policy the
+        model cannot take (``PolicyRefusedError``), a profile's grammar or sampling that does
+        not build (``ValueError``)."""
+        screen = screen or self.config.screen
+        agent.make_policy(self.factory, screen)
+        agent.step_options(screen)
 
     def status(self) -> dict[str, Any]:
         snap = self.ledger.snapshot()
@@ -86,7 +103,7 @@ class ModelHost:
                              "max": self.config.max_episodes},
                 "ledger": {"budget_bytes": snap.budget, "held_bytes": snap.held,
                            "reserved_bytes": snap.reserved, "peak_bytes": snap.peak},
-                "summary": self.pool.scheduler.summary()}
+                "summary": self.pool.scheduler.summary(), "leases": self.leases.summary()}
 
     def gauges(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
         snap = self.ledger.snapshot()
@@ -97,6 +114,22 @@ class ModelHost:
         for kind, value in (("budget", snap.budget), ("held", snap.held),
                             ("reserved", snap.reserved), ("peak", snap.peak)):
             yield ("kvagent_ledger_bytes", "The memory ledger.", {"kind": kind}, value)
+        # the embedding cache, as three counts the idle integrity check compares: its
+        # capacity (rung 1 shrinks it, releases give it back up to the target), what its
+        # entries hold, and what the ledger holds for it
+        scheduler = self.pool.scheduler
+        cache = scheduler.image_cache.snapshot()
+        for kind, value in (("capacity", cache.max_bytes), ("entries", cache.entry_bytes),
+                            ("target", scheduler.pressure.image_cache_target),
+                            ("ledger", self.ledger.held_by(IMAGE_CACHE))):
+            yield ("kvagent_image_cache_bytes", "The image-embedding cache.", {"kind": kind},
+                   value)
+        # what the scheduler did: admissions, the fallback ladder's rungs (trims, evictions,
+        # the cache's shrinks and regrows), integrity checks (KVAGENT_DEBUG=1: at every idle
+        # moment)
+        for event, n in sorted(scheduler.counters.items()):
+            yield ("kvagent_scheduler_events", "What the scheduler did, by event (counts).",
+                   {"event": event}, n)
         stats = self.engine.decode_stats()
         yield ("kvagent_decode_calls", "llama_decode calls of the decode lanes.", {},
                stats.calls)

@@ -1,6 +1,6 @@
 """A chat completion request as the serve domain reads it: messages of text and image parts
-(images already decoded and converted to PNG), the sampling the request asks for, and the
-mode.  Plain values: the HTTP layer (``runtime/serve/http/chat_requests.py``) makes them from
+(images already decoded and converted to PNG), the sampling the request asks for, the
+output constraint and the mode.  Plain values: the HTTP layer (``runtime/serve/http/chat_requests.py``) makes them from
 OpenAI-shaped bodies."""
 
 from __future__ import annotations
@@ -46,6 +46,20 @@ class Sampling:
 
 
 @attrs.frozen
+class Constraint:
+    """What every answer token must keep matching: a GBNF grammar (llama.cpp's dialect).
+
+    ``kind``: where it came from — ``grammar`` (the request's GBNF), ``json_schema`` /
+    ``json_object`` (``response_format``, converted by ``json_schema.py``), or
+    ``action_grammar`` (a profile's action format: ``gbnf`` is None, the profile's grammar
+    is taken for the request's screenshot size when it is answered)."""
+
+    kind: str
+    gbnf: str | None = attrs.field(default=None, repr=False)
+    profile: str | None = None
+
+
+@attrs.frozen
 class ChatRequest:
     model: str
     messages: tuple[Message, ...]
@@ -53,6 +67,8 @@ class ChatRequest:
     stream: bool
     user: str | None
     mode: str | None  # faithful | terminal (kvagent extension), None: the server's default
+    #: the request's output constraint (None: the server's ``--chat-action-grammar``, if any)
+    constraint: Constraint | None = None
 
     @property
     def images(self) -> tuple[ImagePart, ...]:

@@ -20,7 +20,7 @@ to a fixed length (a bucket: one jit compilation per bucket) and stacks a batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import attrs
 import jax
@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cachepolicy.engine import Engine
+from cachepolicy.engine.images import EncodedImage
 from runtime.train.model import Rows
 from runtime.train.vision import rows_at
 
@@ -86,7 +87,20 @@ class Batch(NamedTuple):
     loss_mask: jax.Array  # float32 [B, T]
 
 
-def build_example(engine: Engine, pieces: Sequence[Piece]) -> Example:
+class ImageSource(Protocol):
+    """Where ``build_example`` gets image rows: an ``Engine`` (its vision encoder and embedding
+    cache), or stored encodings (``runtime.train.fit.StoredImages``)."""
+
+    @property
+    def uses_mrope(self) -> bool: ...
+
+    @property
+    def n_embd(self) -> int: ...
+
+    def encode_image(self, png: bytes) -> EncodedImage: ...
+
+
+def build_example(engine: ImageSource | Engine, pieces: Sequence[Piece]) -> Example:
     """Rows of ``pieces`` laid out as the engine prefills them into a new sequence.
 
     ValueError if there are no rows or no piece at all; ``NoVisionError`` for an image on an

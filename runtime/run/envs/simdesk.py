@@ -26,10 +26,10 @@ class SimDeskRunEnv:
     options: ClassVar[dict[str, str]] = {"task": "--task", "seeds": "--seeds"}
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--task", type=_task, default=None, metavar="KIND|KIND@SEED",
-                       help=f"the kind of every episode ({', '.join(task_kinds())}), or one "
-                            "instance KIND@SEED (default: episode i gets kind i mod "
-                            f"{len(task_kinds())})")
+        p.add_argument("--task", type=_task, default=None, metavar="KIND[,KIND]|KIND@SEED",
+                       help=f"the kind of every episode ({', '.join(task_kinds())}), kinds "
+                            "separated by commas (taken in turn), or one instance KIND@SEED "
+                            f"(default: episode i gets kind i mod {len(task_kinds())})")
         p.add_argument("--seeds", default=None, metavar="eval|train|A-B|classic",
                        help="episode i runs the i-th seed: eval (default: held-out seeds no "
                             "training set uses), train, a range A-B (cycled), or classic: the "

@@ -3,7 +3,10 @@
 Routes (``routes.ROUTES``): ``GET /health``, ``GET /v1/models``, ``GET /metrics``
 (Prometheus text), ``POST /v1/chat/completions`` (OpenAI-compatible, ``stream`` = SSE), and
 the episode API (``POST /v1/episodes``, ``GET /v1/episodes``, ``GET /v1/episodes/{id}``,
-``POST /v1/episodes/{id}/step``, ``DELETE /v1/episodes/{id}``); handlers in ``handlers.py``.
+``POST /v1/episodes/{id}/step``, ``DELETE /v1/episodes/{id}``, ``GET
+/v1/episodes/{id}/lease``); handlers in ``handlers.py``.  With API keys (``auth.py``) every
+route but ``/health`` answers 401 without one of them; what a request opens belongs to its
+key.
 
 Every failure is an OpenAI-shaped JSON error with the right status (``errors.api_error``):
 400 for bad input, 404 unknown model / episode, 409 a step of that episode is already
@@ -11,6 +14,11 @@ running, 413 too large, 429 every episode slot is busy (retry later), 503 the me
 cannot take the step.  An unexpected exception is logged with its cause and answered 500
 without internals.  Every response is counted by route and status (a stream counts its own
 when it knows it).
+
+A host that fails while shutting down (an episode that does not close, the final integrity
+check, the engine's release) says so: ``app.state.shutdown_error`` holds the cause
+(``shutdown_error(app)``), so ``kvagent serve`` exits non-zero naming it — uvicorn alone
+logs the failure and exits 0.
 """
 
 from __future__ import annotations
@@ -20,11 +28,14 @@ from contextlib import asynccontextmanager
 
 import structlog
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
+from runtime.errors import describe_error
 from runtime.serve.config import ServeConfig
 from runtime.serve.host import ModelHost
+from runtime.serve.http.auth import ApiKeys, RequireKey
 from runtime.serve.http.errors import api_error, error_response
 from runtime.serve.http.handlers import HostHandlers
 from runtime.serve.http.routes import Endpoint, bind, unknown_route_handlers
@@ -32,18 +43,28 @@ from runtime.serve.http.routes import Endpoint, bind, unknown_route_handlers
 log = structlog.get_logger("kvagent.serve")
 
 
-def create_app(config: ServeConfig, *,
+def create_app(config: ServeConfig, *, keys: ApiKeys = ApiKeys(),
                on_ready: Callable[[ModelHost], None] | None = None) -> Starlette:
-    """The app; its lifespan runs the model host (loaded at startup, closed at shutdown)."""
+    """The app; its lifespan runs the model host (loaded at startup, closed at shutdown);
+    ``keys``: the API keys it takes (none: no check)."""
     handlers = HostHandlers()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with ModelHost.running(config) as host:
-            handlers.attach(host)
-            if on_ready is not None:
-                on_ready(host)
-            yield
+        app.state.shutdown_error = None
+        started = False
+        try:
+            async with ModelHost.running(config) as host:
+                handlers.attach(host)
+                if on_ready is not None:
+                    on_ready(host)
+                started = True
+                yield
+        except Exception as exc:
+            if started:  # (a failed startup is the server not starting: told otherwise)
+                app.state.shutdown_error = describe_error(exc)
+                log.error("serve_shutdown_failed", error=app.state.shutdown_error)
+            raise  # uvicorn logs the traceback
 
     def guard(name: str, handler: Endpoint) -> Endpoint:
         async def endpoint(request: Request) -> Response:
@@ -62,5 +83,14 @@ def create_app(config: ServeConfig, *,
             return response
         return endpoint
 
-    return Starlette(routes=bind(handlers, guard), lifespan=lifespan,
-                     exception_handlers=unknown_route_handlers())
+    app = Starlette(routes=bind(handlers, guard), lifespan=lifespan,
+                    middleware=[Middleware(RequireKey, keys=keys)],
+                    exception_handlers=unknown_route_handlers())
+    app.state.shutdown_error = None
+    return app
+
+
+def shutdown_error(app: Starlette) -> str | None:
+    """Why ``app``'s host failed to shut down cleanly (``"Type: message"``), or None."""
+    error: str | None = app.state.shutdown_error
+    return error

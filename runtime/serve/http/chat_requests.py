@@ -5,26 +5,33 @@ Chat completions follow OpenAI's request shape: ``messages`` with string or list
 text parts and ``image_url`` parts carrying ``data:`` URLs (or bare base64); ``max_tokens``
 (or ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``,
 ``user``.  ``max_tokens`` is a cap: a completion decodes at most ``Limits.max_tokens`` (and
-half the context); only absurd values are refused.  Images are decoded with Pillow's
-decompression-bomb limit and converted to PNG (``vmenv.png.screenshot_png``); nothing is
-fetched from the network.
+half the context); only absurd values are refused.  Images are bounded by their header
+(``images.py``: pixels per image and per request) before they are decoded and converted to
+PNG; nothing is fetched from the network.
+
+An answer can be constrained, as llama-server allows: ``grammar`` (GBNF text, checked to
+parse before anything runs), ``response_format`` (``{"type": "json_object"}`` or
+``{"type": "json_schema", "json_schema": {"schema": {...}}}``, converted by
+``runtime/serve/json_schema.py``), or kvagent's extension ``"kvagent": {"action_grammar":
+PROFILE}`` — a profile's action format (``qwen3vl``: Qwen3-VL's computer_use tool calls), so
+an agent that parses that format always gets an action.  At most one of them.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import anyio.to_thread
 
+from runtime.profiles import names as profile_names
 from runtime.serve.config import Limits
 from runtime.serve.http.errors import bad_request, not_found, too_large
-from runtime.serve.messages import ChatRequest, ImagePart, Message, Part, Sampling, TextPart
-from vmenv.errors import ScreenshotError
-from vmenv.png import screenshot_png
+from runtime.serve.http.images import PixelBudget, decode_base64, read_image
+from runtime.serve.json_schema import SchemaError, json_object_gbnf, schema_gbnf
+from runtime.serve.messages import (ChatRequest, Constraint, ImagePart, Message, Part,
+                                    Sampling, TextPart)
 
 ROLES = ("system", "user", "assistant")
 #: The header naming a request's conversation (else its ``user`` field; else none: the
@@ -36,20 +43,26 @@ async def read_chat(body: Mapping[str, Any], limits: Limits, model: str) -> Chat
     """``parse_chat`` off the event loop (it decodes images), for the model ``model``."""
     req = await anyio.to_thread.run_sync(parse_chat, body, limits)
     if req.model != model:
-        raise not_found(f"the model {req.model!r} does not exist; this server serves "
+        raise not_found(f"the model {req.model[:100]!r} does not exist; this server serves "
                         f"{model!r}", param="model", code="model_not_found")
     return req
 
 
-def conversation_key(headers: Mapping[str, str], req: ChatRequest) -> str | None:
-    """The conversation the client names: the header, else ``user``, else None."""
-    return headers.get(CONVERSATION_HEADER) or req.user
+def conversation_key(headers: Mapping[str, str], req: ChatRequest,
+                     limits: Limits = Limits()) -> str | None:
+    """The conversation the client names: the header, else ``user``, else None (a name is
+    the client's own: scoped to its API key by the serve domain)."""
+    key = headers.get(CONVERSATION_HEADER) or req.user
+    if key is not None and len(key) > limits.max_name_chars:
+        raise bad_request(f"a conversation name of at most {limits.max_name_chars} "
+                          "characters", param="user")
+    return key
 
 
 def parse_chat(data: Mapping[str, Any], limits: Limits) -> ChatRequest:
     """Validate a chat completions body (blocking: decodes images — run it off the loop)."""
     model = data.get("model")
-    if not isinstance(model, str) or not model:
+    if not isinstance(model, str) or not model or len(model) > limits.max_name_chars:
         raise bad_request("'model' must be a non-empty string", param="model")
     if data.get("n", 1) != 1:
         raise bad_request("only n=1 is supported", param="n")
@@ -65,8 +78,9 @@ def parse_chat(data: Mapping[str, Any], limits: Limits) -> ChatRequest:
     messages: list[Message] = []
     n_images = 0
     n_chars = 0
+    budget = PixelBudget(limits)
     for i, m in enumerate(raw):
-        msg = _message(m, i, limits)
+        msg = _message(m, i, limits, budget)
         n_images += len(msg.images)
         n_chars += len(msg.text)
         if n_images > limits.max_images:
@@ -83,16 +97,77 @@ def parse_chat(data: Mapping[str, Any], limits: Limits) -> ChatRequest:
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", param="stream")
     user = data.get("user")
-    if user is not None and not isinstance(user, str):
-        raise bad_request("'user' must be a string", param="user")
+    if user is not None and (not isinstance(user, str) or len(user) > limits.max_name_chars):
+        raise bad_request(f"'user' must be a string of at most {limits.max_name_chars} "
+                          "characters", param="user")
     mode = data.get("kvagent_mode")
     if mode is not None and mode not in ("faithful", "terminal"):
         raise bad_request("'kvagent_mode' must be 'faithful' or 'terminal'",
                           param="kvagent_mode")
-    return ChatRequest(model, tuple(messages), _sampling(data, limits), stream, user, mode)
+    return ChatRequest(model, tuple(messages), _sampling(data, limits), stream, user, mode,
+                       _constraint(data, limits))
 
 
-def _message(m: Any, i: int, limits: Limits) -> Message:
+def _constraint(data: Mapping[str, Any], limits: Limits) -> Constraint | None:
+    """The request's output constraint (see the module docstring); at most one."""
+    given = [k for k in ("grammar", "response_format", "kvagent") if data.get(k) is not None]
+    found: list[Constraint] = []
+    if "grammar" in given:
+        grammar = data["grammar"]
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise bad_request("'grammar' must be GBNF text", param="grammar")
+        if len(grammar) > limits.max_grammar_chars:
+            raise too_large(f"the grammar has {len(grammar)} characters; the limit is "
+                            f"{limits.max_grammar_chars}", param="grammar")
+        found.append(Constraint("grammar", _parsed(grammar, "grammar")))
+    if "response_format" in given:
+        rf = data["response_format"]
+        kind = rf.get("type") if isinstance(rf, Mapping) else None
+        if kind == "json_object":
+            found.append(Constraint("json_object", json_object_gbnf()))
+        elif kind == "json_schema":
+            spec = rf.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, Mapping) else None
+            if schema is None:
+                raise bad_request("response_format.json_schema.schema: the JSON schema",
+                                  param="response_format")
+            try:
+                found.append(Constraint("json_schema", _parsed(schema_gbnf(schema),
+                                                               "response_format")))
+            except SchemaError as exc:
+                raise bad_request(f"response_format: {exc}", param="response_format") from None
+        elif kind != "text":
+            raise bad_request("response_format.type must be text, json_object or json_schema",
+                              param="response_format")
+    if "kvagent" in given:
+        ext = data["kvagent"]
+        if not isinstance(ext, Mapping) or set(ext) - {"action_grammar"}:
+            raise bad_request("'kvagent' takes {\"action_grammar\": PROFILE}", param="kvagent")
+        profile = ext.get("action_grammar")
+        if profile is not None:
+            if profile not in profile_names():
+                raise bad_request(f"kvagent.action_grammar: one of "
+                                  f"{', '.join(profile_names())}", param="kvagent")
+            found.append(Constraint("action_grammar", None, profile))
+    if len(found) > 1:
+        raise bad_request("give at most one of grammar, response_format (json) and "
+                          "kvagent.action_grammar", param=given[-1])
+    return found[0] if found else None
+
+
+def _parsed(gbnf: str, param: str) -> str:
+    """``gbnf`` once llama.cpp parsed it (400 with why, else)."""
+    # imported here: the check loads libllama, which a cluster's front door (a client of
+    # this parser) does not need
+    from cachepolicy.engine.grammar_check import gbnf_problem
+
+    problem = gbnf_problem(gbnf)
+    if problem is not None:
+        raise bad_request(f"{param}: {problem}", param=param, code="invalid_grammar")
+    return gbnf
+
+
+def _message(m: Any, i: int, limits: Limits, budget: PixelBudget) -> Message:
     where = f"messages[{i}]"
     if not isinstance(m, dict):
         raise bad_request(f"{where} must be an object", param=where)
@@ -100,7 +175,7 @@ def _message(m: Any, i: int, limits: Limits) -> Message:
     if role == "developer":  # OpenAI's newer name for system instructions
         role = "system"
     if role not in ROLES:
-        raise bad_request(f"{where}.role {role!r} is not supported (use one of "
+        raise bad_request(f"{where}.role {str(role)[:40]!r} is not supported (use one of "
                           f"{', '.join(ROLES)})", param=f"{where}.role")
     content = m.get("content")
     if isinstance(content, str):
@@ -110,11 +185,11 @@ def _message(m: Any, i: int, limits: Limits) -> Message:
                           param=f"{where}.content")
     parts: list[Part] = []
     for j, part in enumerate(content):
-        parts.append(_part(part, f"{where}.content[{j}]", role, limits))
+        parts.append(_part(part, f"{where}.content[{j}]", role, limits, budget))
     return Message(role, tuple(parts))
 
 
-def _part(part: Any, where: str, role: str, limits: Limits) -> Part:
+def _part(part: Any, where: str, role: str, limits: Limits, budget: PixelBudget) -> Part:
     if not isinstance(part, dict):
         raise bad_request(f"{where} must be an object", param=where)
     kind = part.get("type")
@@ -132,12 +207,12 @@ def _part(part: Any, where: str, role: str, limits: Limits) -> Part:
             url = url.get("url")
         if not isinstance(url, str):
             raise bad_request(f"{where}.image_url.url must be a string", param=where)
-        return _image(url, where, limits)
-    raise bad_request(f"{where}.type {kind!r} is not supported (text, image_url)",
+        return _image(url, where, limits, budget)
+    raise bad_request(f"{where}.type {str(kind)[:40]!r} is not supported (text, image_url)",
                       param=f"{where}.type")
 
 
-def _image(url: str, where: str, limits: Limits) -> ImagePart:
+def _image(url: str, where: str, limits: Limits, budget: PixelBudget) -> ImagePart:
     if url.startswith("data:"):
         header, sep, payload = url.partition(",")
         if not sep:
@@ -153,18 +228,7 @@ def _image(url: str, where: str, limits: Limits) -> ImagePart:
                           "fetches nothing", param=where, code="invalid_image")
     else:
         payload = url  # bare base64
-    if len(payload) * 3 // 4 > limits.max_image_bytes:
-        raise too_large(f"{where}: an image of ~{len(payload) * 3 // 4} bytes; the limit is "
-                        f"{limits.max_image_bytes}", param=where)
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        raise bad_request(f"{where}: the image is not valid base64", param=where,
-                          code="invalid_image") from None
-    try:
-        png, size = screenshot_png(data)
-    except ScreenshotError as exc:
-        raise bad_request(f"{where}: {exc}", param=where, code="invalid_image") from None
+    png, size = read_image(decode_base64(payload, where, where, limits), budget, where, where)
     return ImagePart(png, size)
 
 

@@ -2,7 +2,7 @@
 records for ``runtime.serve.episodes``, its outcomes built into answers.
 
     POST   /v1/episodes                 {"instruction", "screen"?: [w, h], "options"?: {...}}
-                                         → 201 {"episode_id", "config"}
+                                         → 201 {"episode_id", "episode_number", "config"}
     POST   /v1/episodes/{id}/step       {"screenshot": base64 PNG/JPEG/...}
                                          → {"episode_id", "step", "action", "parsed", "code",
                                             "response", "history", "terminal",
@@ -10,10 +10,15 @@ records for ``runtime.serve.episodes``, its outcomes built into answers.
     GET    /v1/episodes                 → every open episode and chat conversation
     GET    /v1/episodes/{id}            → the episode and its recent steps' measurements
     DELETE /v1/episodes/{id}            → 204
+    GET    /v1/episodes/{id}/lease      → a heartbeat stream the client holds open
+                                           (``lease_stream.py``)
 
 ``screen`` is the VM's screen (default: each screenshot's own size); ``options`` are
-``AgentConfig`` fields (``EPISODE_OPTIONS``), defaulting to the server's flags.  A profile
-chosen per episode brings its own window unless ``window`` is given too.
+``AgentConfig`` fields (``EPISODE_OPTIONS``), defaulting to the server's flags, each checked
+for its JSON type and range here (``window: true`` or ``decode_tokens: 8.5`` is a 400, not a
+1 or an 8) and the whole for what the model can run when the episode is created.  A profile
+chosen per episode brings its own window unless ``window`` is given too.  An episode's id is
+unguessable; ``episode_number`` is its number on the host, the seed its sampling mixes in.
 
 A step returns the decided action as data: its text in kvagent's action language
 (``action``, absolute pixels of the screenshot; ``null`` for an unparsable output, which
@@ -26,29 +31,31 @@ history (what a replay forces to rebuild the episode on another host: ``runtime/
 
 from __future__ import annotations
 
-import base64
-import binascii
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import anyio.to_thread
 import attrs
 
-from runtime.actions import Screen
-from runtime.config import AgentConfig
+from cachepolicy.engine.sampling import MAX_TEMPERATURE
+from cachepolicy.policies import names as policy_names
+from runtime.actions import CoordConvention, Screen
+from runtime.config import MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig
 from runtime.metrics import StepMetrics
 from runtime.profiles import names as profile_names
 from runtime.serve.config import Limits
-from runtime.serve.episodes import EpisodeStep, EpisodeView
-from runtime.serve.http.errors import bad_request, too_large
+from runtime.serve.episodes import EpisodeCreated, EpisodeStep, EpisodeView
+from runtime.serve.http.errors import ApiError, bad_request, too_large
+from runtime.serve.http.images import PixelBudget, decode_base64, read_image
 from vmenv.actions import TERMINAL_ACTIONS, rescale, to_pyautogui
-from vmenv.errors import ScreenshotError
-from vmenv.png import screenshot_png
 
 #: The agent options a client may set per episode (``AgentConfig`` fields).
 EPISODE_OPTIONS = ("profile", "policy", "window", "overlap", "temperature", "seed",
                    "grammar", "convention", "decode_tokens", "system_prompt")
 MAX_INSTRUCTION_CHARS = 20_000
+#: Seeds are 63-bit: the scheduler mixes them into each step's seed modulo 2**63.
+MAX_SEED = (1 << 63) - 1
 
 
 @attrs.frozen
@@ -60,7 +67,8 @@ class EpisodeCreate:
     config: AgentConfig
 
 
-def parse_create(body: Mapping[str, Any], base: AgentConfig) -> EpisodeCreate:
+def parse_create(body: Mapping[str, Any], base: AgentConfig,
+                 limits: Limits = Limits()) -> EpisodeCreate:
     """A create request's body; ``base``: the server's agent configuration."""
     instruction = body.get("instruction")
     if not isinstance(instruction, str) or not instruction.strip():
@@ -71,27 +79,70 @@ def parse_create(body: Mapping[str, Any], base: AgentConfig) -> EpisodeCreate:
     screen = body.get("screen")
     if screen is not None:
         if (not isinstance(screen, list) or len(screen) != 2
-                or not all(isinstance(v, int) and 1 <= v <= 16384 for v in screen)):
+                or not all(_int(v) and 1 <= v <= 16384 for v in screen)):
             raise bad_request("'screen' must be [width, height] in pixels", param="screen")
         screen = (screen[0], screen[1])
-    return EpisodeCreate(instruction, screen, episode_config(base, body.get("options")))
+    return EpisodeCreate(instruction, screen, episode_config(base, body.get("options"), limits))
 
 
-def episode_config(base: AgentConfig, options: Any) -> AgentConfig:
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _option_problem(name: str, value: Any, limits: Limits) -> str | None:
+    """What is wrong with option ``name`` = ``value`` (None: its type and range are right;
+    ``AgentConfig`` checks the rest, the host what the model can run)."""
+    if name in ("profile", "policy", "convention"):
+        known = {"profile": profile_names(), "policy": policy_names(),
+                 "convention": tuple(c.value for c in CoordConvention)}[name]
+        return None if isinstance(value, str) and value in known else (
+            f"must be one of {', '.join(known)}")
+    if name in ("overlap", "grammar"):
+        return None if isinstance(value, bool) else "must be true or false"
+    if name == "window":
+        return None if _int(value) and 1 <= value <= MAX_WINDOW else (
+            f"must be an integer 1..{MAX_WINDOW}")
+    if name == "seed":
+        return None if _int(value) and 0 <= value <= MAX_SEED else (
+            "must be an integer 0..2**63-1")
+    if name == "temperature":
+        return None if _number(value) and 0 <= value <= MAX_TEMPERATURE else (
+            f"must be a number 0..{MAX_TEMPERATURE:g}")
+    if name == "decode_tokens":
+        return None if value is None or (_int(value) and 1 <= value <= MAX_DECODE_TOKENS) \
+            else f"must be null or an integer 1..{MAX_DECODE_TOKENS}"
+    if name == "system_prompt":
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            return "must be null or a string"
+        return None if len(value) <= limits.max_system_prompt_chars else (
+            f"has {len(value)} characters; the limit is {limits.max_system_prompt_chars}")
+    return "is not an option"
+
+
+def episode_config(base: AgentConfig, options: Any, limits: Limits = Limits()) -> AgentConfig:
     if options is None:
         return base
     if not isinstance(options, Mapping):
         raise bad_request("'options' must be an object", param="options")
-    unknown = sorted(set(options) - set(EPISODE_OPTIONS))
+    unknown = sorted(str(k)[:40] for k in set(options) - set(EPISODE_OPTIONS))
     if unknown:
         raise bad_request(f"unknown options {unknown}; known: {', '.join(EPISODE_OPTIONS)}",
                           param="options")
-    profile = options.get("profile", base.profile)
-    if profile not in profile_names():  # (serving-only profiles such as chat are not agents)
-        raise bad_request(f"options: unknown agent profile {profile!r}; known: "
-                          f"{', '.join(profile_names())}", param="options")
+    for name, value in options.items():
+        problem = _option_problem(name, value, limits)
+        if problem is not None:
+            status = 413 if name == "system_prompt" and isinstance(value, str) else 400
+            raise ApiError(status, f"options.{name} {problem}", "invalid_request_error",
+                           "options", None if status == 400 else "request_too_large")
     fields = {a.name: getattr(base, a.name) for a in attrs.fields(AgentConfig)}
-    if profile != base.profile:  # another profile: its own window and coordinates
+    if options.get("profile", base.profile) != base.profile:  # its own window, coordinates
         del fields["window"], fields["convention"]
     try:
         return AgentConfig(**{**fields, **options})
@@ -100,25 +151,20 @@ def episode_config(base: AgentConfig, options: Any) -> AgentConfig:
 
 
 async def read_screenshot(body: Mapping[str, Any], limits: Limits) -> tuple[bytes, Screen]:
-    """A step request's screenshot as PNG bytes and its size (decoded off the loop)."""
+    """A step request's screenshot as PNG bytes and its size, bounded by its header before
+    it is decoded (off the loop: ``images.read_image``)."""
     shot = body.get("screenshot")
     if not isinstance(shot, str) or not shot:
         raise bad_request("'screenshot' must be a base64 string", param="screenshot")
-    if len(shot) * 3 // 4 > limits.max_image_bytes:
-        raise too_large("the screenshot is too large", param="screenshot")
-    try:
-        data = base64.b64decode(shot, validate=True)
-        return await anyio.to_thread.run_sync(screenshot_png, data)
-    except (binascii.Error, ValueError):
-        raise bad_request("'screenshot' is not valid base64", param="screenshot") from None
-    except ScreenshotError as exc:
-        raise bad_request(f"'screenshot': {exc}", param="screenshot",
-                          code="invalid_image") from None
+    data = decode_base64(shot, "'screenshot'", "screenshot", limits)
+    return await anyio.to_thread.run_sync(read_image, data, PixelBudget(limits),
+                                          "'screenshot'", "screenshot")
 
 
-def created_body(episode_id: str, config: AgentConfig) -> dict[str, Any]:
-    """The create answer: the id and the options the episode runs with."""
-    return {"episode_id": episode_id, "config": {
+def created_body(out: EpisodeCreated, config: AgentConfig) -> dict[str, Any]:
+    """The create answer: the id, the episode's number (its sampling seed) and the options
+    it runs with."""
+    return {"episode_id": out.episode_id, "episode_number": out.number, "config": {
         k: (v.value if k == "convention" else v) for k in EPISODE_OPTIONS
         if k != "system_prompt" for v in (getattr(config, k),)}}
 

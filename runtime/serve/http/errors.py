@@ -9,6 +9,7 @@ clear message — never a 500; 429 / 503 say admission failed (retry later).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
@@ -84,9 +85,11 @@ def api_error(exc: BaseException) -> ApiError:
     return ApiError(500, "internal error (see the server log)", "server_error")
 
 
-def error_response(error: ApiError, *, retry_after: bool = True) -> JSONResponse:
-    """``error`` as a response; ``Retry-After`` when it has one, unless ``retry_after`` is
-    False (a chat stream's status line does not carry it yet: issue 19)."""
-    headers = ({"Retry-After": f"{error.retry_after:g}"}
-               if retry_after and error.retry_after is not None else None)
+def error_response(error: ApiError) -> JSONResponse:
+    """``error`` as a response, with ``Retry-After`` on every 429 / 503 (its own seconds, or
+    one): a client told to come back is told when."""
+    retry = error.retry_after
+    if retry is None and error.status in (429, 503):
+        retry = 1.0
+    headers = {"Retry-After": f"{max(1, math.ceil(retry)):d}"} if retry is not None else None
     return JSONResponse(error.body(), status_code=error.status, headers=headers)

@@ -41,6 +41,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("GET", "/v1/episodes/{episode_id}", "episode_get"),
     RouteSpec("POST", "/v1/episodes/{episode_id}/step", "episode_step"),
     RouteSpec("DELETE", "/v1/episodes/{episode_id}", "episode_end"),
+    RouteSpec("GET", "/v1/episodes/{episode_id}/lease", "episode_lease"),
 )
 
 

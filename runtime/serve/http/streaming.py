@@ -5,8 +5,9 @@ worker thread through a memory stream), the writer (text deltas as OpenAI's
 ``chat.completion.chunk`` events, then ``data: [DONE]``) and a watcher of the client: when
 it disconnects, the group is cancelled — the step's transaction rolls back, nothing leaks.
 The status line waits for the first token (or the outcome), so a request that fails before
-answering (a full host, a prompt over the context) still gets its HTTP error; a failure
-after that is an ``error`` event.
+answering (a full host, a prompt over the context) still gets its HTTP error — with
+``Retry-After`` on a 429 / 503, as the non-streamed answer has; a failure after that is an
+``error`` event.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from runtime.serve.chat import ChatOutcome
 from runtime.serve.host import ModelHost
 from runtime.serve.http.chat_bodies import chunk, event, last_chunk
 from runtime.serve.http.errors import api_error, error_response
+from runtime.serve.ids import new_id
 from runtime.serve.messages import ChatRequest
+from runtime.serve.owners import Owner
 
 log = structlog.get_logger("kvagent.serve")
 
@@ -66,23 +69,24 @@ class ChatStream:
 
     route = "chat"
 
-    def __init__(self, host: ModelHost, req: ChatRequest, key: str | None,
+    def __init__(self, host: ModelHost, req: ChatRequest, key: str | None, owner: Owner,
                  created: int) -> None:
         self.host, self.req, self.key, self.created = host, req, key, created
+        self.owner = owner
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         host, created = self.host, self.created
         tokens_in, tokens_out = anyio.create_memory_object_stream[int](math.inf)
         outcome: dict[str, Any] = {}
         text = _Text(host.engine.detokenize, self.req.sampling.stop)
-        cid = f"chatcmpl-stream-{host.new_id('s')[1]}"
+        cid = f"chatcmpl-{new_id('s')}"
 
         def on_token(tok: int) -> None:  # in the engine's worker thread
             anyio.from_thread.run_sync(tokens_in.send_nowait, tok)
 
         async def produce() -> None:
             try:
-                outcome["out"] = await host.chat.complete(self.req, self.key,
+                outcome["out"] = await host.chat.complete(self.req, self.key, self.owner,
                                                           on_token=on_token)
             except Exception as exc:  # noqa: BLE001  reported to the client below;
                 outcome["error"] = exc  # cancellation (a disconnect) passes through
@@ -136,7 +140,7 @@ class ChatStream:
     async def _error_response(self, send: Send, exc: BaseException) -> None:
         error = api_error(exc)
         self.host.metrics.response("chat_stream", error.status)
-        await error_response(error, retry_after=False)({"type": "http"}, _no_receive, send)
+        await error_response(error)({"type": "http"}, _no_receive, send)
 
 
 async def _no_receive() -> dict[str, Any]:  # pragma: no cover - JSONResponse never reads

@@ -1,0 +1,69 @@
+"""``kvagent train``: make kvagent's tiny GUI agents from simdesk's scripted solutions
+(``runtime.train.recipe``); needs the ``train`` extra (JAX's CPU build)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HELP = ("train the tiny simdesk agents (hybrid qwen35 and llama) that kvagent ships; about 15 "
+        "min for the dataset and 30 min per model on 2 cores (needs pip install "
+        "'kvagent[train]')")
+
+DEFAULT_OUT = Path("kvagent-agents")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from runtime.train.fit import FitConfig
+    from runtime.train.recipe import RecipeConfig
+
+    d, f = RecipeConfig(), FitConfig()
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                   help=f"output directory (default ./{DEFAULT_OUT}): agent-<arch>.gguf, "
+                        "mmproj.gguf, data/ (kept: a rerun reuses finished shards), "
+                        "recipe.json")
+    p.add_argument("--arch", default=",".join(d.arches),
+                   help=f"comma-separated arches to train (default {','.join(d.arches)})")
+    p.add_argument("--episodes", type=int, default=d.episodes,
+                   help=f"demonstration episodes in the dataset (default {d.episodes}, ~6 "
+                        "examples each)")
+    p.add_argument("--steps", type=int, default=f.steps,
+                   help=f"training updates per model, one example each (default {f.steps})")
+    p.add_argument("--learning-rate", type=float, default=f.learning_rate)
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="seeds the initial weights, the dataset and the example order "
+                        "(same seed, same files)")
+    p.add_argument("--threads", type=int, default=d.threads,
+                   help="llama.cpp threads while generating the dataset")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import jax  # noqa: F401  - the train extra
+    except ImportError:
+        print("kvagent train: error: needs JAX: pip install 'kvagent[train]'", file=sys.stderr)
+        return 2
+    import attrs
+
+    from runtime.train.fit import FitConfig
+    from runtime.train.recipe import RecipeConfig, parse_arches, train_agents
+
+    try:
+        arches = tuple(parse_arches(args.arch))
+        if args.episodes < 8 or args.steps < 1 or args.learning_rate <= 0:
+            raise ValueError("--episodes must be >= 8, --steps >= 1, --learning-rate > 0")
+    except ValueError as exc:
+        print(f"kvagent train: error: {exc}", file=sys.stderr)
+        return 2
+    config = RecipeConfig(arches=arches, seed=args.seed, episodes=args.episodes,
+                          fit=attrs.evolve(FitConfig(), steps=args.steps,
+                                           learning_rate=args.learning_rate, seed=args.seed),
+                          threads=args.threads)
+    record = train_agents(config, args.out, progress=lambda s: print(s, flush=True))
+    for arch, m in record["models"].items():
+        print(f"{arch}: {args.out / m['file']} sha256 {m['sha256'][:16]}")
+    print(f"projector: {args.out / record['mmproj']['file']}; evaluate with kvagent bench-eval "
+          f"--model {args.out / record['models'][arches[0]]['file']} --mmproj "
+          f"{args.out / record['mmproj']['file']}")
+    return 0

@@ -1,0 +1,76 @@
+"""The shipped agents' shapes: a hybrid ``qwen35`` and an attention-only ``llama`` text model of
+the same width, one vocabulary, one readable frozen projector each.
+
+The vocabulary is the forge's SentencePiece-style one plus whole-word pieces for what every
+prompt says (the kvagent profile's system prompt, simdesk's instructions, the words on its
+widgets and the action grammar), so a step's prompt is ~5x shorter than character by character
+and a label the instruction names ("Terminal", "Cancel") is one token the model matches against
+the screenshot. Words the agent *types* are deliberately not pieces: they stay spelled out, so a
+held-out word is copied letter by letter exactly like a trained one. Digits stay single tokens
+(coordinates are spelled digit by digit).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from cachepolicy.forge import TextSpec
+from cachepolicy.forge.tokenizer import Vocab, build_vocab
+
+__all__ = ["AGENT_ARCHES", "AGENT_PIECES", "AgentShape", "agent_shape", "agent_vocab"]
+
+N_VOCAB = 1536
+
+_PROMPT = (
+    "You are a GUI agent operating a desktop of pixels through screenshots Reply with exactly "
+    "one action Coordinates are absolute screen Task Previous actions Screenshot Step seconds"
+)
+_GRAMMAR = ("click(", "double_click(", "right_click(", "move_to(", "drag(", "type(\"",
+            "hotkey(", "press(\"", "scroll(", "wait(", "done()", "fail()", "enter", "ctrl")
+_INSTRUCTIONS = (
+    "the text field Notes and it Save its type into click A in open dialog notice first code "
+    "Open Terminal window then app by clicking Close is write asks Confirm OK from menu taskbar "
+    "on screen shows a disappears after your action so remember to Press button The behind "
+    "other windows Bring front press Enter note In Type word of Switch Answer Launch Start now "
+    "application Discard Delete unsaved changes selected file Restart Overwrite report Install "
+    "update Empty trash Apply Retry Skip Cancel Keep"
+)
+_WIDGETS = ("Files Mail Music Photos Calculator Calendar Settings Clock Help Trash Apps Menu "
+            "Reopen Home folders alarms")
+
+#: Word pieces added to the forge's vocabulary (a leading space is SentencePiece's "▁").
+AGENT_PIECES: tuple[str, ...] = tuple(dict.fromkeys(
+    [f" {w}" for w in f"{_PROMPT} {_INSTRUCTIONS} {_WIDGETS}".split()]
+    + [f"{w}" for w in _GRAMMAR] + [f" {w}" for w in _GRAMMAR]
+))
+
+AGENT_ARCHES = ("qwen35", "llama")
+
+
+@attrs.frozen
+class AgentShape:
+    """One agent's text model; the projector follows from it (``readable_vision``)."""
+
+    spec: TextSpec
+
+    @property
+    def arch(self) -> str:
+        return self.spec.arch
+
+
+def agent_shape(arch: str) -> AgentShape:
+    """The shipped shape of ``arch`` ("qwen35": 2 Gated DeltaNet + 2 attention layers;
+    "llama": 4 attention layers); ValueError for another arch."""
+    common = dict(size="agent", n_vocab=N_VOCAB, n_embd=192, n_layer=4, n_head=4, n_head_kv=2,
+                  head_dim=48, n_ff=512, n_ctx_train=8192)
+    if arch == "qwen35":
+        return AgentShape(TextSpec(arch="qwen35", **common, full_attention_interval=2,
+                                   ssm_state=32, ssm_groups=2, ssm_v_heads=4))
+    if arch == "llama":
+        return AgentShape(TextSpec(arch="llama", **common, rope_freq_base=10_000.0))
+    raise ValueError(f"no agent shape for arch {arch!r}; expected one of {AGENT_ARCHES}")
+
+
+def agent_vocab() -> Vocab:
+    """The agents' vocabulary (the same for both arches)."""
+    return build_vocab(N_VOCAB, AGENT_PIECES)

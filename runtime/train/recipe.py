@@ -1,0 +1,127 @@
+"""The recipe that makes kvagent's shipped agents, end to end (``kvagent train``).
+
+1. For each arch, the agent's shape (``agents.py``) is initialised from the seed and written as
+   GGUF; the readable frozen projector (``readable_vision.py``) is written once (both arches
+   have the same width, so they share it).
+2. The dataset (``dataset.py``) is generated once, with the hybrid's initial model: its
+   tokenizer (the same vocabulary for both arches) and the projector's embeddings, which do not
+   depend on the text model. The llama agent reads the same stored encodings on a line
+   (``fit.on_a_line``). A rerun keeps finished shards.
+3. Each agent trains (``fit.py``) and is exported next to the projector; a ``recipe.json``
+   records the configuration, the files' sha256 and the time each part took.
+
+Deterministic from ``RecipeConfig.seed``: the same config writes the same files (XLA's CPU
+kernels are deterministic for a fixed program on a fixed machine; across CPUs with other SIMD
+widths the floating-point sums may differ, see docs/training.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import structlog
+
+from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.forge import TextSpec
+from vmenv.trajectory_writer import write_durably
+from runtime.train.agents import AGENT_ARCHES, agent_shape, agent_vocab
+from runtime.train.dataset import DatasetConfig, generate
+from runtime.train.fit import FitConfig, FitReport, fit
+from runtime.train.gguf_io import export_gguf
+from runtime.train.model import Params
+from runtime.train.params import init_params
+from runtime.train.readable_vision import write_readable_mmproj
+
+__all__ = ["MMPROJ_NAME", "RecipeConfig", "model_name", "train_agents"]
+
+log = structlog.get_logger("kvagent.train")
+
+MMPROJ_NAME = "mmproj.gguf"
+
+
+def model_name(arch: str) -> str:
+    """The file name of ``arch``'s trained agent."""
+    return f"agent-{arch}.gguf"
+
+
+@attrs.frozen
+class RecipeConfig:
+    """Everything the shipped agents are made from (the defaults make them)."""
+
+    arches: tuple[str, ...] = AGENT_ARCHES
+    seed: int = 0
+    episodes: int = 512
+    fit: FitConfig = FitConfig()
+    threads: int = 2
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def train_agents(config: RecipeConfig, out: Path, *,
+                 progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Make the agents of ``config`` in ``out`` (``agent-<arch>.gguf``, ``mmproj.gguf``,
+    ``data/``, ``recipe.json``); returns the recipe record."""
+    unknown = [a for a in config.arches if a not in AGENT_ARCHES]
+    if unknown or not config.arches:
+        raise ValueError(f"unknown arch(es) {unknown}; expected some of {AGENT_ARCHES}")
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = agent_vocab()
+    hybrid = agent_shape("qwen35")
+    mmproj = write_readable_mmproj(hybrid.spec, out / MMPROJ_NAME, seed=config.seed)
+    init_dir = out / "init"
+    data = out / "data"
+    t0 = time.perf_counter()
+    data_init = export_gguf(init_dir / model_name("qwen35"), hybrid.spec,
+                            init_params(hybrid.spec, seed=config.seed), vocab=vocab)
+    engine_config = EngineConfig(n_seq_max=1, n_threads=config.threads)
+    progress(f"dataset: {config.episodes} episodes into {data}")
+    with Engine(data_init.path, mmproj, engine_config) as engine:
+        manifest = generate(engine, DatasetConfig(seed=config.seed, episodes=config.episodes,
+                                                    shard_episodes=128),
+                            data, progress=progress)
+    record: dict[str, Any] = {
+        "config": attrs.asdict(config), "mmproj": {"file": MMPROJ_NAME, "sha256": _sha256(mmproj)},
+        "dataset": {"dir": "data", "examples": manifest["totals"]["examples"],
+                    "seconds": round(time.perf_counter() - t0, 1)},
+        "models": {},
+    }
+    for arch in config.arches:
+        shape = agent_shape(arch)
+        progress(f"{arch}: training {config.fit.steps} steps")
+        def keep(step: int, params: Params, arch: str = arch, spec: TextSpec = shape.spec) -> None:
+            # intermediate models, to evaluate a long run while it trains
+            export_gguf(out / "checkpoints" / f"agent-{arch}-step{step}.gguf", spec, params,
+                        vocab=vocab)
+
+        params, report = fit(shape.spec, init_params(shape.spec, seed=config.seed), data,
+                             config.fit, progress=lambda s, a=arch: progress(f"{a}: {s}"),
+                             checkpoint=keep)
+        exported = export_gguf(out / model_name(arch), shape.spec, params, vocab=vocab)
+        record["models"][arch] = _model_record(exported.path, exported.sha256, report)
+        progress(f"{arch}: wrote {exported.path} ({exported.n_bytes / 2**20:.1f} MiB) in "
+                 f"{report.wall_seconds:.0f} s ({report.cpu_seconds:.0f} CPU s); final loss "
+                 f"{report.loss:.3f}, token accuracy {report.accuracy:.3f}")
+    write_durably(out / "recipe.json", json.dumps(record, indent=1).encode())
+    return record
+
+
+def _model_record(path: Path, sha256: str, report: FitReport) -> dict[str, Any]:
+    return {"file": path.name, "sha256": sha256, **attrs.asdict(report)}
+
+
+def parse_arches(text: str) -> Sequence[str]:
+    """``"qwen35,llama"`` -> the arches (ValueError for an unknown one)."""
+    arches = tuple(a.strip() for a in text.split(",") if a.strip())
+    bad = [a for a in arches if a not in AGENT_ARCHES]
+    if bad or not arches:
+        raise ValueError(f"unknown arch(es) {bad or text!r}; choose from "
+                         f"{', '.join(AGENT_ARCHES)}")
+    return arches
