@@ -291,9 +291,10 @@ class Engine:
     # prefill / decode: the Decoder
     def prefill_tokens(self, seq: int, tokens: Sequence[int], *, logits: bool = True,
                        allow_single: bool = False, all_logits: bool = False,
-                       ) -> np.ndarray | None:
+                       at: int | None = None) -> np.ndarray | None:
         return self.decoder.prefill_tokens(seq, tokens, logits=logits,
-                                           allow_single=allow_single, all_logits=all_logits)
+                                           allow_single=allow_single, all_logits=all_logits,
+                                           at=at)
 
     def prefill_image(self, seq: int, image: EncodedImage, *, logits: bool = False,
                       all_logits: bool = False) -> np.ndarray | None:
