@@ -362,4 +362,6 @@ def _record(txn: Transaction, exe: Execution, state: CacheState, ledger: MemoryL
         output_text=text, encode_s=exe.encode_s,
         status="degraded" if txn.degraded else "ok", reason=txn.degraded,
         drift_kl=exe.drift_kl, drift_top1_agree=exe.drift_top1_agree,
-        approximate=exe.approximate, replay_tokens=exe.replay_tokens)
+        approximate=exe.approximate, replay_tokens=exe.replay_tokens,
+        stored_bytes=state.stored_bytes, store_tokens=exe.store_tokens,
+        splice_s=exe.splice_s, store_s=exe.store_s)
