@@ -138,12 +138,14 @@ def store_units(engine: Engine, seq: int, scratch: int | None, plan: Plan,
         raise PolicyError("storing screenshots needs the scheduler's spare sequence")
     own_all = engine.kv_read(seq)
     history = engine.seq_info(seq).history
-    prefix = plan.pieces[: splice.canonical_prefix]
+    # The canonical context is the episode's head, which the sequence holds exactly as a
+    # forward of it would compute it (a state written back continues bitwise): its rows are
+    # written into the spare sequence instead of prefilled again.
+    n_prefix = splice.canonical_prefix
+    head_end = history[n_prefix - 1].end_pos
     engine.clear(scratch)
+    engine.kv_write(scratch, own_all.between(0, head_end), history[:n_prefix])
     tokens = 0
-    for piece in prefix:
-        _prefill(engine, scratch, piece)
-        tokens += piece.n_tokens
     base = engine.seq_info(scratch).next_pos
     out = []
     try:

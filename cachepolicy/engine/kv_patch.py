@@ -132,10 +132,11 @@ def place(spec: RopeSpec, stored: StoredKv, pos0: int) -> KvRows:
     pos = moved.pos
     ks, vs = [], []
     for i, (k_can, v_can) in enumerate(zip(rows.k, rows.v)):
-        dk = patch.k_a[i].astype(np.float64) @ patch.k_b[i].astype(np.float64)
+        with one_thread():  # numpy's BLAS beside llama.cpp's threads: see blas.py
+            dk = patch.k_a[i].astype(np.float64) @ patch.k_b[i].astype(np.float64)
+            dv = patch.v_a[i].astype(np.float64) @ patch.v_b[i].astype(np.float64)
         k = (rotate(spec, k_can, delta, np.float64) + rotate(spec, dk, pos, np.float64))
-        v = v_can.astype(np.float64) + (patch.v_a[i].astype(np.float64)
-                                        @ patch.v_b[i].astype(np.float64))
+        v = v_can.astype(np.float64) + dv
         ks.append(k.astype(k_can.dtype))
         vs.append(v.astype(v_can.dtype))
     return KvRows(pos, tuple(ks), tuple(vs))
