@@ -140,7 +140,7 @@ class SplicingPolicy(CachePolicy, abc.ABC):
                 store.append(StoreUnit(u.first, u.n_pieces, u.label))
         window = {u.label for u in units}
         splice = Splice(place=tuple(place), store=tuple(store),
-                        canonical_prefix=1, rank=self.rank,
+                        canonical_prefix=1, rank=max(0, self.rank),
                         keep_stored=tuple(s for s in stored if s in window
                                           and s not in {x.label for x in store}))
         plan = self.plan_reusing(log, view, pieces, start=start,

@@ -95,3 +95,16 @@ def test_arm_options_parse_and_reach_the_policy() -> None:
             ArmSpec.parse(bad)
     with pytest.raises(ValueError, match="takes no option"):
         AgentConfig(policy="terminal-slot", policy_option="m8")
+
+
+def test_kamera_own_is_the_slide_alone(engines, traj) -> None:
+    """``kamera@own``: survivors keep their own KV, re-rotated; no store, the exact policy's
+    bytes; the same computation as a token evictor that keeps every token."""
+    scratch, own, whole = _arms(engines, ["terminal-scratch", "kamera@own",
+                                          "random-evict@100%"], traj)
+    assert [s["drift_kl"] for s in own.steps] == [s["drift_kl"] for s in whole.steps]
+    assert _tokens(own.steps) == _tokens(whole.steps)
+    for s, ref in zip(own.steps[1:], scratch.steps[1:]):
+        assert s["stored_bytes"] == 0 and s["store_tokens"] == 0
+        assert s["kv_bytes"] == ref["kv_bytes"]
+        assert s["prefill_tokens"] == ref["new_content_tokens"]

@@ -13,6 +13,10 @@ re-rotation of the canonical KV (the screenshot as if it had followed the head a
 rank reproduces the screenshot's KV as it was in its first context (up to the patch's f16
 rounding), which is what re-rotating a survivor's own cached KV gives.  The store holds the
 window's screenshots (an entry is dropped when its screenshot leaves the window).
+
+``kamera@own`` is the slide alone, without a store: a survivor keeps the KV the sequence
+holds for it, re-rotated to its new position (nothing stored: the exact policy's bytes); a
+screenshot the sequence does not hold is prefilled.
 """
 
 from __future__ import annotations
@@ -25,12 +29,15 @@ from cachepolicy.splicing import ATTENTION_ONLY, Held, SplicingPolicy, Unit
 #: ``full``: a rank no screenshot's Δ exceeds
 FULL_RANK = 1 << 20
 DEFAULT_RANK = 32
+#: ``own``: no store; survivors keep their own cached KV, re-rotated
+OWN = -1
 
 
 @register
 class KameraPolicy(SplicingPolicy):
     name = "kamera"
-    option_help = "m<rank> (m0, m8, m32, m64) or full: the conditioning patch's rank"
+    option_help = ("m<rank> (m0, m8, m32, m64) or full: the conditioning patch's rank; own: "
+                   "survivors' own KV re-rotated, no store")
     manifest = PolicyManifest(
         changes="the sequence after the action history: retained screenshots' KV written "
                 "from the episode's store (canonical KV + rank-m patch, re-rotated)",
@@ -48,15 +55,20 @@ class KameraPolicy(SplicingPolicy):
         t = text.strip().lower()
         if t == "full":
             return FULL_RANK
+        if t == "own":
+            return OWN
         if t.startswith("m") and t[1:].isdigit() and int(t[1:]) <= 4096:
             return int(t[1:])
-        raise ValueError(f"kamera takes m<rank> (m0..m4096) or full, not {text!r}")
+        raise ValueError(f"kamera takes m<rank> (m0..m4096), full or own, not {text!r}")
 
     def stores(self) -> bool:
-        return True
+        return self.rank != OWN
 
     def place(self, unit: Unit, held: Held | None, stored: StoredEntry | None,
               units: tuple[Unit, ...], generation: int) -> PlaceUnit | None:
+        if self.rank == OWN:
+            return (PlaceUnit(unit.first, unit.n_pieces, unit.label, Source.SEQUENCE,
+                              held_pos0=held.pos0) if held is not None else None)
         if stored is None:
             return None  # not in the store (first step, or after a reset): prefill, store
         return PlaceUnit(unit.first, unit.n_pieces, unit.label, Source.STORE)
