@@ -108,3 +108,15 @@ def test_kamera_own_is_the_slide_alone(engines, traj) -> None:
         assert s["stored_bytes"] == 0 and s["store_tokens"] == 0
         assert s["kv_bytes"] == ref["kv_bytes"]
         assert s["prefill_tokens"] == ref["new_content_tokens"]
+
+
+def test_the_store_is_freed_with_its_episode(engines, traj) -> None:
+    """The store's entries live as long as the episode's published state: after the run
+    (the ledger's integrity check ran at every idle point) none is left."""
+    import gc
+
+    (res,) = _arms(engines, ["kamera@m8"], traj)
+    assert max(s["stored_bytes"] for s in res.steps) > 0
+    gc.collect()
+    mem = engines("llama").memory()
+    assert (mem.live_stored_kv, mem.live_stored_kv_bytes) == (0, 0)
