@@ -41,6 +41,14 @@ class CachePolicy(abc.ABC):
     #: the replay budget of an approximate (tail-replay) policy when none is given; None for
     #: the exact ones, which take a budget only through ``with_tail``
     default_tail: ClassVar[ReplayBudget | None] = None
+    #: the policy takes an ``option`` (``parse_option``: kamera's patch rank, the token
+    #: evictors' share kept); bench arms name it ``<policy>@<option>``
+    takes_option: ClassVar[bool] = False
+
+    @classmethod
+    def parse_option(cls, text: str) -> object:
+        """The value of the policy's option ``text``; ValueError when it is not one."""
+        raise ValueError(f"policy {cls.name!r} takes no option")
 
     def __init__(self, model: ModelInfo, kit: PromptKit, *, window: int = 3,
                  decode_tokens: int = 16, tail: ReplayBudget | None = None,

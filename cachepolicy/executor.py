@@ -16,7 +16,8 @@ import numpy as np
 from cachepolicy.engine.checkpoint import is_approximate
 from cachepolicy.errors import PolicyError, Preempted
 from cachepolicy.pieces import Piece
-from cachepolicy.plan import NamedCheckpoint, Plan, StartKind
+from cachepolicy.plan import NamedCheckpoint, Plan, StartKind, StoredEntry
+from cachepolicy.splice_exec import SpliceClock, held_rows, store_units, write_units
 from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import SamplingParams
 
@@ -40,6 +41,14 @@ class Execution:
     #: history holds a rebase — this plan's tail replay or an earlier one)
     approximate: bool = False
     replay_tokens: int = 0  # rows of the matched prefix this plan's tail replay recomputed
+    #: KV splicing (``cachepolicy.splice``): the store entries this plan made, the tokens
+    #: their canonical forwards prefilled (on the spare sequence), the seconds of the KV
+    #: edits (reads, re-rotation, patches, writes: inside ``prefill_s``) and of the store
+    #: (canonical forwards and SVDs: inside ``prefill_s`` too)
+    new_stored: tuple[StoredEntry, ...] = ()
+    store_tokens: int = 0
+    splice_s: float = 0.0
+    store_s: float = 0.0
 
 
 class _EncodeClock:
@@ -113,6 +122,12 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
     other sequences go first (``DecodeBatcher.yield_round``)."""
     t0 = time.perf_counter()
     clock = _EncodeClock()
+    edit_clock = SpliceClock()
+    held = edit_clock.timed(held_rows, engine, seq, plan)
+    stored = ({e.label: e.kv for e in plan.splice_from} if plan.splice is not None else {})
+    placed_at = ({u.first for u in plan.splice.place} if plan.splice is not None
+                 else set())
+    placed_tokens = 0
     _apply_start(engine, seq, plan)
     replayed = plan.replay.rows if plan.replay is not None else 0
     for edit in plan.edits:  # relocate: descending positions, so earlier spans stay valid
@@ -121,7 +136,15 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
     made: list[NamedCheckpoint] = []
     logits = None
     last = len(plan.pieces) - 1
-    for i in range(plan.reused_pieces, len(plan.pieces)):
+    i = plan.reused_pieces
+    while i < len(plan.pieces):
+        if i in placed_at:  # KV splicing: these units are written, not prefilled
+            if i in takes or plan.decode and i == last:
+                raise PolicyError("a placed unit cannot hold a checkpoint or the last piece")
+            after = edit_clock.timed(write_units, engine, seq, plan, i, held, stored)
+            placed_tokens += sum(p.n_tokens for p in plan.pieces[i:after])
+            i = after
+            continue
         if i in takes:
             made.append(NamedCheckpoint(takes[i].label, engine.checkpoint(seq, takes[i].kind)))
         if should_stop is not None and should_stop():
@@ -135,11 +158,19 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
                              approximate=_approximate(engine, seq), replay_tokens=replayed)
         engine.batcher.yield_round()
         logits = _prefill_piece(engine, seq, plan.pieces[i], plan.decode and i == last, clock)
+        i += 1
     if len(plan.pieces) in takes:
         t = takes[len(plan.pieces)]
         made.append(NamedCheckpoint(t.label, engine.checkpoint(seq, t.kind)))
     if plan.decode and logits is None:
         raise PolicyError("a decoding plan must prefill at least its last piece")
+    new_stored: tuple[StoredEntry, ...] = ()
+    store_tokens = 0
+    store_s = 0.0
+    if plan.splice is not None and plan.splice.store:
+        t_store = time.perf_counter()
+        new_stored, store_tokens = store_units(engine, seq, scratch_seq, plan)
+        store_s = time.perf_counter() - t_store
     t1 = time.perf_counter()
     kl = agree = None
     if plan.drift_reference and scratch_seq is not None and logits is not None:
@@ -153,10 +184,13 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
         kl = kl_divergence(ref, logits)
         agree = bool(int(np.argmax(ref)) == int(np.argmax(logits)))
     return Execution(new_checkpoints=tuple(made), output_tokens=(),
-                     prefill_tokens=plan.prefill_tokens, prefill_s=t1 - t0 - clock.seconds,
+                     prefill_tokens=plan.prefill_tokens - placed_tokens,
+                     prefill_s=t1 - t0 - clock.seconds,
                      decode_s=0.0, logits=logits, drift_kl=kl, drift_top1_agree=agree,
-                     encode_s=clock.seconds, approximate=_approximate(engine, seq),
-                     replay_tokens=replayed)
+                     encode_s=clock.seconds,
+                     approximate=_approximate(engine, seq) or plan.splice is not None,
+                     replay_tokens=replayed, new_stored=new_stored, store_tokens=store_tokens,
+                     splice_s=edit_clock.seconds, store_s=store_s)
 
 
 def _approximate(engine: Engine, seq: int) -> bool:

@@ -10,9 +10,11 @@ import enum
 import attrs
 
 from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind
+from cachepolicy.engine.kv_patch import StoredKv
 from cachepolicy.context_log import Segment
 from cachepolicy.engine.records import SeqInfo
 from cachepolicy.pieces import Piece
+from cachepolicy.splice import Splice
 
 
 @attrs.frozen
@@ -25,6 +27,9 @@ class ModelInfo:
     state_overhead_bytes: int  # a sequence state's size at zero tokens (headers, recurrent)
     n_embd: int
     n_vocab: int
+    #: why the model's cached KV cannot be re-rotated and patched (None: it can; the
+    #: splicing policies are refused otherwise)
+    kv_edit_problem: str | None = None
 
     def state_bytes(self, n_tokens: int) -> int:
         return self.state_overhead_bytes + n_tokens * self.kv_bytes_per_token
@@ -46,6 +51,19 @@ class NamedCheckpoint:
 
 
 @attrs.frozen
+class StoredEntry:
+    """One screenshot's entry in an episode's store: its canonical KV and conditioning
+    patch (``cachepolicy.splice``), held in host memory, counted by the ledger."""
+
+    label: str  # the screenshot segment's key
+    kv: StoredKv = attrs.field(eq=False)
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.nbytes
+
+
+@attrs.frozen
 class CacheState:
     """An episode's published cache assets.  Generation 0 with nothing = a fresh episode."""
 
@@ -62,14 +80,20 @@ class CacheState:
     #: the memory ladder's replay rung dropped this state's checkpoints or recurrent state:
     #: the next step is planned by the episode's tail-replay variant of its policy
     replay_next: bool = False
+    #: the screenshot store (kamera): entries the successor of a step keeps or adds
+    stored: tuple[StoredEntry, ...] = ()
 
     @property
     def checkpoint_bytes(self) -> int:
         return sum(c.nbytes for c in self.checkpoints)
 
     @property
+    def stored_bytes(self) -> int:
+        return sum(s.nbytes for s in self.stored)
+
+    @property
     def held_bytes(self) -> int:
-        return self.seq_bytes + self.checkpoint_bytes
+        return self.seq_bytes + self.checkpoint_bytes + self.stored_bytes
 
 
 @attrs.frozen
@@ -176,6 +200,10 @@ class Plan:
     tail: bool = False
     replay: Replay | None = None  # this plan's tail replay (start REPLAY)
     trim_forgets: bool = False  # see ``CacheState.trim_forgets``
+    #: approximate KV splicing (attention-only: kamera, random-evict, recency-evict)
+    splice: Splice | None = None
+    #: the parent's store entries the placed units read (``Splice.place`` from the store)
+    splice_from: tuple[StoredEntry, ...] = attrs.field(default=(), eq=False)
 
     @property
     def prefill(self) -> tuple[Piece, ...]:

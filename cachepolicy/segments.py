@@ -69,4 +69,5 @@ def model_info(engine: Engine) -> ModelInfo:
     return ModelInfo(kind=engine.kind, kv_bytes_per_token=engine.kv_bytes_per_token,
                      recurrent_bytes_per_seq=engine.recurrent_bytes_per_seq,
                      state_overhead_bytes=engine.state_overhead_bytes,
-                     n_embd=engine.n_embd, n_vocab=engine.n_vocab)
+                     n_embd=engine.n_embd, n_vocab=engine.n_vocab,
+                     kv_edit_problem=engine.kv_edit_problem)

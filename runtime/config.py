@@ -121,6 +121,10 @@ class AgentConfig:
     #: scratch on a spare sequence (next-token KL and top-1: ``drift_kl``,
     #: ``drift_top1_agree``) — a full prefill more per step, for benchmarks
     replay_drift: bool = False
+    #: the option of a policy that takes one (``kamera``: the patch rank, ``m32`` or
+    #: ``full``; ``random-evict`` / ``recency-evict``: the share of the retained
+    #: screenshots' tokens kept, ``50%``); None: the policy's default
+    policy_option: str | None = None
     #: where the engine decodes in runs: feed text the grammar forces (jump-forward) and
     #: prompt-lookup drafts for verification in one call; speed only — the tokens are those
     #: of plain decoding (``cachepolicy.engine.generation``)
@@ -137,6 +141,12 @@ class AgentConfig:
         if self.profile != DEFAULT_PROFILE and self.convention is not CoordConvention.ABSOLUTE:
             raise ValueError(f"the coordinate convention is the {DEFAULT_PROFILE} profile's "
                              f"choice; profile {self.profile!r} fixes its own")
+        if self.policy_option is not None:
+            cls = POLICIES[self.policy]
+            if not cls.takes_option:
+                raise ValueError(f"policy {self.policy!r} takes no option "
+                                 f"(got {self.policy_option!r})")
+            cls.parse_option(self.policy_option)
 
     def make_profile(self) -> Profile:
         """The profile object (an immutable value; one per session is enough)."""
@@ -174,10 +184,12 @@ class AgentConfig:
         budget."""
         name = policy or self.policy
         approximate = POLICIES[name].default_tail is not None
+        options: dict[str, object] = (
+            {"tail": self.tail(), "measure_drift": self.replay_drift} if approximate else {})
+        if POLICIES[name].takes_option:
+            options["option"] = self.policy_option
         return make_policy(name, model_info(factory.engine), factory.kit, window=self.window,
-                           decode_tokens=self.max_tokens(screen),
-                           **({"tail": self.tail(), "measure_drift": self.replay_drift}
-                              if approximate else {}))
+                           decode_tokens=self.max_tokens(screen), **options)
 
     def tail(self) -> ReplayBudget:
         """The replay budget (``replay_budget`` from ``replay_base``)."""

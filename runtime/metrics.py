@@ -98,6 +98,12 @@ class StepMetrics:
     #: pixels: the step kept its work), "miss" (cut back before the guessed image) or ""
     guess: str = ""
     guess_prefill_tokens: int = 0  # what the guess prefilled (in ``prefill_tokens`` too)
+    #: KV splicing (``StepRecord``): the episode's store after the step (bytes), tokens its
+    #: canonical forwards prefilled, seconds of the KV edits and of the store
+    stored_bytes: int = 0
+    store_tokens: int = 0
+    splice_s: float = 0.0
+    store_s: float = 0.0
 
     @classmethod
     def decided(cls, record: StepRecord, prefetch: PrefetchRecord | None, *, action: str,
@@ -142,7 +148,9 @@ class StepMetrics:
             replay_tokens=(record.replay_tokens
                            + (prefetch.replay_tokens if prefetch is not None else 0)
                            + (guess_record.replay_tokens if guess_record is not None else 0)),
-            guess=guess, guess_prefill_tokens=guess_tokens)
+            guess=guess, guess_prefill_tokens=guess_tokens,
+            stored_bytes=record.stored_bytes, store_tokens=record.store_tokens,
+            splice_s=record.splice_s, store_s=record.store_s)
 
     @classmethod
     def failed(cls, episode_id: str, step: int, reason: str, *,

@@ -5,12 +5,12 @@ the other cannot fail):
 
 * each episode's ledger holding  vs  the engine's own size of its sequence
   (``llama_state_seq_get_size``, 0 when empty) + the bytes of the checkpoints its published
-  state references;
+  state references + the bytes of its store's arrays;
 * the ledger's owners  vs  the open episodes (no holding outlives its episode);
 * the image cache's ledger holding  vs  the engine cache's capacity, and the cache's byte
   counter vs the sum of its entries;
 * the engine's count of live checkpoints (weakref-tracked)  vs  the checkpoints the published
-  states reference;
+  states reference; the same for the screenshot store's entries (``Engine.kv_keep``);
 * the sequences that hold tokens  vs  the sequences the open episodes own; the free list,
   the episodes' sequences and the spare sequence partition the engine's sequences; the
   decode lanes hold nothing;
@@ -26,11 +26,22 @@ import gc
 import time
 from collections.abc import Iterable, Mapping
 
+import numpy as np
+
 from cachepolicy.engine import Engine
+from cachepolicy.engine.kv_patch import StoredKv
 from cachepolicy.engine.images import EmbeddingCache
 from scheduler.errors import IntegrityError
 from scheduler.ledger import MemoryLedger
 from scheduler.slots import IMAGE_CACHE, Slot
+
+
+def _arrays(kv: StoredKv) -> list[np.ndarray]:
+    rows, patch = kv.rows, kv.patch
+    out = [*rows.k, *rows.v]
+    if patch is not None:
+        out += [*patch.k_a, *patch.k_b, *patch.v_a, *patch.v_b]
+    return out
 
 
 def check_integrity(engine: Engine, ledger: MemoryLedger, image_cache: EmbeddingCache,
@@ -48,12 +59,15 @@ def check_integrity(engine: Engine, ledger: MemoryLedger, image_cache: Embedding
         ep = slot.cache
         engine_bytes = mem.seq_state_bytes.get(ep.seq, 0)
         ckpt_bytes = sum(len(c.checkpoint.data) for c in ep.state.checkpoints)
+        # the store's arrays, counted from the arrays themselves
+        store_bytes = sum(a.nbytes for s in ep.state.stored for a in _arrays(s.kv))
         held = holdings.get(ep.episode_id, 0)
-        if held != engine_bytes + ckpt_bytes:
+        if held != engine_bytes + ckpt_bytes + store_bytes:
             problems.append(
                 f"episode {ep.episode_id}: the ledger holds {held} bytes; the engine reports "
-                f"{engine_bytes} for sequence {ep.seq} + {ckpt_bytes} of checkpoints "
-                f"(= {engine_bytes + ckpt_bytes})")
+                f"{engine_bytes} for sequence {ep.seq} + {ckpt_bytes} of checkpoints + "
+                f"{store_bytes} of stored screenshot KV "
+                f"(= {engine_bytes + ckpt_bytes + store_bytes})")
     strays = set(holdings) - set(slots) - {IMAGE_CACHE}
     if strays:
         problems.append(f"the ledger holds bytes for owners that are not open: {sorted(strays)}")
@@ -88,6 +102,17 @@ def check_integrity(engine: Engine, ledger: MemoryLedger, image_cache: Embedding
                 f"the engine has {mem.live_checkpoints} live checkpoints "
                 f"({mem.live_checkpoint_bytes} bytes); published states reference "
                 f"{len(referenced)} ({sum(referenced.values())} bytes)")
+
+    stored = {id(e.kv): e.kv.nbytes for s in slots.values() for e in s.cache.state.stored}
+    if (mem.live_stored_kv, mem.live_stored_kv_bytes) != (len(stored), sum(stored.values())):
+        gc.collect()
+        mem = engine.memory()
+        if (mem.live_stored_kv, mem.live_stored_kv_bytes) != (len(stored),
+                                                              sum(stored.values())):
+            problems.append(
+                f"the engine has {mem.live_stored_kv} live store entries "
+                f"({mem.live_stored_kv_bytes} bytes); published states reference "
+                f"{len(stored)} ({sum(stored.values())} bytes)")
 
     owned = {s.cache.seq for s in slots.values()}
     stray_seqs = set(mem.seq_state_bytes) - owned

@@ -37,6 +37,13 @@ class StepRecord:
     #: sequence still carries (the engine's record of the sequence, not the plan's claim)
     approximate: bool = False
     replay_tokens: int = 0  # rows of the matched prefix this step's tail replay recomputed
+    #: KV splicing (kamera, random-evict, recency-evict): the episode's store after the
+    #: step (bytes), what its canonical forwards prefilled on the spare sequence, and the
+    #: seconds of the KV edits and of the store's forwards and SVDs (both inside prefill_s)
+    stored_bytes: int = 0
+    store_tokens: int = 0
+    splice_s: float = 0.0
+    store_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         d = attrs.asdict(self)

@@ -315,13 +315,16 @@ def _successor(engine: Engine, episode: EpisodeCache, plan: Plan, exe: Execution
                           seq_bytes=engine.held_bytes(episode.seq),
                           layout_keys=tuple(p.key for p in plan.pieces[: exe.stopped_at]),
                           trim_pos=min(parent.trim_pos, _end_of(plan, history, exe.stopped_at)),
-                          trim_forgets=plan.trim_forgets and parent.trim_forgets)
+                          trim_forgets=plan.trim_forgets and parent.trim_forgets,
+                          stored=parent.stored)
     kept = tuple(c for c in parent.checkpoints if c.label in plan.keep)
+    stored = (tuple(s for s in parent.stored if s.label in plan.splice.keep_stored)
+              if plan.splice is not None else ())
     return CacheState(generation=plan.generation, checkpoints=kept + exe.new_checkpoints,
                       seq_bytes=engine.held_bytes(episode.seq),
                       layout_keys=tuple(p.key for p in plan.pieces),
                       trim_pos=_end_of(plan, history, plan.trim_after),
-                      trim_forgets=plan.trim_forgets)
+                      trim_forgets=plan.trim_forgets, stored=stored + exe.new_stored)
 
 
 def _end_of(plan: Plan, history: tuple, n_pieces: int) -> int:
@@ -359,4 +362,6 @@ def _record(txn: Transaction, exe: Execution, state: CacheState, ledger: MemoryL
         output_text=text, encode_s=exe.encode_s,
         status="degraded" if txn.degraded else "ok", reason=txn.degraded,
         drift_kl=exe.drift_kl, drift_top1_agree=exe.drift_top1_agree,
-        approximate=exe.approximate, replay_tokens=exe.replay_tokens)
+        approximate=exe.approximate, replay_tokens=exe.replay_tokens,
+        stored_bytes=state.stored_bytes, store_tokens=exe.store_tokens,
+        splice_s=exe.splice_s, store_s=exe.store_s)

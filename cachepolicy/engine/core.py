@@ -24,7 +24,7 @@ import numpy as np
 import structlog
 
 from cachepolicy.engine import generation
-from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind, RunKind
+from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind, Run, RunKind
 from cachepolicy.engine.drafts import BREAK, Drafting
 from cachepolicy.engine.backend import init_backend
 from cachepolicy.engine.batcher import DecodeBatcher, DecodeStats
@@ -34,6 +34,10 @@ from cachepolicy.engine.native import Native, locked
 from cachepolicy.engine.records import (
     EngineConfig, MemoryReport, SeqInfo, decode_lanes_for, encoder_runs_beside, prefill_rows_for,
 )
+from cachepolicy.engine.kv_access import KvAccess
+from cachepolicy.engine.kv_blob import KvRows
+from cachepolicy.engine.kv_patch import KvPatch, StoredKv
+from cachepolicy.engine.kv_rope import RopeSpec
 from cachepolicy.engine.replay import RecurrentRebase, ReplayCut
 from cachepolicy.engine.row_classes import (
     MAX_RUN_ROWS, DecodeShape, RowClasses, choose_shape,
@@ -173,6 +177,8 @@ class Engine:
                                n_embd=self.n_embd)
         self.states = SequenceState(native, self._seqs, model_id=self.model_id,
                                     kind=self.kind)
+        self.kv = KvAccess(native, self._seqs, kind=self.kind,
+                           n_ctx_per_seq=config.n_ctx_per_seq)
         # before anything is fed: it takes the zero recurrent state from an empty sequence
         self.rebase = RecurrentRebase(native, self._seqs, model_id=self.model_id,
                                       kind=self.kind)
@@ -285,9 +291,10 @@ class Engine:
     # prefill / decode: the Decoder
     def prefill_tokens(self, seq: int, tokens: Sequence[int], *, logits: bool = True,
                        allow_single: bool = False, all_logits: bool = False,
-                       ) -> np.ndarray | None:
+                       at: int | None = None) -> np.ndarray | None:
         return self.decoder.prefill_tokens(seq, tokens, logits=logits,
-                                           allow_single=allow_single, all_logits=all_logits)
+                                           allow_single=allow_single, all_logits=all_logits,
+                                           at=at)
 
     def prefill_image(self, seq: int, image: EncodedImage, *, logits: bool = False,
                       all_logits: bool = False) -> np.ndarray | None:
@@ -317,6 +324,25 @@ class Engine:
     def state_bytes(self, seq: int, kind: CheckpointKind = CheckpointKind.FULL) -> int:
         return self.states.state_bytes(seq, kind)
 
+    # KV rows (attention-only models): the KvAccess part
+    @property
+    def rope(self) -> RopeSpec:
+        return self.kv.rope
+
+    @property
+    def kv_edit_problem(self) -> str | None:
+        """Why this model's cached KV cannot be re-rotated and patched (None: it can)."""
+        return self.kv.problem(self.vision.uses_mrope)
+
+    def kv_read(self, seq: int) -> KvRows:
+        return self.kv.read(seq)
+
+    def kv_write(self, seq: int, rows: KvRows, history: Sequence[Run]) -> None:
+        self.kv.write(seq, rows, history)
+
+    def kv_keep(self, rows: KvRows, patch: KvPatch | None = None) -> StoredKv:
+        return self.kv.keep(rows, patch)
+
     def held_bytes(self, seq: int) -> int:
         return self.states.held_bytes(seq)
 
@@ -332,12 +358,14 @@ class Engine:
     def memory(self) -> MemoryReport:
         """Bytes the engine holds, as llama.cpp reports them."""
         count, nbytes = self.states.live_checkpoints
+        stored, stored_bytes = self.kv.live_stored
         return MemoryReport(
             kv_bytes_per_token=self.kv_bytes_per_token,
             recurrent_bytes_per_seq=self.recurrent_bytes_per_seq,
             seq_state_bytes={s: self.states.held_bytes(s) for s in self._seqs.non_empty()},
             live_checkpoints=count, live_checkpoint_bytes=nbytes,
             image_cache_bytes=self.image_cache.nbytes,
+            live_stored_kv=stored, live_stored_kv_bytes=stored_bytes,
             lanes_in_use=tuple(lane for lane in self._lane_ids
                                if self.decoder.occupied(lane)))
 

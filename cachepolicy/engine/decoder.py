@@ -68,6 +68,7 @@ class Decoder:
         if rc != 0:
             raise DecodeError(f"llama_decode returned {rc} on sequence(s) {np.unique(seq_ids)} "
                               f"({m} rows)", rc)
+        self._seqs.shift_pending = False  # the decode applied every pending K-shift first
 
     def logits(self, row: int = -1) -> np.ndarray:
         """A copy of the last call's logits of ``row`` (-1: the last row with logits)."""
@@ -83,6 +84,11 @@ class Decoder:
         self._decode(seq, tokens=tokens, embd=embd, pos=pos, want_logits=mask)
         if rows_out is not None:
             rows_out.extend(self.logits(i) for i in range(m))
+
+    def _check_at(self, seq: int, at: int | None) -> None:
+        if at is not None and (self._seqs.runs(seq) or at < 0):
+            raise ValueError("a prefill starts at a chosen position only on an empty "
+                             "sequence, at a position >= 0")
 
     def _reserve_room(self, seq: int, n_tokens: int, n_pos: int) -> None:
         used = self._seqs.n_tokens(seq)
@@ -112,12 +118,15 @@ class Decoder:
     @locked
     def prefill_tokens(self, seq: int, tokens: Sequence[int], *, logits: bool = True,
                        allow_single: bool = False, all_logits: bool = False,
-                       ) -> np.ndarray | None:
+                       at: int | None = None) -> np.ndarray | None:
         """Append text tokens to ``seq``; returns the last position's logits if asked, or
         with ``all_logits`` every row's, shape ``(n, n_vocab)`` (the trainer's parity check:
         the output matmul then has ``n`` rows, so the last row may differ from a
-        ``logits=True`` call's in the last bits, as any 1-row matmul does)."""
+        ``logits=True`` call's in the last bits, as any 1-row matmul does).  ``at`` starts
+        an EMPTY sequence at that position instead of 0 (a context placed at an offset:
+        the screenshot store's position tests)."""
         runs = self._seqs.runs(seq)
+        self._check_at(seq, at)
         n = len(tokens)
         if n == 0:
             raise ValueError("nothing to prefill")
@@ -125,11 +134,11 @@ class Decoder:
             raise SingleTokenPrefillError(
                 "a 1-token prefill is not bitwise comparable with a multi-token one; "
                 "merge it with neighbouring text or pass allow_single=True")
-        self._reserve_room(seq, n, n)
+        self._reserve_room(seq, n, n + (at or 0))
         toks = np.asarray(tokens, dtype=np.int32)
         if toks.min() < 0 or toks.max() >= self.n_vocab:
             raise ValueError(f"token id out of range 0..{self.n_vocab - 1}")
-        pos0 = self._seqs.next_pos(seq)
+        pos0 = self._seqs.next_pos(seq) if at is None else at
         start = len(runs)
         rows_out: list[np.ndarray] | None = [] if all_logits else None
         batches, off = [], 0

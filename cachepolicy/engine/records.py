@@ -222,11 +222,14 @@ class MemoryReport:
     live_checkpoint_bytes: int
     image_cache_bytes: int
     lanes_in_use: tuple[int, ...] = ()  # decode lanes holding cells (none between generations)
+    #: screenshot KV kept outside sequences (``Engine.kv_keep``) and still referenced
+    live_stored_kv: int = 0
+    live_stored_kv_bytes: int = 0
 
     @property
     def total_held(self) -> int:
         return (sum(self.seq_state_bytes.values()) + self.live_checkpoint_bytes
-                + self.image_cache_bytes)
+                + self.image_cache_bytes + self.live_stored_kv_bytes)
 
 
 @attrs.frozen

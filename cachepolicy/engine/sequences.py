@@ -14,6 +14,10 @@ from cachepolicy.engine.records import SeqInfo
 class Sequences:
     def __init__(self, n_seq_max: int) -> None:
         self._runs: dict[int, list[Run]] = {s: [] for s in range(n_seq_max)}
+        #: a ``seq_add`` moved cells since the last llama_decode: llama.cpp re-rotates their
+        #: keys only at the next decode (any sequence's), so until then a serialised state
+        #: would hold the new positions with the old keys
+        self.shift_pending = False
 
     def runs(self, seq: int) -> list[Run]:
         """The (mutable) run list of ``seq``; ValueError for an id out of range."""

@@ -45,6 +45,10 @@ class SequenceState:
         if kind is CheckpointKind.PARTIAL_ONLY and not self.kind.has_recurrent_state:
             raise UnsafeEditError("an attention-only model has no recurrent state to checkpoint; "
                                   "take a FULL checkpoint or truncate directly")
+        if self._seqs.shift_pending and kind is CheckpointKind.FULL:
+            raise UnsafeEditError("positions were shifted since the last decode: llama.cpp "
+                                  "re-rotates the keys only then, so a checkpoint now would "
+                                  "hold stale keys")
         flags = _PARTIAL if kind is CheckpointKind.PARTIAL_ONLY else 0
         ctx = self._native.ctx
         size = llama_cpp.llama_state_seq_get_size_ext(ctx, seq, flags)
@@ -156,6 +160,7 @@ class SequenceState:
         delta = p1 - p0
         if p1 < end:
             llama_cpp.llama_memory_seq_add(mem, seq, p1, -1, -delta)
+            self._seqs.shift_pending = True
         # The survivors are no longer the history they were: re-chain their digests with an
         # "edited" tag so no checkpoint of the unedited history can match them.
         new: list[Run] = []

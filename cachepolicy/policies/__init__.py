@@ -9,11 +9,13 @@ command line takes its choices from.  A policy of your own subclasses
 from cachepolicy.policies.registry import POLICIES, make_policy, register
 from cachepolicy.policies.evict import EvictPolicy
 from cachepolicy.policies.faithful import FaithfulPolicy, FaithfulTailPolicy
+from cachepolicy.policies.kamera import KameraPolicy
 from cachepolicy.policies.noevict import NoEvictPolicy, NoEvictTailPolicy
 from cachepolicy.policies.relocate import RelocatePolicy
 from cachepolicy.policies.tail_replay import TailReplayPolicy
 from cachepolicy.policies.terminal_scratch import TerminalScratchPolicy
 from cachepolicy.policies.terminal_slot import TerminalSlotPolicy
+from cachepolicy.policies.token_evict import RandomEvictPolicy, RecencyEvictPolicy
 
 #: The built-in policies in the order the bench and the docs show them.
 BUILTIN = ("evict", "noevict", "terminal-scratch", "terminal-slot", "relocate")
@@ -25,5 +27,5 @@ def names() -> tuple[str, ...]:
 
 
 __all__ = ["BUILTIN", "POLICIES", "EvictPolicy", "FaithfulPolicy", "FaithfulTailPolicy",
-           "NoEvictPolicy", "NoEvictTailPolicy", "RelocatePolicy", "TailReplayPolicy",
+           "KameraPolicy", "NoEvictPolicy", "RandomEvictPolicy", "RecencyEvictPolicy", "NoEvictTailPolicy", "RelocatePolicy", "TailReplayPolicy",
            "TerminalScratchPolicy", "TerminalSlotPolicy", "make_policy", "names", "register"]

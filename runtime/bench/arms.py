@@ -27,17 +27,19 @@ from vmenv.trajectory import Trajectory
 
 OVERLAP_SUFFIX = "+overlap"
 #: ``<policy>@<budget>``: an approximate policy with its own replay budget (tokens or a share
-#: of the matched prefix: ``tail-replay@64``, ``tail-replay@5%``)
+#: of the matched prefix: ``tail-replay@64``, ``tail-replay@5%``), or a policy that takes an
+#: option with it (``kamera@m32``, ``random-evict@50%``)
 BUDGET_SEPARATOR = "@"
 
 
 @attrs.frozen
 class ArmSpec:
-    """An arm's name read back: ``<policy>[@<replay budget>][+overlap]``."""
+    """An arm's name read back: ``<policy>[@<replay budget or option>][+overlap]``."""
 
     policy: str
     overlap: bool = False
     budget: str | None = None  # None: the agent config's replay budget
+    option: str | None = None  # None: the agent config's policy option
 
     @classmethod
     def parse(cls, arm: str) -> ArmSpec:
@@ -53,6 +55,12 @@ class ArmSpec:
                              f"and {OVERLAP_SUFFIX})")
         if not sep:
             return cls(policy, overlap)
+        if POLICIES[policy].takes_option:
+            try:
+                POLICIES[policy].parse_option(budget)
+            except ValueError as exc:
+                raise ValueError(f"arm {arm!r}: {exc}") from None
+            return cls(policy, overlap, option=budget)
         if POLICIES[policy].default_tail is None:
             raise ValueError(f"arm {arm!r}: policy {policy!r} is exact, it takes no replay "
                              "budget")
@@ -65,7 +73,9 @@ class ArmSpec:
     def agent(self, agent: AgentConfig) -> AgentConfig:
         """``agent`` running this arm: its policy, overlap and replay budget."""
         return attrs.evolve(agent, policy=self.policy, overlap=self.overlap,
-                            **({"replay_budget": self.budget} if self.budget else {}))
+                            **({"replay_budget": self.budget} if self.budget else {}),
+                            policy_option=(self.option or agent.policy_option
+                                           if POLICIES[self.policy].takes_option else None))
 
 
 def split_arm(arm: str) -> tuple[str, bool]:

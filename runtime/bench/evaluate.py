@@ -67,6 +67,9 @@ RELATIONS: dict[str, tuple[str, bool, str]] = {
     "tail-replay": (TERMINAL_REFERENCE, False, "approximate"),
     "noevict-tail": ("noevict", False, "approximate"),
     "faithful-tail": ("faithful", False, "approximate"),
+    "kamera": (TERMINAL_REFERENCE, False, "approximate"),
+    "random-evict": (TERMINAL_REFERENCE, False, "approximate"),
+    "recency-evict": (TERMINAL_REFERENCE, False, "approximate"),
 }
 _UNKNOWN = (TERMINAL_REFERENCE, False, "not declared")
 
@@ -202,7 +205,15 @@ def _cost(episodes: Sequence[EpisodeResult]) -> dict[str, Any]:
             "first_token_s_mean": sum(s.encode_s + s.prefetch_wait_s + s.prefill_s
                                       for s in steps) / n,
             "checkpoint_bytes_peak": max((s.checkpoint_bytes for s in steps), default=0),
-            "approximate_steps": sum(s.approximate for s in steps)}
+            "approximate_steps": sum(s.approximate for s in steps),
+            # KV held: the sequence + checkpoints + the screenshot store (mean over steps)
+            "kv_bytes_mean": sum(s.kv_bytes for s in steps) / n,
+            "held_bytes_mean": sum(s.kv_bytes + s.checkpoint_bytes + s.stored_bytes
+                                   for s in steps) / n,
+            "stored_bytes_peak": max((s.stored_bytes for s in steps), default=0),
+            "store_tokens_per_step": sum(s.store_tokens for s in steps) / n,
+            "splice_s_per_step": sum(s.splice_s for s in steps) / n,
+            "store_s_per_step": sum(s.store_s for s in steps) / n}
 
 
 def judge(runs: Sequence[ArmRun], tasks: Sequence[str], window: int) -> list[dict[str, Any]]:
@@ -290,15 +301,19 @@ def cost_table(arms: Sequence[dict[str, Any]]) -> str:
     """One row per arm that ran: what a step cost (means over its steps), the checkpoints it
     held, how many steps were decoded from an approximate state, and the drift if measured."""
     rows = [("arm", "prefill tok/step", "critical-path tok/step", "replayed tok/step",
-             "first token s", "checkpoint KiB (peak)", "approximate steps",
-             "KL (mean)", "top-1")]
+             "store tok/step", "first token s", "KV edit ms/step", "held KiB (mean)",
+             "checkpoint KiB (peak)", "approximate steps", "KL (mean)", "top-1")]
     for a in arms:
         if a["refused"] is not None:
             continue
         c, d = a["cost"], a.get("drift")
         rows.append((a["arm"], f"{c['prefill_tokens_per_step']:.0f}",
                      f"{c['critical_path_prefill_tokens_per_step']:.0f}",
-                     f"{c['replay_tokens_per_step']:.0f}", f"{c['first_token_s_mean']:.3f}",
+                     f"{c['replay_tokens_per_step']:.0f}",
+                     f"{c.get('store_tokens_per_step', 0):.0f}",
+                     f"{c['first_token_s_mean']:.3f}",
+                     f"{1000 * c.get('splice_s_per_step', 0):.1f}",
+                     f"{c.get('held_bytes_mean', 0) / 1024:.0f}",
                      f"{c['checkpoint_bytes_peak'] / 1024:.0f}",
                      f"{c['approximate_steps']}/{c['steps']}",
                      "" if d is None else f"{d['kl_mean']:.2e}",

@@ -130,6 +130,10 @@ def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | N
                    help="an approximate policy measures every step against its exact prompt "
                         "prefilled from scratch (next-token KL, top-1): a full prefill more "
                         "per step")
+    p.add_argument("--policy-option", default=d.policy_option, metavar="OPTION",
+                   help="the option of a policy that takes one: kamera's patch rank (m0, "
+                        "m32, full; default m32), random-evict's / recency-evict's share of "
+                        "the retained screenshots' tokens kept (50%%, the default)")
     p.add_argument("--jump-forward", action=argparse.BooleanOptionalAction,
                    default=d.jump_forward,
                    help="feed text the grammar forces without sampling it token by token "
@@ -151,7 +155,8 @@ def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> Agen
               "stop_at_eog": args.stop_at_eog, "jump_forward": args.jump_forward,
               "drafts": args.drafts, "guess": args.guess,
               "replay_budget": args.replay_budget, "replay_base": args.replay_base,
-              "replay_rung": args.replay_rung, "replay_drift": args.replay_drift}
+              "replay_rung": args.replay_rung, "replay_drift": args.replay_drift,
+              "policy_option": args.policy_option}
     if args.window is not None:  # else the profile's
         fields["window"] = args.window
     for name in ("window", "temperature", "decode_tokens",  # one at a time: name the culprit

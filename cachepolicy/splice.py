@@ -1,0 +1,74 @@
+"""What an approximate KV-splicing plan asks the executor to do (attention-only models):
+write screenshots' KV rows into the sequence instead of prefilling them, and keep new
+screenshots' canonical KV in the episode's store.  Records only (pure, no engine).
+
+The layout is the terminal one, unmerged: ``[head][action…][intro image outro]…[gen]``.  A
+screenshot's *unit* is its three pieces (intro, image, outro: the unit whose KV is stored and
+placed).  Per step the prefix (head and actions) stays exact — trimmed back and extended by
+the new action as terminal-slot does — and the window's units that are not new come from:
+
+* the **store** (``kamera``): the unit's canonical KV (computed once, in the canonical
+  context: the episode's head alone, the unit right after it) plus its rank-m conditioning
+  patch, re-rotated to the unit's position now (``kv_patch.place``);
+* the **sequence** itself (``random-evict``, ``recency-evict``): the unit's rows as the
+  sequence held them last step, re-rotated to their new position, with ``keep`` of its image
+  cells left (the others dropped: their positions stay empty).
+
+New units are prefilled in context.  ``StoreUnit`` asks for a unit's store entry after the
+prompt is in: a canonical forward on the spare sequence, and the patch from the unit's KV in
+its real context (the forward that just happened) — see ``cachepolicy.splice_exec``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+
+class Source(enum.Enum):
+    STORE = "store"  # canonical KV + patch from the episode's store
+    SEQUENCE = "sequence"  # the rows the sequence holds now (before the step's trim)
+
+
+class Drop(enum.Enum):
+    RANDOM = "random"  # uniformly at random among the unit's image cells
+    OLDEST = "oldest"  # the image's earliest cells first
+
+
+@attrs.frozen
+class PlaceUnit:
+    """Write the unit ``pieces[first : first + n_pieces]`` instead of prefilling it."""
+
+    first: int
+    n_pieces: int
+    label: str  # the screenshot segment's key (the store's label)
+    source: Source
+    #: SEQUENCE: where the unit starts in the sequence before the step's trim
+    held_pos0: int = 0
+    #: SEQUENCE: image cells to keep (None: all the sequence holds)
+    keep: int | None = None
+    drop: Drop = Drop.RANDOM
+    seed: int = 0  # the random choice of dropped cells (a pure function of the plan)
+
+
+@attrs.frozen
+class StoreUnit:
+    """After the prompt: store the unit ``pieces[first : first + n_pieces]`` (just prefilled
+    in context) as canonical KV + a rank-``rank`` patch."""
+
+    first: int
+    n_pieces: int
+    label: str
+
+
+@attrs.frozen
+class Splice:
+    """A plan's KV splicing: units placed, units stored, store entries kept."""
+
+    place: tuple[PlaceUnit, ...] = ()
+    store: tuple[StoreUnit, ...] = ()
+    #: pieces[:canonical_prefix] are the canonical context a stored unit follows
+    canonical_prefix: int = 1
+    rank: int = 0  # the conditioning patch's rank (0: canonical KV alone)
+    keep_stored: tuple[str, ...] = ()  # labels of the parent's store entries kept

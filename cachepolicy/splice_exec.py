@@ -1,0 +1,189 @@
+"""Carrying out a plan's ``Splice`` on the engine (attention-only models): the executor's
+part that writes screenshots' KV rows into a sequence and fills the episode's store.
+
+Synchronous, like the executor.  What it costs, per step (``Execution.splice_s``): one read
+of the sequence's state (``llama_state_seq_get_data``: the whole sequence copied out), the
+re-rotation of the placed units' keys and the patch's rank-m product in numpy (float64), and
+one write of the composed state (``llama_state_seq_set_data``: the whole sequence copied in
+— llama.cpp's supported way to put cells at chosen positions; ``seq_add`` cannot insert a
+unit before cells the sequence holds).  Storing a unit costs a forward of the canonical
+context and the unit on the spare sequence (``store_tokens``) and the patch's SVD.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from cachepolicy.engine.checkpoint import Run, RunKind, chain_digest, history_digest
+from cachepolicy.engine.kv_blob import KvRows
+from cachepolicy.engine.kv_patch import StoredKv, make_patch, place, relocate
+from cachepolicy.errors import PolicyError
+from cachepolicy.pieces import Piece
+from cachepolicy.plan import Plan, StoredEntry
+from cachepolicy.splice import Drop, PlaceUnit, Source, StoreUnit
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cachepolicy.engine import Engine
+
+#: a placed run's digest tag: no exact history's digest can equal it
+_PLACED = b"placed:"
+
+
+def held_rows(engine: Engine, seq: int, plan: Plan) -> KvRows | None:
+    """The sequence's rows before the step's start, if a unit is placed from them."""
+    if plan.splice is None or not any(u.source is Source.SEQUENCE for u in plan.splice.place):
+        return None
+    if engine.seq_info(seq).n_tokens == 0:
+        raise PolicyError("a unit is placed from the sequence, which holds nothing")
+    return engine.kv_read(seq)
+
+
+def _image_span(pieces: tuple[Piece, ...], pos0: int) -> tuple[int, int]:
+    """Positions of the unit's image piece when the unit starts at ``pos0``."""
+    p = pos0
+    for piece in pieces:
+        if piece.is_image:
+            return p, p + piece.n_pos
+        p += piece.n_pos
+    return p, p
+
+
+def _thin(rows: KvRows, span: tuple[int, int], unit: PlaceUnit) -> KvRows:
+    """``rows`` with the image cells beyond ``unit.keep`` dropped (randomly or oldest first)."""
+    in_image = np.nonzero((rows.pos >= span[0]) & (rows.pos < span[1]))[0]
+    if unit.keep is None or unit.keep >= len(in_image):
+        return rows
+    if unit.drop is Drop.OLDEST:
+        order = in_image[np.argsort(rows.pos[in_image], kind="stable")]
+        dropped = order[: len(in_image) - unit.keep]
+    else:
+        rng = np.random.default_rng(unit.seed)
+        dropped = rng.choice(in_image, size=len(in_image) - unit.keep, replace=False)
+    mask = np.ones(rows.n_cells, dtype=bool)
+    mask[dropped] = False
+    return rows.take(mask)
+
+
+def _unit_rows(engine: Engine, unit: PlaceUnit, pieces: tuple[Piece, ...], pos0: int,
+               held: KvRows | None, stored: dict[str, StoredKv]) -> KvRows:
+    n_pos = sum(p.n_pos for p in pieces)
+    if unit.source is Source.STORE:
+        if unit.label not in stored:
+            raise PolicyError(f"no store entry for {unit.label}")
+        rows = place(engine.rope, stored[unit.label], pos0)
+    else:
+        assert held is not None
+        old = held.between(unit.held_pos0, unit.held_pos0 + n_pos)
+        if old.n_cells == 0:
+            raise PolicyError(f"the sequence holds no cell of {unit.label}")
+        rows = _thin(relocate(engine.rope, old, pos0 - unit.held_pos0),
+                     _image_span(pieces, pos0), unit)
+    if rows.n_cells and (rows.pos.min() < pos0 or rows.pos.max() >= pos0 + n_pos):
+        raise PolicyError(f"{unit.label}'s rows do not fit its {n_pos} positions")
+    return rows
+
+
+def _runs(history: list[Run], pieces: tuple[Piece, ...], rows: KvRows, pos0: int,
+          source: Source) -> list[Run]:
+    """One run per placed piece (cells it holds, positions it spans), digests tagged."""
+    out, prev, p = [], history_digest(tuple(history)), pos0
+    for piece in pieces:
+        cells = int(np.count_nonzero((rows.pos >= p) & (rows.pos < p + piece.n_pos)))
+        kind = RunKind.EMBEDDINGS if piece.is_image else RunKind.TEXT
+        content = (piece.image_id or "").encode() if piece.is_image else \
+            np.asarray(piece.tokens, dtype=np.int32).tobytes()
+        prev = chain_digest(prev, kind, _PLACED + source.value.encode() + content)
+        out.append(Run(kind, p, piece.n_pos, cells, prev,
+                       () if piece.is_image else tuple(piece.tokens)))
+        p += piece.n_pos
+    return out
+
+
+def write_units(engine: Engine, seq: int, plan: Plan, at: int, held: KvRows | None,
+                stored: dict[str, StoredKv]) -> int:
+    """Place the plan's units that start at piece ``at`` and follow each other; returns
+    the index of the first piece after them."""
+    assert plan.splice is not None
+    by_first = {u.first: u for u in plan.splice.place}
+    info = engine.seq_info(seq)
+    history, pos = list(info.history), info.next_pos
+    parts = [engine.kv_read(seq)] if info.n_tokens else []
+    i = at
+    while i in by_first:
+        unit = by_first[i]
+        pieces = plan.pieces[i: i + unit.n_pieces]
+        rows = _unit_rows(engine, unit, pieces, pos, held, stored)
+        runs = _runs(history, pieces, rows, pos, unit.source)
+        history += runs
+        parts.append(rows)
+        pos = runs[-1].end_pos
+        i += unit.n_pieces
+    engine.kv_write(seq, KvRows.concat([p for p in parts if p.n_cells]), history)
+    return i
+
+
+def store_units(engine: Engine, seq: int, scratch: int | None, plan: Plan,
+                ) -> tuple[tuple[StoredEntry, ...], int]:
+    """The plan's new store entries (canonical KV on ``scratch`` + the patch to the unit's
+    KV in ``seq``), and the tokens the canonical forwards prefilled."""
+    assert plan.splice is not None
+    splice = plan.splice
+    if not splice.store:
+        return (), 0
+    if scratch is None:
+        raise PolicyError("storing screenshots needs the scheduler's spare sequence")
+    own_all = engine.kv_read(seq)
+    history = engine.seq_info(seq).history
+    # The canonical context is the episode's head, which the sequence holds exactly as a
+    # forward of it would compute it (a state written back continues bitwise): its rows are
+    # written into the spare sequence instead of prefilled again.
+    n_prefix = splice.canonical_prefix
+    head_end = history[n_prefix - 1].end_pos
+    engine.clear(scratch)
+    engine.kv_write(scratch, own_all.between(0, head_end), history[:n_prefix])
+    tokens = 0
+    base = engine.seq_info(scratch).next_pos
+    out = []
+    try:
+        for unit in splice.store:
+            pieces = plan.pieces[unit.first: unit.first + unit.n_pieces]
+            p0 = history[unit.first].pos0
+            p1 = history[unit.first + unit.n_pieces - 1].end_pos
+            own = own_all.between(p0, p1)
+            engine.truncate(scratch, base)
+            for piece in pieces:
+                _prefill(engine, scratch, piece)
+                tokens += piece.n_tokens
+            canon = engine.kv_read(scratch).between(base, engine.seq_info(scratch).next_pos)
+            patch = make_patch(engine.rope, own, canon, splice.rank)
+            out.append(StoredEntry(unit.label, engine.kv_keep(canon, patch)))
+    finally:
+        engine.clear(scratch)
+    return tuple(out), tokens
+
+
+def _prefill(engine: Engine, seq: int, piece: Piece) -> None:
+    if piece.image is not None:
+        assert piece.image.png is not None
+        image = engine.encode_image(piece.image.png, image_id=piece.image.image_id)
+        engine.prefill_image(seq, image, logits=False)
+    else:
+        engine.prefill_tokens(seq, piece.tokens, logits=False, allow_single=True)
+
+
+class SpliceClock:
+    """Seconds spent editing KV (reads, re-rotation, patches, writes) during a plan."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def timed(self, fn, *args):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds += time.perf_counter() - t0

@@ -1,0 +1,181 @@
+"""The shared planner of the KV-splicing policies (attention-only, approximate): ``kamera``
+(``policies/kamera.py``), ``random-evict`` and ``recency-evict`` (``policies/
+token_evict.py``).
+
+Layout: terminal-scratch's prompt, ``[head][action…][≤K screenshots][gen]``, with each
+screenshot's intro, image and outro its own piece (a *unit*, ``cachepolicy.splice``) so that
+its KV can be written and stored as one.  Per step the prefix ``[head][action…]`` is exact
+(cut back and extended by the new action, as terminal-slot does; an attention model needs no
+checkpoint for it); each window unit that is not new is written into the sequence by the
+subclass's ``place`` (re-rotated to its position now); new units are prefilled in context,
+and ``stores`` says whether their store entry is made.  A first step, or a sequence that is
+not what the episode published, prefills the whole window.
+
+Drift against the exact prompt (terminal-scratch's pieces, from scratch on the spare
+sequence) is measured every step, as relocate's is.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+
+import attrs
+
+from cachepolicy.base import CachePolicy
+from cachepolicy.context_log import ContextLog
+from cachepolicy.engine.checkpoint import ModelKind
+from cachepolicy.errors import PolicyRefusedError
+from cachepolicy.layouts import PromptKit, terminal, terminal_steps
+from cachepolicy.pieces import Piece
+from cachepolicy.plan import CacheView, ModelInfo, Plan, StoredEntry
+from cachepolicy.reuse import best_start
+from cachepolicy.splice import PlaceUnit, Splice, StoreUnit
+
+ATTENTION_ONLY = frozenset({ModelKind.ATTENTION})
+
+
+@attrs.frozen
+class Unit:
+    """One window screenshot's pieces ``pieces[first : first + n_pieces]``."""
+
+    first: int
+    n_pieces: int
+    label: str  # the screenshot segment's key
+    image_tokens: int
+
+
+@attrs.frozen
+class Held:
+    """Where a unit the sequence holds from last step starts, and its image cells now."""
+
+    pos0: int
+    image_cells: int
+
+
+def unit_layout(log: ContextLog, kit: PromptKit, window: int,
+                ) -> tuple[tuple[Piece, ...], int, tuple[Unit, ...]]:
+    """The terminal layout with empty text pieces dropped and nothing merged; returns
+    (pieces, region start, the window's units in order)."""
+    raw, region = terminal(log, kit, window)
+    pieces: list[Piece] = []
+    units: list[Unit] = []
+    for i, p in enumerate(raw):
+        if i == region:
+            region = len(pieces)
+        if not p.is_image and not p.tokens:
+            continue
+        pieces.append(p)
+    by_label: dict[str, list[int]] = {}
+    for j, p in enumerate(pieces[region:], start=region):
+        if p.key == "gen":
+            continue
+        label = p.sources[0]
+        by_label.setdefault(label, []).append(j)
+    for label, idx in by_label.items():
+        image = next(pieces[j] for j in idx if pieces[j].is_image)
+        units.append(Unit(idx[0], len(idx), label, image.n_tokens))
+    return tuple(pieces), region, tuple(units)
+
+
+def _seed(label: str, generation: int) -> int:
+    h = hashlib.blake2b(f"{label}@{generation}".encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little")
+
+
+class SplicingPolicy(CachePolicy, abc.ABC):
+    """Base of the splicing policies; a subclass says where a retained unit comes from."""
+
+    #: the policy's ``@<option>`` in bench arms (``kamera@m32``, ``random-evict@50%``)
+    option_help: str = ""
+    takes_option = True
+
+    def __init__(self, model: ModelInfo, kit: PromptKit, *, window: int = 3,
+                 decode_tokens: int = 16, option: str | None = None) -> None:
+        super().__init__(model, kit, window=window, decode_tokens=decode_tokens)
+        if model.kv_edit_problem is not None:
+            raise PolicyRefusedError(f"policy {self.name!r} cannot run on this model: "
+                                     f"{model.kv_edit_problem}")
+        self.configure(option)
+
+    @abc.abstractmethod
+    def configure(self, option: str | None) -> None:
+        """Read the policy's option (``parse_option``'s text); ValueError when it is bad."""
+
+    @classmethod
+    @abc.abstractmethod
+    def parse_option(cls, text: str) -> object:
+        """The option's value, or ValueError (for arms and the command line)."""
+
+    @abc.abstractmethod
+    def place(self, unit: Unit, held: Held | None, stored: StoredEntry | None,
+              units: tuple[Unit, ...], generation: int) -> PlaceUnit | None:
+        """How a window unit that is not new is written (None: prefill it in context)."""
+
+    def stores(self) -> bool:
+        """Whether new units get a store entry (canonical KV + patch)."""
+        return False
+
+    rank = 0
+
+    def select(self, log: ContextLog, view: CacheView, *,
+               new: frozenset[str] = frozenset()) -> Plan:
+        pieces, region, units = unit_layout(log, self.kit, self.window)
+        reference, _ = terminal_steps(log, self.kit, self.window)
+        held = self._held(view)
+        start = best_start(pieces[:region], view, self.model.kind)
+        if start[1] == 0 or held is None:
+            held = {}
+        newest = units[-1].label if units else None
+        stored = {s.label: s for s in view.state.stored}
+        place: list[PlaceUnit] = []
+        store: list[StoreUnit] = []
+        for u in units:
+            how = (None if u.label == newest and u.label not in held
+                   else self.place(u, held.get(u.label), stored.get(u.label), units,
+                                   log.generation))
+            if how is not None:
+                place.append(how)
+            elif self.stores():
+                store.append(StoreUnit(u.first, u.n_pieces, u.label))
+        window = {u.label for u in units}
+        splice = Splice(place=tuple(place), store=tuple(store),
+                        canonical_prefix=1, rank=max(0, self.rank),
+                        keep_stored=tuple(s for s in stored if s in window
+                                          and s not in {x.label for x in store}))
+        plan = self.plan_reusing(log, view, pieces, start=start,
+                                 drift_reference=reference, trim_after=region)
+        return self._with_splice(plan, view, splice, units)
+
+    def _held(self, view: CacheView) -> dict[str, Held] | None:
+        """The units the sequence holds as the episode published them (one run per piece
+        of last step's layout), or None when it does not."""
+        keys, hist = view.state.layout_keys, view.seq.history
+        if not keys or len(hist) < len(keys):
+            return None
+        out: dict[str, Held] = {}
+        for i, key in enumerate(keys):
+            label = key.split(":")[0]
+            if not label.startswith("screenshot@"):
+                continue
+            if label not in out:
+                out[label] = Held(hist[i].pos0, 0)
+            if ":" not in key:  # the image piece
+                out[label] = attrs.evolve(out[label], image_cells=hist[i].n_tokens)
+        return out
+
+    def _with_splice(self, plan: Plan, view: CacheView, splice: Splice,
+                     units: tuple[Unit, ...]) -> Plan:
+        m = self.model
+        sizes = {u.first: sum(p.n_tokens for p in plan.pieces[u.first:u.first + u.n_pieces])
+                 for u in units}
+        # a stored unit: its canonical rows, and a patch of at most twice their bytes
+        store_bytes = sum(3 * sizes[s.first] * m.kv_bytes_per_token for s in splice.store)
+        # the sequence read out, its rows, the composed blob: three copies at most
+        workspace = 3 * plan.forecast.successor_seq_bytes if splice.place else 0
+        forecast = attrs.evolve(
+            plan.forecast,
+            new_checkpoint_bytes=plan.forecast.new_checkpoint_bytes + store_bytes,
+            workspace_bytes=plan.forecast.workspace_bytes + workspace)
+        kept = tuple(s for s in view.state.stored if s.label in splice.keep_stored)
+        return attrs.evolve(plan, splice=splice, splice_from=kept, forecast=forecast)

@@ -1,0 +1,122 @@
+"""The KV-splicing policies (kamera, random-evict, recency-evict) on the forged tiny llama
+with vision, through the loop that ships (``run_arms``: scheduler, ledger and integrity
+checks after every step): what they prefill, what they hold, their drift against the exact
+prompt, and their refusal on hybrid models."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from cachepolicy.errors import PolicyRefusedError
+from cachepolicy.policies import POLICIES, make_policy
+from cachepolicy.segments import SegmentFactory, model_info
+from replay_helpers import AGENT
+from runtime.bench.arms import ArmSpec, run_arms
+from runtime.bench.trajectory import trajectory
+from runtime.config import AgentConfig
+
+STEPS, WINDOW = 8, 3
+
+
+@pytest.fixture(scope="module")
+def traj():
+    return trajectory(STEPS, 128, 96)
+
+
+def _arms(engines, names, traj, arch="llama"):
+    return run_arms(engines(arch), names, traj, attrs.evolve(AGENT, window=WINDOW,
+                                                              decode_tokens=6))
+
+
+def _tokens(steps):
+    return [s["output_tokens"] for s in steps]
+
+
+@pytest.mark.parametrize("name", ["kamera", "random-evict", "recency-evict"])
+def test_splicing_policies_are_refused_on_hybrid_models(engines, name) -> None:
+    e = engines("qwen35")
+    with pytest.raises(PolicyRefusedError, match="does not support hybrid"):
+        make_policy(name, model_info(e), SegmentFactory(e).kit)
+    assert POLICIES[name].manifest.quality == "approximate"
+    (res,) = _arms(engines, [name], trajectory(2, 64, 64), arch="qwen35")
+    assert res.refused
+
+
+def test_kamera_prefills_only_the_new_content_and_holds_the_store(engines, traj) -> None:
+    scratch, kam = _arms(engines, ["terminal-scratch", "kamera@m8"], traj)
+    factory = SegmentFactory(engines("llama"))
+    gen = len(factory.kit.generation_prompt)
+    for t in range(1, STEPS):
+        s, ref = kam.steps[t], scratch.steps[t]
+        new_shot = factory.screenshot(t, traj.frames[t].screenshot).n_tokens
+        # the new action, the new screenshot (with its label) and the generation prompt
+        assert s["prefill_tokens"] == s["new_content_tokens"] == ref["new_content_tokens"]
+        assert s["prefill_tokens"] <= new_shot + gen + 40
+        assert s["context_tokens"] == ref["context_tokens"]
+        assert s["approximate"] and s["drift_kl"] is not None and s["drift_kl"] >= 0.0
+        # the canonical forward: the screenshot after the head (whose rows are copied)
+        assert s["store_tokens"] == new_shot
+        assert s["stored_bytes"] > 0 and s["splice_s"] > 0.0
+    # the store holds the window's screenshots: bounded
+    assert len({s["stored_bytes"] for s in kam.steps[WINDOW:]}) <= 2
+    assert kam.steps[0]["drift_kl"] < 1e-6  # step 0 is a full prefill of the same prompt
+
+
+def test_kamera_full_rank_is_closer_to_exact_than_rank_zero(engines, traj) -> None:
+    full, zero = _arms(engines, ["kamera@full", "kamera@m0"], traj)
+    kl_full = sum(s["drift_kl"] for s in full.steps[1:])
+    kl_zero = sum(s["drift_kl"] for s in zero.steps[1:])
+    assert kl_full < kl_zero
+    assert max(s["stored_bytes"] for s in full.steps) > max(s["stored_bytes"]
+                                                             for s in zero.steps)
+
+
+@pytest.mark.parametrize("name", ["random-evict", "recency-evict"])
+def test_token_evictors_keep_their_budget(engines, traj, name) -> None:
+    whole, half = _arms(engines, [f"{name}@100%", f"{name}@50%"], traj)
+    scratch, = _arms(engines, ["terminal-scratch"], traj)
+    for t in range(1, STEPS):
+        assert whole.steps[t]["prefill_tokens"] == half.steps[t]["prefill_tokens"]
+        assert half.steps[t]["prefill_tokens"] < scratch.steps[t]["prefill_tokens"]
+    for t in range(WINDOW, STEPS):  # half the retained screenshots' image cells are gone
+        assert half.steps[t]["kv_bytes"] < whole.steps[t]["kv_bytes"]
+        assert whole.steps[t]["kv_bytes"] == scratch.steps[t]["kv_bytes"]
+
+
+def test_arm_options_parse_and_reach_the_policy() -> None:
+    assert ArmSpec.parse("kamera@m32").option == "m32"
+    assert ArmSpec.parse("random-evict@25%+overlap") == ArmSpec("random-evict", True,
+                                                                option="25%")
+    agent = ArmSpec.parse("recency-evict@50%").agent(AgentConfig())
+    assert agent.policy == "recency-evict" and agent.policy_option == "50%"
+    for bad in ("kamera@32", "random-evict@0%", "terminal-slot@m8"):
+        with pytest.raises(ValueError):
+            ArmSpec.parse(bad)
+    with pytest.raises(ValueError, match="takes no option"):
+        AgentConfig(policy="terminal-slot", policy_option="m8")
+
+
+def test_kamera_own_is_the_slide_alone(engines, traj) -> None:
+    """``kamera@own``: survivors keep their own KV, re-rotated; no store, the exact policy's
+    bytes; the same computation as a token evictor that keeps every token."""
+    scratch, own, whole = _arms(engines, ["terminal-scratch", "kamera@own",
+                                          "random-evict@100%"], traj)
+    assert [s["drift_kl"] for s in own.steps] == [s["drift_kl"] for s in whole.steps]
+    assert _tokens(own.steps) == _tokens(whole.steps)
+    for s, ref in zip(own.steps[1:], scratch.steps[1:]):
+        assert s["stored_bytes"] == 0 and s["store_tokens"] == 0
+        assert s["kv_bytes"] == ref["kv_bytes"]
+        assert s["prefill_tokens"] == ref["new_content_tokens"]
+
+
+def test_the_store_is_freed_with_its_episode(engines, traj) -> None:
+    """The store's entries live as long as the episode's published state: after the run
+    (the ledger's integrity check ran at every idle point) none is left."""
+    import gc
+
+    (res,) = _arms(engines, ["kamera@m8"], traj)
+    assert max(s["stored_bytes"] for s in res.steps) > 0
+    gc.collect()
+    mem = engines("llama").memory()
+    assert (mem.live_stored_kv, mem.live_stored_kv_bytes) == (0, 0)
