@@ -17,11 +17,11 @@ What a step prefilled and reused comes from the server's own account: llama-serv
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio
 import attrs
 
 from runtime.bench.chat_layout import bounded_messages, sliding_window_messages
@@ -77,53 +77,54 @@ def parse_answer(body: dict[str, Any], client: int, step: int, round_trip: float
                             int(timings.get("cache_n", 0)), completion)
 
 
-def run_client(url: str, model: str, w: Workload, client: int, *,
-               headers: dict[str, str] | None = None) -> list[PeerStep]:
-    """One client's episode (blocking)."""
+async def run_client(url: str, model: str, w: Workload, client: int, *,
+                     headers: dict[str, str] | None = None) -> list[PeerStep]:
+    """One client's episode."""
     import httpx
 
     answers: list[str] = []
     out: list[PeerStep] = []
-    with httpx.Client(base_url=url, timeout=900) as c:
+    async with httpx.AsyncClient(base_url=url, timeout=900) as c:
         for t in range(w.steps):
             body = {"model": model, "messages": messages(w, client, answers),
                     "max_tokens": w.max_tokens, "temperature": 0}
             t0 = time.perf_counter()
-            r = c.post("/v1/chat/completions", json=body, headers=headers or {})
+            r = await c.post("/v1/chat/completions", json=body, headers=headers or {})
             round_trip = time.perf_counter() - t0
             r.raise_for_status()
             answer, step = parse_answer(r.json(), client, t, round_trip)
             answers.append(answer)
             out.append(step)
             if t < w.steps - 1:
-                time.sleep(w.vm_seconds)
+                await anyio.sleep(w.vm_seconds)
     return out
 
 
 def run_clients(url: str, model: str, w: Workload, n: int, *,
                 headers: Callable[[int], dict[str, str]] | None = None,
                 ) -> tuple[list[PeerStep], float]:
-    """``n`` clients at once (threads); every step of every client, and the wall seconds."""
+    """``n`` clients at once (one task group, blocking until all are done); every step of
+    every client, and the wall seconds.  A client's error ends the others and is raised."""
     results: dict[int, list[PeerStep]] = {}
-    errors: list[BaseException] = []
 
-    def one(i: int) -> None:
-        try:
-            results[i] = run_client(url, model, w, i,
-                                    headers=headers(i) if headers is not None else None)
-        except BaseException as exc:  # noqa: BLE001  re-raised in the caller's thread
-            errors.append(exc)
+    async def all_clients() -> None:
+        async def one(i: int) -> None:
+            results[i] = await run_client(url, model, w, i,
+                                          headers=headers(i) if headers is not None else None)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(one, i, name=f"peer-client-{i}")
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=one, args=(i,), name=f"peer-client-{i}")
-               for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    try:
+        anyio.run(all_clients)
+    except BaseExceptionGroup as group:  # the first client's error, as the caller expects
+        first = group.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from group
     wall = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
     return [s for i in sorted(results) for s in results[i]], wall
 
 
