@@ -30,7 +30,7 @@ from cachepolicy.engine.backend import init_backend
 from cachepolicy.engine.batcher import DecodeBatcher, DecodeStats
 from cachepolicy.engine.compute_thread import ComputeThread
 from cachepolicy.engine.decoder import Decoder
-from cachepolicy.engine.native import Native, locked
+from cachepolicy.engine.native import Native, locked, model_meta
 from cachepolicy.engine.records import (
     EngineConfig, MemoryReport, SeqInfo, decode_lanes_for, encoder_runs_beside, prefill_rows_for,
 )
@@ -111,16 +111,10 @@ def _load(model_path: Path, config: EngineConfig,
                   vocab=llama_cpp.llama_model_get_vocab(model), compute=compute), config
 
 
-def _meta(model: object, key: str) -> str | None:
-    buf = ctypes.create_string_buffer(256)
-    n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
-    return buf.value.decode(errors="replace") if n >= 0 else None
-
-
 def _expert_count(model: object) -> int:
     """The model's experts per MoE layer (0 for a dense model), from its GGUF metadata."""
-    arch = _meta(model, "general.architecture") or ""
-    value = _meta(model, f"{arch}.expert_count")
+    arch = model_meta(model, "general.architecture") or ""
+    value = model_meta(model, f"{arch}.expert_count")
     return int(value) if value and value.isdigit() else 0
 
 

@@ -29,30 +29,24 @@ from cachepolicy.engine.errors import EngineError, RestoreError, UnsafeEditError
 from cachepolicy.engine.kv_blob import BlobFormat, KvRows, compose, parse
 from cachepolicy.engine.kv_patch import KvPatch, StoredKv
 from cachepolicy.engine.kv_rope import RopeSpec
-from cachepolicy.engine.native import Native, locked
+from cachepolicy.engine.native import Native, locked, model_meta
 from cachepolicy.engine.sequences import Sequences
-
-
-def _meta(model: object, key: str) -> str | None:
-    buf = ctypes.create_string_buffer(256)
-    n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
-    return buf.value.decode(errors="replace") if n >= 0 else None
 
 
 def read_rope(model: object) -> RopeSpec:
     """The model's RoPE as its GGUF and llama.cpp describe it."""
-    arch = _meta(model, "general.architecture") or ""
+    arch = model_meta(model, "general.architecture") or ""
     n_head = max(1, int(llama_cpp.llama_model_n_head(model)))
     n_embd = int(llama_cpp.llama_model_n_embd(model))
-    key_length = _meta(model, f"{arch}.attention.key_length")
+    key_length = model_meta(model, f"{arch}.attention.key_length")
     head_dim = int(key_length) if key_length else n_embd // n_head
-    n_rot = _meta(model, f"{arch}.rope.dimension_count")
-    base = _meta(model, f"{arch}.rope.freq_base")
+    n_rot = model_meta(model, f"{arch}.rope.dimension_count")
+    base = model_meta(model, f"{arch}.rope.freq_base")
     return RopeSpec(rope_type=int(llama_cpp.llama_model_rope_type(model)),
                     n_rot=int(n_rot) if n_rot else head_dim, head_dim=head_dim,
                     freq_base=float(base) if base else 10_000.0,
                     freq_scale=float(llama_cpp.llama_model_rope_freq_scale_train(model)),
-                    scaling=_meta(model, f"{arch}.rope.scaling.type") or "none")
+                    scaling=model_meta(model, f"{arch}.rope.scaling.type") or "none")
 
 
 class KvAccess:

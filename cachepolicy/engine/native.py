@@ -9,12 +9,14 @@ through ``compute`` (see ``compute_thread``: one OpenMP pool whatever thread ask
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import attrs
+import llama_cpp
 
 from cachepolicy.engine.compute_thread import ComputeThread
 from cachepolicy.engine.errors import EngineError
@@ -43,3 +45,10 @@ def locked(method: _F) -> _F:
                 raise EngineError("engine is closed")
             return method(self, *args, **kwargs)
     return wrapper  # type: ignore[return-value]
+
+
+def model_meta(model: object, key: str) -> str | None:
+    """The loaded model's GGUF metadata value for ``key`` as text (None if absent)."""
+    buf = ctypes.create_string_buffer(256)
+    n = llama_cpp.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode(errors="replace") if n >= 0 else None
