@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
 from cachepolicy.engine import Engine
 from cachepolicy.engine.kv_patch import StoredKv
+from cachepolicy.engine.records import MemoryReport
 from cachepolicy.engine.images import EmbeddingCache
 from scheduler.errors import IntegrityError
 from scheduler.ledger import MemoryLedger
@@ -82,37 +83,23 @@ def check_integrity(engine: Engine, ledger: MemoryLedger, image_cache: Embedding
 
     referenced = {id(c.checkpoint): len(c.checkpoint.data)
                   for s in slots.values() for c in s.cache.state.checkpoints}
+    mem = _settled(engine, mem, lambda m: (m.live_checkpoints, m.live_checkpoint_bytes),
+                   (len(referenced), sum(referenced.values())))
     if (mem.live_checkpoints, mem.live_checkpoint_bytes) != (len(referenced),
                                                              sum(referenced.values())):
-        gc.collect()  # a checkpoint kept alive only by a reference cycle is garbage
-        mem = engine.memory()
-        # anyio's worker thread reports a call's result before it drops its reference to
-        # the call (e.g. a transaction holding checkpoints): on a busy machine the event
-        # loop can get here first.  Give that thread the GIL for a moment before calling
-        # it a leak (seen under Ray's actor event loop: runtime/cluster).
-        for _ in range(20):
-            if (mem.live_checkpoints, mem.live_checkpoint_bytes) == (
-                    len(referenced), sum(referenced.values())):
-                break
-            time.sleep(0.005)
-            mem = engine.memory()
-        if (mem.live_checkpoints, mem.live_checkpoint_bytes) != (len(referenced),
-                                                                 sum(referenced.values())):
-            problems.append(
-                f"the engine has {mem.live_checkpoints} live checkpoints "
-                f"({mem.live_checkpoint_bytes} bytes); published states reference "
-                f"{len(referenced)} ({sum(referenced.values())} bytes)")
+        problems.append(
+            f"the engine has {mem.live_checkpoints} live checkpoints "
+            f"({mem.live_checkpoint_bytes} bytes); published states reference "
+            f"{len(referenced)} ({sum(referenced.values())} bytes)")
 
     stored = {id(e.kv): e.kv.nbytes for s in slots.values() for e in s.cache.state.stored}
+    mem = _settled(engine, mem, lambda m: (m.live_stored_kv, m.live_stored_kv_bytes),
+                   (len(stored), sum(stored.values())))
     if (mem.live_stored_kv, mem.live_stored_kv_bytes) != (len(stored), sum(stored.values())):
-        gc.collect()
-        mem = engine.memory()
-        if (mem.live_stored_kv, mem.live_stored_kv_bytes) != (len(stored),
-                                                              sum(stored.values())):
-            problems.append(
-                f"the engine has {mem.live_stored_kv} live store entries "
-                f"({mem.live_stored_kv_bytes} bytes); published states reference "
-                f"{len(stored)} ({sum(stored.values())} bytes)")
+        problems.append(
+            f"the engine has {mem.live_stored_kv} live store entries "
+            f"({mem.live_stored_kv_bytes} bytes); published states reference "
+            f"{len(stored)} ({sum(stored.values())} bytes)")
 
     owned = {s.cache.seq for s in slots.values()}
     stray_seqs = set(mem.seq_state_bytes) - owned
@@ -135,3 +122,27 @@ def check_integrity(engine: Engine, ledger: MemoryLedger, image_cache: Embedding
         problems.append(f"the ledger went past its budget: {snap}")
     if problems:
         raise IntegrityError("; ".join(problems))
+
+
+def _settled(engine: Engine, mem: MemoryReport,
+             live: Callable[[MemoryReport], tuple[int, int]],
+             want: tuple[int, int]) -> MemoryReport:
+    """``engine.memory()`` once the engine's live count of something (``live``) equals the
+    published states' (``want``), or after a short grace if it never does.
+
+    A live object the published states do not reference is either garbage (kept only by a
+    reference cycle: ``gc.collect``) or still held for a moment by anyio's worker thread,
+    which reports a call's result before it drops its reference to the call (e.g. a
+    transaction holding checkpoints or store entries): on a busy machine the event loop can
+    get here first, so that thread gets the GIL a few times before a difference is a leak
+    (seen under Ray's actor event loop: runtime/cluster)."""
+    if live(mem) == want:
+        return mem
+    gc.collect()
+    mem = engine.memory()
+    for _ in range(20):
+        if live(mem) == want:
+            break
+        time.sleep(0.005)
+        mem = engine.memory()
+    return mem
