@@ -68,6 +68,7 @@ def test_the_arms_are_what_they_claim(hybrid) -> None:
         assert short["start"] == "replay" and short["replay_tokens"] >= 16  # images whole
         assert short["prefill_tokens"] == short["replay_tokens"] + c.suffix_rows
         assert all(rp.tokens_add_up(c, a) for a in report.arms)
+        assert 0 < c.top1_p <= 1
         # the arms alternate their order: forward, then backward
         firsts = [s.arm for s in c.samples]
         assert firsts[:5] == list(report.arms) and firsts[5:] == list(reversed(report.arms))

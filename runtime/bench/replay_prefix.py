@@ -112,6 +112,9 @@ class CaseResult:
     top1: dict[str, bool]
     bitwise: dict[str, bool]  # the arm's first-token logits are full's, bit for bit
     deterministic: dict[str, bool]  # every repeat of the arm gave the same logits
+    #: the probability full's first token has under full's logits (how certain the exact
+    #: next token is: a KL reads against it)
+    top1_p: float = 0.0
 
     def of(self, arm: str) -> list[Sample]:
         return sorted((s for s in self.samples if s.arm == arm), key=lambda s: s.repeat)
@@ -138,7 +141,7 @@ class CaseResult:
     def as_dict(self, arms: Sequence[str]) -> dict[str, Any]:
         return {"length": self.length, "prefix_rows": self.prefix_rows,
                 "suffix_rows": self.suffix_rows, "screenshots": self.screenshots,
-                "checkpoint_bytes": self.checkpoint_bytes,
+                "checkpoint_bytes": self.checkpoint_bytes, "top1_p": self.top1_p,
                 "arms": {a: self.summary(a) for a in arms}}
 
 
@@ -186,7 +189,13 @@ def measure_case(engine: Engine, arms: PrefixArms, case: Case, repeats: int, *,
         kl={a: kl_divergence(ref, x) for a, x in logits.items()},
         top1={a: int(np.argmax(x)) == int(np.argmax(ref)) for a, x in logits.items()},
         bitwise={a: bool(np.array_equal(x, ref)) for a, x in logits.items()},
-        deterministic={a: len(s) == 1 for a, s in shas.items()})
+        deterministic={a: len(s) == 1 for a, s in shas.items()}, top1_p=_top_p(ref))
+
+
+def _top_p(logits: np.ndarray) -> float:
+    """The softmax probability of the most likely token."""
+    z = logits.astype(np.float64) - logits.max()
+    return float(1.0 / np.exp(z).sum())
 
 
 def _check_plan(arm: str, plan: Plan, case: Case) -> None:

@@ -237,7 +237,8 @@ def format_report(report: object, load: list[float]) -> str:
                          str(s["replay_tokens"]) if s["start"] == "replay" else "",
                          f"{s['seconds_median']:.4f}",
                          "1" if a == FULL else f"{s['speedup_vs_full']:.2f}x",
-                         kl, "" if a == FULL else "yes" if s["top1_agree"] else "NO",
+                         kl, f"p={c.top1_p:.3f}" if a == FULL
+                         else "yes" if s["top1_agree"] else "NO",
                          f"{s['checkpoint_bytes'] / 1024:.1f}"))
     lines = _columns(rows)
     lines.append("")
