@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 
 from runtime.commands import (
-    bench, bench_decode, bench_encode, bench_eval, bench_kernels, bench_peer, bench_serve,
-    check_exact, demo, forge, run, serve, train,
+    bench, bench_decode, bench_encode, bench_eval, bench_kernels, bench_peer,
+    bench_replay_prefix, bench_serve, check_exact, demo, forge, run, serve, train,
 )
 from runtime.logs import configure_logging
 
@@ -16,6 +16,7 @@ COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo, "bench": b
             "bench-decode": bench_decode, "bench-encode": bench_encode,
             "bench-eval": bench_eval,
             "bench-kernels": bench_kernels, "bench-peer": bench_peer,
+            "bench-replay-prefix": bench_replay_prefix,
             "bench-serve": bench_serve, "run": run,
             "serve": serve, "train": train}
 

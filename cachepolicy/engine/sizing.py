@@ -10,7 +10,8 @@ cell, times ``n_ctx``; plus the attention-score workspace of one batch (flash at
 off: ``n_ctx_per_seq`` × ``n_batch`` × heads × 4 bytes); plus the recurrent states, which are
 small and left out.  Recurrent layers (qwen35's Gated-DeltaNet blocks, a per-layer KV head
 count of 0) hold no cells.  The test suite checks the per-cell figure against the engine's
-own measurement.
+own measurement.  ``train_context`` reads the context the model was trained for, so a
+command can size its context to it before loading.
 """
 
 from __future__ import annotations
@@ -74,3 +75,13 @@ def context_cost(model_path: str | Path, config: EngineConfig) -> ContextCost | 
     n_head = max((heads[i] for i in attention), default=0)
     workspace = config.n_ctx_per_seq * config.n_batch * n_head * _F32 if attention else 0
     return ContextCost(per_cell, per_cell * config.n_ctx, workspace)
+
+
+def train_context(model_path: str | Path) -> int | None:
+    """The context the model was trained for (``<arch>.context_length``, llama.cpp's
+    ``n_ctx_train``); None when the metadata does not say."""
+    try:
+        f = _fields(Path(model_path))
+        return int(f[f"{f['general.architecture']}.context_length"])
+    except Exception:  # noqa: BLE001  an unreadable file: the engine's load will say why
+        return None
