@@ -47,6 +47,18 @@ def engines(forged: Callable[..., ForgedModel]) -> Iterator[Callable[..., object
         e.close()
 
 
+@pytest.fixture(autouse=True)
+def _structlog_configuration_restored() -> Iterator[None]:
+    """A test that runs a command (``runtime.cli.main`` configures logging, process-wide, at
+    warning level) must not change what later tests log: ``capture_logs`` sees only what the
+    configured level lets through."""
+    import structlog
+
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _integrity_checks_everywhere() -> Iterator[None]:
     """Every scheduler in the suite checks its integrity (ledger vs engine) whenever it goes

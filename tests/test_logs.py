@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Iterator
 
 import pytest
 import structlog
 
 from runtime.logs import configure_logging
-
-
-@pytest.fixture(autouse=True)
-def _restore_structlog() -> Iterator[None]:
-    # configure_logging is process-wide: later tests capture info-level events
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 def test_a_log_line_after_the_configured_stderr_closed_goes_to_the_current_one(
