@@ -18,7 +18,6 @@ engine's side of the integrity check for the screenshot store.
 from __future__ import annotations
 
 import ctypes
-import weakref
 from collections.abc import Sequence
 
 import llama_cpp
@@ -29,6 +28,7 @@ from cachepolicy.engine.errors import EngineError, RestoreError, UnsafeEditError
 from cachepolicy.engine.kv_blob import BlobFormat, KvRows, compose, parse
 from cachepolicy.engine.kv_patch import KvPatch, StoredKv
 from cachepolicy.engine.kv_rope import RopeSpec
+from cachepolicy.engine.live_count import LiveCount
 from cachepolicy.engine.native import Native, locked, model_meta
 from cachepolicy.engine.sequences import Sequences
 
@@ -56,7 +56,7 @@ class KvAccess:
         self.n_ctx_per_seq = n_ctx_per_seq
         self.rope = read_rope(native.model)
         self._format: BlobFormat | None = None
-        self._live = [0, 0]  # count, bytes of StoredKv objects still referenced
+        self._live = LiveCount()  # StoredKv objects still referenced
 
     def problem(self, uses_mrope: bool) -> str | None:
         """Why this model's KV rows cannot be moved and patched (None: they can)."""
@@ -70,7 +70,7 @@ class KvAccess:
     @property
     def live_stored(self) -> tuple[int, int]:
         """(count, bytes) of stored KV made by ``keep`` that is still referenced."""
-        return self._live[0], self._live[1]
+        return self._live.snapshot
 
     # ------------------------------------------------------------------ rows
 
@@ -124,15 +124,8 @@ class KvAccess:
     def keep(self, rows: KvRows, patch: KvPatch | None = None) -> StoredKv:
         """Stored KV for the screenshot store, counted while referenced."""
         stored = StoredKv(rows, patch)
-        n = stored.nbytes
-        self._live[0] += 1
-        self._live[1] += n
-        weakref.finalize(stored, self._forget, n)
+        self._live.track(stored, stored.nbytes)
         return stored
-
-    def _forget(self, nbytes: int) -> None:
-        self._live[0] -= 1
-        self._live[1] -= nbytes
 
     def _check(self, seq: int) -> None:
         self._seqs.runs(seq)

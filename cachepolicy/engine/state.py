@@ -10,7 +10,6 @@ the scheduler's integrity check.
 from __future__ import annotations
 
 import ctypes
-import weakref
 
 import attrs
 import llama_cpp
@@ -18,6 +17,7 @@ import llama_cpp
 from cachepolicy.engine.checkpoint import (
     GENESIS, Checkpoint, CheckpointKind, ModelKind, Run, chain_digest, without_trailing_rebase,
 )
+from cachepolicy.engine.live_count import LiveCount
 from cachepolicy.engine.native import Native, locked
 from cachepolicy.engine.records import history_prefix_at
 from cachepolicy.engine.sequences import Sequences
@@ -31,12 +31,12 @@ class SequenceState:
                  kind: ModelKind) -> None:
         self._native, self._seqs = native, seqs
         self.model_id, self.kind = model_id, kind
-        self._live = [0, 0]  # count, bytes of Checkpoint objects still referenced
+        self._live = LiveCount()  # Checkpoint objects still referenced
 
     @property
     def live_checkpoints(self) -> tuple[int, int]:
         """(count, bytes) of checkpoints made by this engine that are still referenced."""
-        return self._live[0], self._live[1]
+        return self._live.snapshot
 
     @locked
     def checkpoint(self, seq: int, kind: CheckpointKind = CheckpointKind.FULL) -> Checkpoint:
@@ -60,14 +60,8 @@ class SequenceState:
         ckpt = Checkpoint(data=buf.raw[:n], kind=kind, pos=self._seqs.next_pos(seq),
                           n_tokens=sum(r.n_tokens for r in hist), history=tuple(hist),
                           model_id=self.model_id)
-        self._live[0] += 1
-        self._live[1] += n
-        weakref.finalize(ckpt, self._forget_checkpoint, n)
+        self._live.track(ckpt, n)
         return ckpt
-
-    def _forget_checkpoint(self, nbytes: int) -> None:
-        self._live[0] -= 1
-        self._live[1] -= nbytes
 
     def _set_state(self, seq: int, ckpt: Checkpoint, flags: int) -> None:
         data = ckpt.data
