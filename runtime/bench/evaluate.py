@@ -46,6 +46,7 @@ import attrs
 from cachepolicy.engine import Engine
 from cachepolicy.errors import PolicyRefusedError
 from runtime.bench.arms import ArmSpec, split_arm
+from runtime.bench.text_grid import grid
 from runtime.config import AgentConfig
 from runtime.metrics import EpisodeResult
 from runtime.run.agents import EpisodeEvent, RunConfig, run_agents, simdesk_specs
@@ -260,13 +261,6 @@ def judge(runs: Sequence[ArmRun], tasks: Sequence[str], window: int) -> list[dic
 
 # ---------------------------------------------------------------------------- tables
 
-def _grid(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def _rate(d: dict[str, Any]) -> str:
     return str(SuccessRate(d["successes"], d["n"]))
 
@@ -294,7 +288,7 @@ def success_table(arms: Sequence[dict[str, Any]]) -> str:
                      f"{a['reference']}: {verdict}")
             same = f"{ag['identical_episodes']}/{n}"
         rows.append((a["arm"], _rate(a["success"]), delta, str(a["steps"]), agree, same))
-    return _grid(rows)
+    return grid(rows)
 
 
 def cost_table(arms: Sequence[dict[str, Any]]) -> str:
@@ -318,7 +312,7 @@ def cost_table(arms: Sequence[dict[str, Any]]) -> str:
                      f"{c['approximate_steps']}/{c['steps']}",
                      "" if d is None else f"{d['kl_mean']:.2e}",
                      "" if d is None else f"{100 * d['top1_agreement']:.0f}%"))
-    return _grid(rows)
+    return grid(rows)
 
 
 def kind_table(arms: Sequence[dict[str, Any]]) -> str:
@@ -331,4 +325,4 @@ def kind_table(arms: Sequence[dict[str, Any]]) -> str:
     for k in kinds:
         rows.append((k, *(f"{a['success_by_kind'][k]['successes']}/"
                           f"{a['success_by_kind'][k]['n']}" for a in ran)))
-    return _grid(rows)
+    return grid(rows)

@@ -7,6 +7,7 @@ from typing import Any
 
 from runtime.bench.arms import ArmResult
 from runtime.bench.fit import decode_fit
+from runtime.bench.text_grid import grid
 from scheduler.sizes import format_bytes
 
 REFERENCE_ARM = "terminal-scratch"
@@ -64,14 +65,6 @@ def summarize(arm: ArmResult, reference_sha: str | None, window: int = 3) -> dic
     return summary
 
 
-def _grid(rows: Sequence[Sequence[str]]) -> str:
-    """Columns padded to their widest cell, a rule under the header row."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def _num(x: float | None, fmt: str = ".2f") -> str:
     return "n/a" if x is None else format(x, fmt)
 
@@ -93,7 +86,7 @@ def table(arms: Sequence[dict[str, Any]]) -> str:
                      format_bytes(s["kv_bytes_peak"]), f"{s['critical_path_s_mean']:.2f}",
                      f"{s['wall_s']:.2f}",
                      "n/a" if same is None else ("yes" if same else "no")))
-    return _grid(rows)
+    return grid(rows)
 
 
 def _fit_text(fit: dict[str, Any] | None) -> tuple[str, str]:
@@ -125,7 +118,7 @@ def time_table(arms: Sequence[dict[str, Any]]) -> str:
                      "n/a" if base is None else format_bytes(base),
                      format_bytes(s["ledger_peak_bytes_last"]),
                      _num(s["ledger_last_over_step5"])))
-    return _grid(rows)
+    return grid(rows)
 
 
 def latency_table(arms: Sequence[dict[str, Any]], bound: dict[str, Any] | None) -> str:
@@ -139,7 +132,7 @@ def latency_table(arms: Sequence[dict[str, Any]], bound: dict[str, Any] | None) 
                      *(f"{a['steps'][i]['critical_path_s']:.2f}" if i < len(a["steps"])
                        else "" for a in ran),
                      f"{line[i]:.2f}" if i < len(line) else "n/a"))
-    return "critical-path latency per step (s)\n" + _grid(rows)
+    return "critical-path latency per step (s)\n" + grid(rows)
 
 
 def bound_text(blocks: dict[str, Any]) -> str:

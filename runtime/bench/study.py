@@ -25,6 +25,7 @@ from typing import Any
 
 from runtime.arg_parsers import parse_wxh
 from runtime.engine_setup import DefaultModel, ModelFiles, resolve_model
+from runtime.bench.text_grid import grid
 from vmenv.trajectory_writer import write_durably
 
 SCREENS = ((1280, 720), (1920, 1080))
@@ -146,10 +147,7 @@ def grid_table(cells: list[dict[str, Any]]) -> str:
                          f"{a.get('last_latency_vs_evict', float('nan')):.2f}",
                          f"{a['critical_over_new']:.2f}", f"{a['prefetch_wait_s']:.2f}",
                          f"{a['encode_s']:.2f}", f"{a['wall_s']:.1f}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)).rstrip()
-             for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = grid(rows).split("\n")
     same = all(c["terminal_slot_arms_identical"] for c in cells)
     lines.append(f"(means over the {FULL_STEPS} steps after the window filled; terminal-slot "
                  f"with and without overlap decoded identical tokens in every cell: "

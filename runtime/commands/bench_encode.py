@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _table(timings: list, threads: int) -> str:
+    from runtime.bench.text_grid import grid
+
     head = ("screenshot", "tokens", "encode s flash off", "encode s flash on", "off/on",
             "bitwise run to run", "max|diff| off vs on", "prefill s / screenshot")
     rows = [head]
@@ -124,10 +126,7 @@ def _table(timings: list, threads: int) -> str:
                      f"{d['encode_s_median_flash_on']:.3f}", f"{d['speedup']:.2f}x",
                      "yes" if all(t.deterministic.values()) else "NO",
                      f"{t.max_abs_diff_off_on:.2g}", f"{d['prefill_s_median']:.3f}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = grid(rows).split("\n")
     lines.append(f"(medians, {threads} thread(s); overlap hides a retained screenshot's prefill "
                  f"only if the VM takes at least that long per retained screenshot)")
     return "\n".join(lines)

@@ -141,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    from runtime.bench.text_grid import grid
+
     head = ("model", "clock", "rows exact/fast", "prefill tok/s exact", "fast", "fast/exact",
             "decode tok/s exact", "fast", "fast/exact", "exact bitwise run to run")
     rows = [head]
@@ -153,10 +155,7 @@ def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
                          f"{s['decode_tok_s']['exact']:.1f}", f"{s['decode_tok_s']['fast']:.1f}",
                          f"{s['decode_fast_over_exact']:.2f}x",
                          "yes" if r["prefill_bitwise"]["exact"] else "NO"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = grid(rows).split("\n")
     lines.append(
         f"({args.prompt_tokens}-token prefill, {args.decode_tokens} decode steps, n_batch "
         f"{args.n_batch}, {args.threads} thread(s); medians of {args.repeats} ABBA pair(s), "

@@ -222,6 +222,7 @@ def default_lengths(limit: int) -> list[int | None]:
 
 def format_report(report: object, load: list[float]) -> str:
     from runtime.bench.replay_prefix import EXACT, FULL, PrefixReport, tokens_add_up
+    from runtime.bench.text_grid import grid
 
     assert isinstance(report, PrefixReport)
     head = ("prefix rows", "arm", "start", "prefill tok", "replayed", "TTFT s (median)",
@@ -240,14 +241,14 @@ def format_report(report: object, load: list[float]) -> str:
                          kl, f"p={c.top1_p:.3f}" if a == FULL
                          else "yes" if s["top1_agree"] else "NO",
                          f"{s['checkpoint_bytes'] / 1024:.1f}"))
-    lines = _columns(rows)
+    lines = grid(rows).split("\n")
     lines.append("")
     lines.append("speedup = full TTFT / arm TTFT (median of the per-repeat ratios):")
-    grid = [("prefix rows", *[a for a in report.arms if a != FULL])]
+    speedups = [("prefix rows", *[a for a in report.arms if a != FULL])]
     for c in report.cases:
-        grid.append((str(c.prefix_rows), *[f"{c.speedup(a):.2f}x" for a in report.arms
+        speedups.append((str(c.prefix_rows), *[f"{c.speedup(a):.2f}x" for a in report.arms
                                             if a != FULL]))
-    lines += _columns(grid)
+    lines += grid(speedups).split("\n")
     ckpt = report.cases[0].checkpoint_bytes if report.cases else 0
     lines.append("")
     lines.append(
@@ -264,11 +265,3 @@ def format_report(report: object, load: list[float]) -> str:
     lines.append(f"machine load (1-min average) at start {load[0]:.2f}, at end {load[-1]:.2f}; "
                  f"{os.cpu_count()} cores")
     return "\n".join(lines)
-
-
-def _columns(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return lines
