@@ -109,6 +109,18 @@ def test_an_attention_only_model_is_refused(capsys) -> None:
     assert "attention-only: no recurrent state to replay" in capsys.readouterr().err
 
 
+def test_a_damaged_model_file_is_named_as_such(capsys, tmp_path: Path) -> None:
+    # the message blames the file, not its metadata (it used to say the metadata lacked
+    # the training context for any unreadable file)
+    _, mmproj = agent_files("qwen35")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    assert main(["bench-replay-prefix", "--threads", "1", "--model", str(bad),
+                 "--mmproj", str(mmproj), "--lengths", "256"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read it as GGUF" in err and "does not say" not in err
+
+
 def test_the_command_reports_and_writes_json(capsys, tmp_path: Path) -> None:
     out = tmp_path / "prefix.json"
     assert main(["bench-replay-prefix", "--threads", "1", "--lengths", "400",

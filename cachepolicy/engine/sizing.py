@@ -79,9 +79,13 @@ def context_cost(model_path: str | Path, config: EngineConfig) -> ContextCost | 
 
 def train_context(model_path: str | Path) -> int | None:
     """The context the model was trained for (``<arch>.context_length``, llama.cpp's
-    ``n_ctx_train``); None when the metadata does not say."""
+    ``n_ctx_train``); None when the metadata does not say. ValueError naming the file when it
+    cannot be read as GGUF (so a caller does not blame the metadata for a bad file)."""
     try:
         f = _fields(Path(model_path))
-        return int(f[f"{f['general.architecture']}.context_length"])
-    except Exception:  # noqa: BLE001  an unreadable file: the engine's load will say why
-        return None
+    except Exception as exc:  # noqa: BLE001  gguf raises many types for a damaged file
+        raise ValueError(f"{model_path}: cannot read it as GGUF ({type(exc).__name__}: "
+                         f"{exc})") from exc
+    arch = f.get("general.architecture")
+    value = f.get(f"{arch}.context_length") if arch is not None else None
+    return None if value is None else int(value)

@@ -117,7 +117,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if files.note():
         print(files.note(), file=sys.stderr)
-    n_ctx_train = train_context(files.model)
+    try:
+        n_ctx_train = train_context(files.model)
+    except ValueError as exc:
+        return _fail(str(exc))
     if n_ctx_train is None:
         return _fail(f"{files.model}: its GGUF metadata does not say the context it was "
                      "trained for (<arch>.context_length)")
