@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from runtime.actions import Screen
+from cachepolicy.engine.gguf_meta import metadata
 from cachepolicy.policies import POLICIES
 from runtime.config import AgentConfig, system_prompt
 
@@ -100,12 +101,10 @@ def estimate_image_tokens(mmproj: Path, screen: Screen) -> int:
     against the loaded projector's real count afterwards (``blank_png``)."""
     w, h = screen
     try:
-        from gguf import GGUFReader
-
-        fields = GGUFReader(str(mmproj)).fields
+        fields = metadata(mmproj)
 
         def value(key: str) -> Any:
-            return fields[key].contents() if key in fields else None
+            return fields.get(key)
 
         patch = int(value("clip.vision.patch_size") or 14)
         merge = value("clip.vision.spatial_merge_size")

@@ -26,6 +26,7 @@ import structlog
 from cachepolicy.engine import generation
 from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind, Run, RunKind
 from cachepolicy.engine.drafts import BREAK, Drafting
+from cachepolicy.engine.gguf_meta import tensor_types
 from cachepolicy.engine.backend import init_backend
 from cachepolicy.engine.batcher import DecodeBatcher, DecodeStats
 from cachepolicy.engine.compute_thread import ComputeThread
@@ -121,10 +122,7 @@ def _expert_count(model: object) -> int:
 def expert_weight_types(model_path: Path) -> frozenset[str]:
     """The GGUF types of a MoE model's expert matrices (``blk.N.ffn_*_exps``), read from
     the file's tensor table (llama.cpp's API does not say)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(model_path))
-    return frozenset(t.tensor_type.name for t in reader.tensors if "_exps." in t.name)
+    return frozenset(kind for name, kind in tensor_types(model_path).items() if "_exps." in name)
 
 
 class Engine:

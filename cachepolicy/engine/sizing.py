@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from cachepolicy.engine.gguf_meta import metadata
 from cachepolicy.engine.records import EngineConfig
 
 _F16 = 2
@@ -40,13 +41,6 @@ class ContextCost:
         return self.kv_bytes + self.workspace_bytes
 
 
-def _fields(path: Path) -> dict[str, Any]:
-    from gguf import GGUFReader
-
-    return {k: f.contents() for k, f in GGUFReader(str(path)).fields.items()
-            if not k.startswith("tokenizer.")}
-
-
 def _per_layer(value: Any, n_layer: int) -> list[int]:
     if isinstance(value, list):
         return [int(v) for v in value][:n_layer]
@@ -57,7 +51,7 @@ def context_cost(model_path: str | Path, config: EngineConfig) -> ContextCost | 
     """The estimate for ``config`` on this model; None when the metadata does not say
     (an unreadable file or an architecture without the usual keys: llama.cpp decides)."""
     try:
-        f = _fields(Path(model_path))
+        f = metadata(model_path)
         arch = str(f["general.architecture"])
         n_layer = int(f[f"{arch}.block_count"])
         n_embd = int(f[f"{arch}.embedding_length"])
@@ -81,11 +75,7 @@ def train_context(model_path: str | Path) -> int | None:
     """The context the model was trained for (``<arch>.context_length``, llama.cpp's
     ``n_ctx_train``); None when the metadata does not say. ValueError naming the file when it
     cannot be read as GGUF (so a caller does not blame the metadata for a bad file)."""
-    try:
-        f = _fields(Path(model_path))
-    except Exception as exc:  # noqa: BLE001  gguf raises many types for a damaged file
-        raise ValueError(f"{model_path}: cannot read it as GGUF ({type(exc).__name__}: "
-                         f"{exc})") from exc
+    f = metadata(model_path)
     arch = f.get("general.architecture")
     value = f.get(f"{arch}.context_length") if arch is not None else None
     return None if value is None else int(value)

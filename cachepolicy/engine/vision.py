@@ -31,6 +31,7 @@ from llama_cpp import mtmd_cpp
 from cachepolicy.engine.compute_thread import ComputeThread
 from cachepolicy.engine.native import Native
 from cachepolicy.engine.errors import EngineError, ImageError, ModelLoadError, NoVisionError
+from cachepolicy.engine.gguf_meta import GgufUnreadable, metadata
 from cachepolicy.engine.images import DecodedImage, EmbeddingCache, EncodedImage, decode_png
 
 
@@ -65,13 +66,11 @@ def declares_position_features(path: Path) -> bool:
 def _metadata(path: Path) -> dict[str, str]:
     """The two keys the pairing check reads, as strings (empty if not readable as GGUF)."""
     try:
-        from gguf import GGUFReader
-
-        fields = GGUFReader(str(path)).fields
-        keys = ("clip.projector_type", POSITION_FEATURES_KEY)
-        return {k: str(fields[k].contents()) for k in keys if k in fields}
-    except Exception:  # noqa: BLE001  not readable as GGUF here: mtmd reports it properly
+        fields = metadata(path)
+    except GgufUnreadable:  # mtmd reports an unreadable file properly when it loads it
         return {}
+    keys = ("clip.projector_type", POSITION_FEATURES_KEY)
+    return {k: str(fields[k]) for k in keys if k in fields}
 
 
 def check_pairing(path: Path, projector: str | None, rope_type: int, *,
