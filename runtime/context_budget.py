@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Any
 
 import attrs
 
@@ -102,14 +101,10 @@ def estimate_image_tokens(mmproj: Path, screen: Screen) -> int:
     w, h = screen
     try:
         fields = metadata(mmproj)
-
-        def value(key: str) -> Any:
-            return fields.get(key)
-
-        patch = int(value("clip.vision.patch_size") or 14)
-        merge = value("clip.vision.spatial_merge_size")
-        if merge is None and "qwen" not in str(value("clip.projector_type") or ""):
-            size = int(value("clip.vision.image_size") or 336)  # fixed-size projector
+        patch = int(fields.get("clip.vision.patch_size") or 14)
+        merge = fields.get("clip.vision.spatial_merge_size")
+        if merge is None and "qwen" not in str(fields.get("clip.projector_type") or ""):
+            size = int(fields.get("clip.vision.image_size") or 336)  # fixed-size projector
             return (size // patch) ** 2
         cell = patch * int(merge or 2)
         return -(-w // cell) * -(-h // cell)
