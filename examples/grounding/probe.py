@@ -1,0 +1,241 @@
+"""Issue 21 research: grounding with *designed keys* — the recognised widget class as a clean
+code in the image row, matched by an initialised query/key pair, with an initialised copy of
+the cell's position code (the agents' qwen35 shape, ``runtime.train.model.forward``).
+
+Per held-out expert click on the grid layout (``cells.py``): rows = the screenshot's 240 cells,
+then ``"\\n" <class> <x> <y>`` — the clicked widget's class as one token, then one token per
+coordinate (the cell's column, the cell's row). The image row of a cell is
+``[key | position | content]``:
+
+* key (dims 0..35): the output of a per-cell MLP over the designed projector's features,
+  trained first as a classifier whose logits are ``key · code[class]`` (``code``: fixed random
+  unit vectors), then frozen; the class tokens' embeddings are ``code[class]`` in the same dims;
+* position (dims 36..67): the column one-hot (20) and row one-hot (12), scaled; the x and y
+  tokens' embeddings are the same one-hots, so the tied LM head reads a copied code directly;
+* content (dims 68..): a fixed random projection of the features (what the model would also
+  see), small.
+
+The last attention layer's first KV head is initialised to look up and copy: its query and
+key read the key dims (in the head's unrotated dims, so position does not enter), its value
+reads the position dims and its output writes them back. Everything is then trained.
+
+Reported on held-out screens: x / y / both right, and **hit** — the predicted cell's centre
+reaches the target widget (what a click needs).
+
+Run: ``python examples/grounding/probe.py TRAIN.npz EVAL.npz [UPDATES] [INIT]`` (INIT 0: the
+forge's random init everywhere, the control).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from runtime.train.agents import agent_shape
+from runtime.train.model import Rows, forward
+from runtime.train.params import init_params
+
+from recognise import load  # noqa: E402  (same folder)
+
+KEY, POS, CONTENT = 36, 32, 68
+COLS, ROWS = 20, 12
+CLASS_TOK, X_TOK, Y_TOK, NL_TOK = 1000, 1100, 1120, 13
+
+
+def train_recogniser(ftr, ltr, n_cls, updates=1500):
+    d_in = ftr.shape[-1]
+    x_all, y_all = ftr.reshape(-1, d_in), ltr.reshape(-1)
+    mean, std = x_all.mean(0), x_all.std(0) + 1e-3
+    k = jax.random.split(jax.random.PRNGKey(1), 3)
+    code = jax.random.normal(k[2], (n_cls, KEY))
+    code = code / jnp.linalg.norm(code, axis=1, keepdims=True)
+    p = {"w0": jax.random.normal(k[0], (d_in, 512)) * d_in**-0.5, "b0": jnp.zeros(512),
+         "w2": jax.random.normal(k[1], (512, KEY)) * 512**-0.5, "b2": jnp.zeros(KEY)}
+
+    def out(p, x):
+        return jax.nn.gelu((x - mean) / std @ p["w0"] + p["b0"]) @ p["w2"] + p["b2"]
+
+    freq = np.bincount(y_all, minlength=n_cls) + 1
+    weight = jnp.asarray(np.minimum((freq.sum() / freq) ** 0.5, 30.0), jnp.float32)
+
+    def loss(p, x, y):
+        lp = jax.nn.log_softmax(out(p, x) @ code.T * 8.0)
+        w = weight[y]
+        return -(jnp.take_along_axis(lp, y[:, None], 1)[:, 0] * w).sum() / w.sum()
+
+    opt = adam(p)
+
+    @jax.jit
+    def step(p, s, t, x, y):
+        return opt_update(p, s, t, jax.grad(loss)(p, x, y), 2e-3, updates)
+
+    rng = np.random.default_rng(0)
+    s = opt
+    for t in range(1, updates + 1):
+        i = rng.integers(0, len(y_all), 4096)
+        p, s = step(p, s, t, jnp.asarray(x_all[i]), jnp.asarray(y_all[i]))
+    return jax.jit(lambda x: out(p, x)), code
+
+
+def adam(p):
+    z = jax.tree.map(jnp.zeros_like, p)
+    return (z, z)
+
+
+def opt_update(p, s, t, g, lr, total, b1=0.9, b2=0.99, clip=1.0):
+    norm = jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(g)))
+    g = jax.tree.map(lambda x: x * jnp.minimum(1.0, clip / (norm + 1e-9)), g)
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, s[0], g)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, s[1], g)
+    scale = lr * jnp.minimum(1.0, t / 100) * (0.1 + 0.9 * 0.5 * (1 + jnp.cos(jnp.pi * t / total)))
+    p = jax.tree.map(lambda p, m, v: p - scale * (m / (1 - b1**t))
+                     / (jnp.sqrt(v / (1 - b2**t)) + 1e-8), p, mu, nu)
+    return p, (mu, nu)
+
+
+def image_rows(keys, feats, proj, n_embd, pos_scale=3.0, content_scale=0.3):
+    n = keys.shape[0]
+    rows = np.zeros((n, ROWS, COLS, n_embd), np.float32)
+    kn = keys / (np.linalg.norm(keys, axis=-1, keepdims=True) + 1e-6)
+    rows[..., :KEY] = kn * 3.0
+    for r in range(ROWS):
+        for c in range(COLS):
+            rows[:, r, c, KEY + c] = pos_scale
+            rows[:, r, c, KEY + COLS + r] = pos_scale
+    rows[..., CONTENT:] = content_scale * np.tanh(feats @ proj)
+    return rows.reshape(n, ROWS * COLS, n_embd)
+
+
+def design(params, spec, code, n_cls, on: bool):
+    p = {k: np.array(v) for k, v in params.items()}
+    e = p["token_embd.weight"]
+    rng = np.random.default_rng(2)
+    for c in range(n_cls):
+        e[CLASS_TOK + c] = 0.05 * rng.normal(size=spec.n_embd)
+        e[CLASS_TOK + c, :KEY] = np.asarray(code[c]) * 3.0
+    for c in range(COLS):
+        e[X_TOK + c] = 0.05 * rng.normal(size=spec.n_embd)
+        e[X_TOK + c, KEY + c] = 3.0
+    for r in range(ROWS):
+        e[Y_TOK + r] = 0.05 * rng.normal(size=spec.n_embd)
+        e[Y_TOK + r, KEY + COLS + r] = 3.0
+    if on:
+        il = max(i for i in range(spec.n_layer) if spec.is_attention(i))
+        hd, rot, pre = spec.head_dim, spec.rope_dims, f"blk.{il}"
+        free = hd - rot  # unrotated dims of a head: rot..hd
+        q, k = p[f"{pre}.attn_q.weight"], p[f"{pre}.attn_k.weight"]
+        v, o = p[f"{pre}.attn_v.weight"], p[f"{pre}.attn_output.weight"]
+        q[:2 * hd] = 0.0  # head 0: query and gate
+        k[:hd] = 0.0
+        v[:hd] = 0.0
+        o[:, :hd] = 0.0
+        q[rot:rot + min(free, KEY), :KEY] = np.eye(min(free, KEY), KEY)
+        k[rot:rot + min(free, KEY), :KEY] = np.eye(min(free, KEY), KEY)
+        v[:POS, KEY:KEY + POS] = np.eye(POS)
+        o[KEY:KEY + POS, :POS] = 2.0 * 4.0 * np.eye(POS)  # x2 for sigmoid(0) = 0.5
+        p[f"{pre}.attn_q_norm.weight"][rot:] = 2.5
+        p[f"{pre}.attn_k_norm.weight"][rot:] = 2.5
+    return {k: jnp.asarray(v) for k, v in p.items()}
+
+
+def build(rows_img, states, n_embd, mask):
+    """Rows for the click examples: image rows then \\n, class, x, y; targets at 3 rows."""
+    idx = np.nonzero(mask)[0]
+    n_img = ROWS * COLS
+    T = n_img + 4
+    tokens = np.zeros((len(idx), T), np.int32)
+    embeds = np.zeros((len(idx), T, n_embd), np.float32)
+    is_embed = np.zeros((len(idx), T), bool)
+    positions = np.zeros((len(idx), T, 4), np.int32)
+    rr, cc = np.meshgrid(np.arange(ROWS), np.arange(COLS), indexing="ij")
+    positions[:, :n_img, 1] = rr.reshape(-1)
+    positions[:, :n_img, 2] = cc.reshape(-1)
+    for j in range(4):
+        positions[:, n_img + j, :3] = COLS + j
+    targets = np.zeros((len(idx), 2), np.int32)
+    for n, i in enumerate(idx):
+        _, _, target, tcell = states[i]
+        r, c = divmod(int(tcell), COLS)
+        embeds[n, :n_img] = rows_img[i]
+        is_embed[n, :n_img] = True
+        tokens[n, n_img:] = [NL_TOK, CLASS_TOK + target, X_TOK + c, Y_TOK + r]
+        targets[n] = [X_TOK + c, Y_TOK + r]
+    return (tokens, embeds, is_embed, positions), targets, idx
+
+
+def main() -> None:
+    names: list[str] = ["other"]
+    ftr, ltr, str_ = load(sys.argv[1], names)
+    fev, lev, sev = load(sys.argv[2], names)
+    updates = int(sys.argv[3]) if len(sys.argv) > 3 else 1500
+    init_on = (sys.argv[4] != "0") if len(sys.argv) > 4 else True
+    n_cls = len(names)
+    t0 = time.time()
+    recog, code = train_recogniser(ftr, ltr, n_cls)
+    d = ftr.shape[-1]
+    ktr = np.asarray(recog(jnp.asarray(ftr.reshape(-1, d)))).reshape(*ftr.shape[:3], KEY)
+    kev = np.asarray(recog(jnp.asarray(fev.reshape(-1, d)))).reshape(*fev.shape[:3], KEY)
+    pred_ev = (kev @ np.asarray(code).T).argmax(-1)
+    click = lev > 0
+    print(f"recogniser {time.time() - t0:.0f}s: held-out cell acc "
+          f"{(pred_ev[click] == lev[click]).mean():.3f}", flush=True)
+    spec = agent_shape("qwen35").spec
+    proj = np.random.default_rng(3).normal(0, d**-0.5, (d, spec.n_embd - CONTENT))
+    rtr = image_rows(ktr, ftr, proj, spec.n_embd)
+    rev = image_rows(kev, fev, proj, spec.n_embd)
+    xtr, ytr, _ = build(rtr, str_, spec.n_embd, (str_[:, 2] > 0))
+    xev, yev, iev = build(rev, sev, spec.n_embd, (sev[:, 2] > 0))
+    print(f"{len(ytr)} train clicks, {len(yev)} held-out", flush=True)
+    params = design(init_params(spec, seed=0), spec, code, n_cls, init_on)
+    n_img = ROWS * COLS
+    select = jnp.array([n_img + 1, n_img + 2])
+
+    def seq_logits(p, tok, emb, ise, pos):
+        rows = Rows(tok, emb, ise, pos, jnp.ones(tok.shape[0], bool))
+        return forward(p, spec, rows, select=select)
+
+    batched = jax.vmap(seq_logits, in_axes=(None, 0, 0, 0, 0))
+
+    def loss(p, x, y):
+        lp = jax.nn.log_softmax(batched(p, *x), axis=-1)
+        return -jnp.take_along_axis(lp, y[..., None], -1).mean()
+
+    state = adam(params)
+
+    @jax.jit
+    def step(p, s, t, x, y):
+        val, g = jax.value_and_grad(loss)(p, x, y)
+        p, s = opt_update(p, s, t, g, 2e-3, updates)
+        return p, s, val
+
+    predict = jax.jit(lambda p, x: batched(p, *x).argmax(-1))
+    rng = np.random.default_rng(0)
+    B = 4
+    t0 = time.time()
+    for t in range(1, updates + 1):
+        i = rng.integers(0, len(ytr), B)
+        params, state, val = step(params, state, t, tuple(jnp.asarray(a[i]) for a in xtr),
+                                  jnp.asarray(ytr[i]))
+        if t % 250 == 0 or t == updates:
+            evaluate(t, time.time() - t0, float(val), predict, params, xev, yev, iev, lev, sev)
+
+
+def evaluate(t, secs, val, predict, params, xev, yev, iev, lev, sev) -> None:
+    preds = []
+    for s in range(0, len(yev), 16):
+        preds.append(np.asarray(predict(params, tuple(jnp.asarray(a[s:s + 16]) for a in xev))))
+    pred = np.concatenate(preds)
+    xok, yok = pred[:, 0] == yev[:, 0], pred[:, 1] == yev[:, 1]
+    px = np.clip(pred[:, 0] - X_TOK, 0, COLS - 1)
+    py = np.clip(pred[:, 1] - Y_TOK, 0, ROWS - 1)
+    hit = np.array([lev[i][py[n], px[n]] == sev[i][2] for n, i in enumerate(iev)])
+    print(f"{t:5d} {secs:5.0f}s loss {val:.3f}  x {xok.mean():.3f}  y {yok.mean():.3f}  "
+          f"both {(xok & yok).mean():.3f}  hit {hit.mean():.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
