@@ -9,8 +9,9 @@ writes, per merged 32x32 cell (20 x 12 of them):
   luminance at 2x2-pixel resolution (64 values) and mean colour (3), for the 4 patches;
 * ``label``: the class of the widget a click at the cell's centre reaches (``widgets.hit``),
   where the classes are the widgets experts click (everything else is ``other``);
-* per state, the expert's click (if the action is a click): the target class and the cell
-  the click falls in.
+* per state: the task kind's index and seed, the expert's click (if the action is a click:
+  the target class and the cell the click falls in; else -1), the step's index in its
+  episode, and the expert's actions as text (``actions``: one line per step, ``|``-joined).
 
 Run: ``python examples/grounding/cells.py OUT.npz N_EPISODES SPLIT`` (SPLIT train | eval).
 """
@@ -67,7 +68,7 @@ def cell_features(img: np.ndarray) -> np.ndarray:
 def main(out: str, n: int, split: str) -> None:
     seeds = train_seeds() if split == "train" else iter(eval_seeds(10 * n))
     kinds = task_kinds()
-    feats, labels, states = [], [], []
+    feats, labels, states, actions = [], [], [], []
     classes: dict[str, int] = {"other": 0}
     count = 0
     for seed, kind in zip(seeds, itertools.cycle(kinds)):
@@ -80,7 +81,7 @@ def main(out: str, n: int, split: str) -> None:
             print("skip", kind, seed, exc)
             continue
         count += 1
-        for step in demo:
+        for n_step, step in enumerate(demo):
             img = np.asarray(render(step.state).convert("RGB"))
             ws = widgets(step.state)
             rows, cols = H // CELL, W // CELL
@@ -98,12 +99,13 @@ def main(out: str, n: int, split: str) -> None:
                 tcell = (y // CELL) * cols + x // CELL
             feats.append(cell_features(img))
             labels.append(lab)
-            states.append((kinds.index(kind), seed, target, tcell))
+            states.append((kinds.index(kind), seed, target, tcell, n_step))
+            actions.append(repr(step.action))
         if count % 20 == 0:
             print(f"{count}/{n} episodes, {len(feats)} screens", flush=True)
     np.savez_compressed(out, features=np.stack(feats).astype(np.float16),
                         labels=np.stack(labels), states=np.array(states, np.int64),
-                        classes=np.array(list(classes)))
+                        classes=np.array(list(classes)), actions=np.array(actions))
     print("classes", list(classes))
 
 

@@ -36,13 +36,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from runtime.train.agents import agent_shape
-from runtime.train.model import Rows, forward
+from runtime.train.model import ForwardOptions
+from runtime.train import attention, rope
+from runtime.train.model import Rows, _block, forward, project
+from runtime.train.numerics import rms_norm
 from runtime.train.params import init_params
 
 from recognise import load  # noqa: E402  (same folder)
 
 KEY, POS, CONTENT = 36, 32, 68
+QUERY = 156  # the class tokens' code lives in dims QUERY.. (not the key dims: no self-match)
 COLS, ROWS = 20, 12
+AUX = float(__import__("os").environ.get("AUX", "1.0"))  # the query scaffold's weight
+LR = float(__import__("os").environ.get("LR", "1e-3"))
 CLASS_TOK, X_TOK, Y_TOK, NL_TOK = 1000, 1100, 1120, 13
 
 
@@ -106,7 +112,7 @@ def image_rows(keys, feats, proj, n_embd, pos_scale=3.0, content_scale=0.3):
         for c in range(COLS):
             rows[:, r, c, KEY + c] = pos_scale
             rows[:, r, c, KEY + COLS + r] = pos_scale
-    rows[..., CONTENT:] = content_scale * np.tanh(feats @ proj)
+    rows[..., CONTENT:QUERY] = content_scale * np.tanh(feats @ proj)
     return rows.reshape(n, ROWS * COLS, n_embd)
 
 
@@ -116,7 +122,7 @@ def design(params, spec, code, n_cls, on: bool):
     rng = np.random.default_rng(2)
     for c in range(n_cls):
         e[CLASS_TOK + c] = 0.05 * rng.normal(size=spec.n_embd)
-        e[CLASS_TOK + c, :KEY] = np.asarray(code[c]) * 3.0
+        e[CLASS_TOK + c, QUERY:QUERY + KEY] = np.asarray(code[c]) * 3.0
     for c in range(COLS):
         e[X_TOK + c] = 0.05 * rng.normal(size=spec.n_embd)
         e[X_TOK + c, KEY + c] = 3.0
@@ -133,7 +139,7 @@ def design(params, spec, code, n_cls, on: bool):
         k[:hd] = 0.0
         v[:hd] = 0.0
         o[:, :hd] = 0.0
-        q[rot:rot + min(free, KEY), :KEY] = np.eye(min(free, KEY), KEY)
+        q[rot:rot + min(free, KEY), QUERY:QUERY + KEY] = np.eye(min(free, KEY), KEY)
         k[rot:rot + min(free, KEY), :KEY] = np.eye(min(free, KEY), KEY)
         v[:POS, KEY:KEY + POS] = np.eye(POS)
         o[KEY:KEY + POS, :POS] = 2.0 * 4.0 * np.eye(POS)  # x2 for sigmoid(0) = 0.5
@@ -158,7 +164,7 @@ def build(rows_img, states, n_embd, mask):
         positions[:, n_img + j, :3] = COLS + j
     targets = np.zeros((len(idx), 2), np.int32)
     for n, i in enumerate(idx):
-        _, _, target, tcell = states[i]
+        target, tcell = states[i][2], states[i][3]
         r, c = divmod(int(tcell), COLS)
         embeds[n, :n_img] = rows_img[i]
         is_embed[n, :n_img] = True
@@ -184,44 +190,72 @@ def main() -> None:
     print(f"recogniser {time.time() - t0:.0f}s: held-out cell acc "
           f"{(pred_ev[click] == lev[click]).mean():.3f}", flush=True)
     spec = agent_shape("qwen35").spec
-    proj = np.random.default_rng(3).normal(0, d**-0.5, (d, spec.n_embd - CONTENT))
+    proj = np.random.default_rng(3).normal(0, d**-0.5, (d, QUERY - CONTENT))
     rtr = image_rows(ktr, ftr, proj, spec.n_embd)
     rev = image_rows(kev, fev, proj, spec.n_embd)
-    xtr, ytr, _ = build(rtr, str_, spec.n_embd, (str_[:, 2] > 0))
+    xtr, ytr, itr = build(rtr, str_, spec.n_embd, (str_[:, 2] > 0))
+    ctr = str_[itr, 2]
     xev, yev, iev = build(rev, sev, spec.n_embd, (sev[:, 2] > 0))
     print(f"{len(ytr)} train clicks, {len(yev)} held-out", flush=True)
     params = design(init_params(spec, seed=0), spec, code, n_cls, init_on)
     n_img = ROWS * COLS
     select = jnp.array([n_img + 1, n_img + 2])
 
+    lookup_layer = max(i for i in range(spec.n_layer) if spec.is_attention(i))
+
     def seq_logits(p, tok, emb, ise, pos):
-        rows = Rows(tok, emb, ise, pos, jnp.ones(tok.shape[0], bool))
-        return forward(p, spec, rows, select=select)
+        """Logits at the two coordinate rows, and the lookup layer's input there (the
+        forward of ``runtime.train.model``, unrolled to read the residual on the way)."""
+        h = jnp.where(ise[:, None], emb, p["token_embd.weight"][tok])
+        cos, sin = rope.angles(pos, spec)
+        visible = attention.visibility(pos, jnp.ones(tok.shape[0], bool))
+        seen = None
+        for il in range(spec.n_layer):
+            if il == lookup_layer:
+                seen = h[select]
+            h = _block(p, il, h, cos, sin, visible, spec, ForwardOptions())
+        h = rms_norm(h, p["output_norm.weight"], spec.rms_eps)
+        return project(p, h[select]), seen
 
     batched = jax.vmap(seq_logits, in_axes=(None, 0, 0, 0, 0))
 
-    def loss(p, x, y):
-        lp = jax.nn.log_softmax(batched(p, *x), axis=-1)
-        return -jnp.take_along_axis(lp, y[..., None], -1).mean()
+    def loss(p, x, y, cls):
+        logits, seen = batched(p, *x)
+        lp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(lp, y[..., None], -1).mean()
+        # the query scaffold: the lookup layer's input carries the target's code in the
+        # query dims at both coordinate rows (cosine; the head RMS-norms its query anyway)
+        qv = seen[..., QUERY:QUERY + KEY]
+        want = jnp.asarray(code)[cls][:, None, :]
+        cosine = (qv * want).sum(-1) / (jnp.linalg.norm(qv, axis=-1) + 1e-6)
+        return nll + AUX * (1.0 - cosine).mean()
 
     state = adam(params)
 
     @jax.jit
-    def step(p, s, t, x, y):
-        val, g = jax.value_and_grad(loss)(p, x, y)
-        p, s = opt_update(p, s, t, g, 2e-3, updates)
+    def step(p, s, t, x, y, cls):
+        val, g = jax.value_and_grad(loss)(p, x, y, cls)
+        p, s = opt_update(p, s, t, g, LR, updates)
         return p, s, val
 
-    predict = jax.jit(lambda p, x: batched(p, *x).argmax(-1))
+    predict = jax.jit(lambda p, x: constrained(batched(p, *x)[0]))
+    evaluate(0, 0.0, 0.0, predict, params, xev, yev, iev, lev, sev)
     rng = np.random.default_rng(0)
     B = 4
     t0 = time.time()
     for t in range(1, updates + 1):
         i = rng.integers(0, len(ytr), B)
         params, state, val = step(params, state, t, tuple(jnp.asarray(a[i]) for a in xtr),
-                                  jnp.asarray(ytr[i]))
+                                  jnp.asarray(ytr[i]), jnp.asarray(ctr[i]))
         if t % 250 == 0 or t == updates:
             evaluate(t, time.time() - t0, float(val), predict, params, xev, yev, iev, lev, sev)
+
+
+def constrained(logits):
+    """argmax of x among the x tokens and of y among the y tokens (the grammar's role)."""
+    x = logits[:, 0, X_TOK:X_TOK + COLS].argmax(-1) + X_TOK
+    y = logits[:, 1, Y_TOK:Y_TOK + ROWS].argmax(-1) + Y_TOK
+    return jnp.stack([x, y], axis=1)
 
 
 def evaluate(t, secs, val, predict, params, xev, yev, iev, lev, sev) -> None:
