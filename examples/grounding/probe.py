@@ -52,7 +52,8 @@ LR = float(__import__("os").environ.get("LR", "1e-3"))
 CLASS_TOK, X_TOK, Y_TOK, NL_TOK = 1000, 1100, 1120, 13
 
 
-def train_recogniser(ftr, ltr, n_cls, updates=1500):
+def train_recogniser(ftr, ltr, n_cls, updates=None):
+    updates = updates or int(__import__("os").environ.get("RECOG", "1500"))
     d_in = ftr.shape[-1]
     x_all, y_all = ftr.reshape(-1, d_in), ltr.reshape(-1)
     mean, std = x_all.mean(0), x_all.std(0) + 1e-3
@@ -85,6 +86,33 @@ def train_recogniser(ftr, ltr, n_cls, updates=1500):
         i = rng.integers(0, len(y_all), 4096)
         p, s = step(p, s, t, jnp.asarray(x_all[i]), jnp.asarray(y_all[i]))
     return jax.jit(lambda x: out(p, x)), code
+
+
+def forward_reading(p, spec, tok, emb, ise, pos, valid, select):
+    """Logits at the rows ``select``, and the lookup layer's input there: the forward of
+    ``runtime.train.model``, unrolled to read the residual on the way."""
+    lookup_layer = max(i for i in range(spec.n_layer) if spec.is_attention(i))
+    h = jnp.where(ise[:, None], emb, p["token_embd.weight"][tok])
+    cos, sin = rope.angles(pos, spec)
+    visible = attention.visibility(pos, valid)
+    seen = None
+    for il in range(spec.n_layer):
+        if il == lookup_layer:
+            seen = h[select]
+        h = _block(p, il, h, cos, sin, visible, spec, ForwardOptions())
+    return project(p, rms_norm(h[select], p["output_norm.weight"], spec.rms_eps)), seen
+
+
+def scaffolded_loss(logits, seen, y, cls, code):
+    """Cross-entropy of the coordinate tokens plus the query scaffold: the lookup layer's
+    input should carry the target's code in the query dims at both coordinate rows (1 −
+    cosine; the head RMS-norms its query anyway).  Returns (loss, mean cosine)."""
+    lp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(lp, y[..., None], -1).mean()
+    qv = seen[..., QUERY:QUERY + KEY]
+    want = jnp.asarray(code)[cls][:, None, :]
+    cosine = (qv * want).sum(-1) / (jnp.linalg.norm(qv, axis=-1) + 1e-6)
+    return nll + AUX * (1.0 - cosine).mean(), cosine.mean()
 
 
 def adam(p):
@@ -201,34 +229,14 @@ def main() -> None:
     n_img = ROWS * COLS
     select = jnp.array([n_img + 1, n_img + 2])
 
-    lookup_layer = max(i for i in range(spec.n_layer) if spec.is_attention(i))
-
     def seq_logits(p, tok, emb, ise, pos):
-        """Logits at the two coordinate rows, and the lookup layer's input there (the
-        forward of ``runtime.train.model``, unrolled to read the residual on the way)."""
-        h = jnp.where(ise[:, None], emb, p["token_embd.weight"][tok])
-        cos, sin = rope.angles(pos, spec)
-        visible = attention.visibility(pos, jnp.ones(tok.shape[0], bool))
-        seen = None
-        for il in range(spec.n_layer):
-            if il == lookup_layer:
-                seen = h[select]
-            h = _block(p, il, h, cos, sin, visible, spec, ForwardOptions())
-        h = rms_norm(h, p["output_norm.weight"], spec.rms_eps)
-        return project(p, h[select]), seen
+        return forward_reading(p, spec, tok, emb, ise, pos, jnp.ones(tok.shape[0], bool),
+                               select)
 
     batched = jax.vmap(seq_logits, in_axes=(None, 0, 0, 0, 0))
 
     def loss(p, x, y, cls):
-        logits, seen = batched(p, *x)
-        lp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(lp, y[..., None], -1).mean()
-        # the query scaffold: the lookup layer's input carries the target's code in the
-        # query dims at both coordinate rows (cosine; the head RMS-norms its query anyway)
-        qv = seen[..., QUERY:QUERY + KEY]
-        want = jnp.asarray(code)[cls][:, None, :]
-        cosine = (qv * want).sum(-1) / (jnp.linalg.norm(qv, axis=-1) + 1e-6)
-        return nll + AUX * (1.0 - cosine).mean()
+        return scaffolded_loss(*batched(p, *x), y, cls, code)[0]
 
     state = adam(params)
 

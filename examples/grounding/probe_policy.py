@@ -24,17 +24,13 @@ import llama_cpp
 import numpy as np
 
 from probe import (COLS, CONTENT, KEY, QUERY, ROWS, X_TOK, Y_TOK, adam, constrained, design,
-                   image_rows, opt_update, train_recogniser)
+                   forward_reading, image_rows, opt_update, scaffolded_loss, train_recogniser)
 from recognise import load
-from runtime.train import attention, rope
 from runtime.train.agents import agent_shape
-from runtime.train.model import ForwardOptions, _block, project
-from runtime.train.numerics import rms_norm
 from runtime.train.params import init_params
 from vmenv.simdesk.kinds import sample_task, task_kinds
 
 T_MAX = 384
-AUX = float(os.environ.get("AUX", "1.0"))
 LR = float(os.environ.get("LR", "1e-3"))
 MODEL = "runtime/agent_models/agent-qwen35.gguf"
 
@@ -104,6 +100,7 @@ def main() -> None:
     fev, lev, sev = load(sys.argv[2], names)
     updates = int(sys.argv[3]) if len(sys.argv) > 3 else 1500
     atr, aev = episode_actions(sys.argv[1]), episode_actions(sys.argv[2])
+    kinds = task_kinds()
     t0 = time.time()
     recog, code = train_recogniser(ftr, ltr, len(names))
     d = ftr.shape[-1]
@@ -115,36 +112,19 @@ def main() -> None:
     texts = Texts()
     xtr, ytr, ctr, _ = build(image_rows(ktr, ftr, proj, spec.n_embd), str_, atr, texts,
                              spec.n_embd)
-    xev, yev, _, iev = build(image_rows(kev, fev, proj, spec.n_embd), sev, aev, texts,
+    xev, yev, cev, iev = build(image_rows(kev, fev, proj, spec.n_embd), sev, aev, texts,
                              spec.n_embd)
     del ftr, fev
     print(f"{len(ytr)} train clicks, {len(yev)} held-out", flush=True)
     params = design(init_params(spec, seed=0), spec, code, len(names), True)
     state = adam(params)
-    lookup_layer = max(i for i in range(spec.n_layer) if spec.is_attention(i))
-
     def seq(p, tok, emb, ise, pos, valid, sel):
-        h = jnp.where(ise[:, None], emb, p["token_embd.weight"][tok])
-        cos, sin = rope.angles(pos, spec)
-        visible = attention.visibility(pos, valid)
-        seen = None
-        for il in range(spec.n_layer):
-            if il == lookup_layer:
-                seen = h[sel]
-            h = _block(p, il, h, cos, sin, visible, spec, ForwardOptions())
-        h = rms_norm(h[sel], p["output_norm.weight"], spec.rms_eps)
-        return project(p, h), seen
+        return forward_reading(p, spec, tok, emb, ise, pos, valid, sel)
 
     batched = jax.vmap(seq, in_axes=(None, 0, 0, 0, 0, 0, 0))
 
     def loss(p, x, y, cls):
-        logits, seen = batched(p, *x)
-        lp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(lp, y[..., None], -1).mean()
-        qv = seen[..., QUERY:QUERY + KEY]
-        want = jnp.asarray(code)[cls][:, None, :]
-        cosine = (qv * want).sum(-1) / (jnp.linalg.norm(qv, axis=-1) + 1e-6)
-        return nll + AUX * (1.0 - cosine).mean(), cosine.mean()
+        return scaffolded_loss(*batched(p, *x), y, cls, code)
 
     @jax.jit
     def step(p, s, t, x, y, cls):
@@ -152,7 +132,13 @@ def main() -> None:
         p, s = opt_update(p, s, t, g, LR, updates)
         return p, s, val, cosine
 
-    predict = jax.jit(lambda p, x: constrained(batched(p, *x)[0]))
+    def predict_both(p, x):
+        logits, seen = batched(p, *x)
+        # which class the query at the x row asks for: its nearest code
+        asked = (seen[:, 0, QUERY:QUERY + KEY] @ jnp.asarray(code).T).argmax(-1)
+        return constrained(logits), asked
+
+    predict = jax.jit(predict_both)
     rng = np.random.default_rng(0)
     t0 = time.time()
     for t in range(1, updates + 1):
@@ -161,15 +147,23 @@ def main() -> None:
                                            tuple(jnp.asarray(a[i]) for a in xtr),
                                            jnp.asarray(ytr[i]), jnp.asarray(ctr[i]))
         if t % 250 == 0 or t == updates:
-            preds = [np.asarray(predict(params, tuple(jnp.asarray(a[s:s + 16]) for a in xev)))
-                     for s in range(0, len(yev), 16)]
-            pred = np.concatenate(preds)
+            outs = [predict(params, tuple(jnp.asarray(a[s:s + 16]) for a in xev))
+                    for s in range(0, len(yev), 16)]
+            pred = np.concatenate([np.asarray(o[0]) for o in outs])
+            asked = np.concatenate([np.asarray(o[1]) for o in outs])
             px = np.clip(pred[:, 0] - X_TOK, 0, COLS - 1)
             py = np.clip(pred[:, 1] - Y_TOK, 0, ROWS - 1)
             hit = np.array([lev[i][py[n], px[n]] == sev[i][2] for n, i in enumerate(iev)])
             print(f"{t:5d} {time.time() - t0:5.0f}s loss {float(val):.3f} query cos "
                   f"{float(cosine):.2f}  x {(pred[:, 0] == yev[:, 0]).mean():.3f}  y "
-                  f"{(pred[:, 1] == yev[:, 1]).mean():.3f}  hit {hit.mean():.3f}", flush=True)
+                  f"{(pred[:, 1] == yev[:, 1]).mean():.3f}  hit {hit.mean():.3f}  asked the "
+                  f"right widget {(asked == cev).mean():.3f}", flush=True)
+            per_kind = {}
+            for n, i in enumerate(iev):
+                a, b = per_kind.get(kinds[sev[i][0]], (0, 0))
+                per_kind[kinds[sev[i][0]]] = (a + hit[n], b + 1)
+            print("      " + "  ".join(f"{k} {a}/{b}" for k, (a, b) in per_kind.items()),
+                  flush=True)
 
 
 if __name__ == "__main__":
