@@ -15,6 +15,7 @@ mixes neighbouring cells would see; the plain merger sees only its own cell).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -23,9 +24,17 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def canonical(name: str) -> str:
+    """With ``MERGE_LAUNCHERS=1`` an app's taskbar button and desktop icon are one class
+    (``launch.<app>``): a task names the app, not the launcher's style."""
+    if os.environ.get("MERGE_LAUNCHERS") == "1" and name.startswith(("icon.", "desk.")):
+        return "launch." + name.split(".", 1)[1]
+    return name
+
+
 def load(path: str, names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     d = np.load(path)
-    own = list(d["classes"])
+    own = [canonical(str(n)) for n in d["classes"]]
     for n in own:
         if n not in names:
             names.append(n)
