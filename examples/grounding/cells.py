@@ -18,12 +18,10 @@ Run: ``python examples/grounding/cells.py OUT.npz N_EPISODES SPLIT`` (SPLIT trai
 
 from __future__ import annotations
 
-import io
 import itertools
 import sys
 
 import numpy as np
-from PIL import Image
 
 from vmenv.actions import Click
 from vmenv.simdesk.demos import demonstration

@@ -28,6 +28,7 @@ forge's random init everywhere, the control).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -35,10 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from runtime.train.agents import agent_shape
-from runtime.train.model import ForwardOptions
 from runtime.train import attention, rope
-from runtime.train.model import Rows, _block, forward, project
+from runtime.train.agents import agent_shape
+from runtime.train.model import ForwardOptions, _block, project
 from runtime.train.numerics import rms_norm
 from runtime.train.params import init_params
 
@@ -47,13 +47,13 @@ from recognise import load  # noqa: E402  (same folder)
 KEY, POS, CONTENT = 36, 32, 68
 QUERY = 156  # the class tokens' code lives in dims QUERY.. (not the key dims: no self-match)
 COLS, ROWS = 20, 12
-AUX = float(__import__("os").environ.get("AUX", "1.0"))  # the query scaffold's weight
-LR = float(__import__("os").environ.get("LR", "1e-3"))
+AUX = float(os.environ.get("AUX", "1.0"))  # the query scaffold's weight
+LR = float(os.environ.get("LR", "1e-3"))
 CLASS_TOK, X_TOK, Y_TOK, NL_TOK = 1000, 1100, 1120, 13
 
 
 def train_recogniser(ftr, ltr, n_cls, updates=None):
-    updates = updates or int(__import__("os").environ.get("RECOG", "1500"))
+    updates = updates or int(os.environ.get("RECOG", "1500"))
     d_in = ftr.shape[-1]
     x_all, y_all = ftr.reshape(-1, d_in), ltr.reshape(-1)
     mean, std = x_all.mean(0), x_all.std(0) + 1e-3
