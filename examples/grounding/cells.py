@@ -7,11 +7,12 @@ writes, per merged 32x32 cell (20 x 12 of them):
 
 * ``features``: what the designed projector's conv computes per cell — each 16x16 patch's
   luminance at 2x2-pixel resolution (64 values) and mean colour (3), for the 4 patches;
-* ``label``: the class of the widget a click at the cell's centre reaches (``widgets.hit``),
-  where the classes are the widgets experts click (everything else is ``other``);
+* ``label``: the class of the widget a click at the cell's centre reaches (``widgets.hit``):
+  launchers, menu entries, dialog and recall buttons (of every app, decoys included) and the
+  Notes and Terminal windows' parts by name; everything else is ``other``;
 * per state: the task kind's index and seed, the expert's click (if the action is a click:
   the target class and the cell the click falls in; else -1), the step's index in its
-  episode, and the expert's actions as text (``actions``: one line per step, ``|``-joined).
+  episode, and the expert's action there as its ``repr`` (``actions``, one per state).
 
 Run: ``python examples/grounding/cells.py OUT.npz N_EPISODES SPLIT`` (SPLIT train | eval).
 """
@@ -35,13 +36,11 @@ LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 
 
 def widget_class(name: str | None) -> str:
-    """Collapse widget names onto what matters for clicking: desk/taskbar launchers of the
-    same app are one class per style; decoy apps' widgets are ``other``."""
-    if name is None:
-        return "other"
-    if name.startswith(("icon.", "desk.", "menu.", "dialog.", "recall.")):
-        return name
-    if name.startswith(("notes.", "terminal.")):
+    """A widget's class: its name for launchers (one class per app and style), menu
+    entries, dialog and recall buttons and the Notes / Terminal windows' parts; ``other``
+    for the bare desktop, the taskbar and decoy windows."""
+    if name is not None and name.startswith(("icon.", "desk.", "menu.", "dialog.", "recall.",
+                                             "notes.", "terminal.")):
         return name
     return "other"
 

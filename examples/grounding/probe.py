@@ -9,14 +9,16 @@ coordinate (the cell's column, the cell's row). The image row of a cell is
 
 * key (dims 0..35): the output of a per-cell MLP over the designed projector's features,
   trained first as a classifier whose logits are ``key · code[class]`` (``code``: fixed random
-  unit vectors), then frozen; the class tokens' embeddings are ``code[class]`` in the same dims;
+  unit vectors), then frozen; the class tokens' embeddings carry ``code[class]`` in dims of
+  their own (``QUERY``..: in the key dims a class token's key would match its own query);
 * position (dims 36..67): the column one-hot (20) and row one-hot (12), scaled; the x and y
   tokens' embeddings are the same one-hots, so the tied LM head reads a copied code directly;
 * content (dims 68..): a fixed random projection of the features (what the model would also
   see), small.
 
-The last attention layer's first KV head is initialised to look up and copy: its query and
-key read the key dims (in the head's unrotated dims, so position does not enter), its value
+The last attention layer's first KV head is initialised to look up and copy: its query reads
+the query dims and its key the key dims (both into the head's unrotated dims, so position
+does not enter); the query scaffold asks for the target's code in the query dims; its value
 reads the position dims and its output writes them back. Everything is then trained.
 
 Reported on held-out screens: x / y / both right, and **hit** — the predicted cell's centre
@@ -40,6 +42,7 @@ from runtime.train import attention, rope
 from runtime.train.agents import agent_shape
 from runtime.train.model import ForwardOptions, _block, project
 from runtime.train.numerics import rms_norm
+from runtime.train.optim import AdamW, apply_updates, init_state
 from runtime.train.params import init_params
 
 from recognise import load  # noqa: E402  (same folder)
@@ -74,18 +77,18 @@ def train_recogniser(ftr, ltr, n_cls, updates=None):
         w = weight[y]
         return -(jnp.take_along_axis(lp, y[:, None], 1)[:, 0] * w).sum() / w.sum()
 
-    opt = adam(p)
+    opt = optimiser(2e-3, updates)
 
     @jax.jit
-    def step(p, s, t, x, y):
-        return opt_update(p, s, t, jax.grad(loss)(p, x, y), 2e-3, updates)
+    def step(state, x, y):
+        return apply_updates(state, jax.grad(loss)(state.params, x, y), opt)[0]
 
     rng = np.random.default_rng(0)
-    s = opt
-    for t in range(1, updates + 1):
+    state = init_state(p)
+    for _ in range(updates):
         i = rng.integers(0, len(y_all), 4096)
-        p, s = step(p, s, t, jnp.asarray(x_all[i]), jnp.asarray(y_all[i]))
-    return jax.jit(lambda x: out(p, x)), code
+        state = step(state, jnp.asarray(x_all[i]), jnp.asarray(y_all[i]))
+    return jax.jit(lambda x: out(state.params, x)), code
 
 
 def forward_reading(p, spec, tok, emb, ise, pos, valid, select):
@@ -115,20 +118,17 @@ def scaffolded_loss(logits, seen, y, cls, code):
     return nll + AUX * (1.0 - cosine).mean(), cosine.mean()
 
 
-def adam(p):
-    z = jax.tree.map(jnp.zeros_like, p)
-    return (z, z)
+def optimiser(lr: float, updates: int) -> AdamW:
+    """The trainer's AdamW as the probes use it: warmup 100, cosine to a tenth, clip 1."""
+    return AdamW(learning_rate=lr, b2=0.99, warmup_steps=100, decay_steps=updates,
+                 min_lr_ratio=0.1, clip_norm=1.0)
 
 
-def opt_update(p, s, t, g, lr, total, b1=0.9, b2=0.99, clip=1.0):
-    norm = jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree.leaves(g)))
-    g = jax.tree.map(lambda x: x * jnp.minimum(1.0, clip / (norm + 1e-9)), g)
-    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, s[0], g)
-    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, s[1], g)
-    scale = lr * jnp.minimum(1.0, t / 100) * (0.1 + 0.9 * 0.5 * (1 + jnp.cos(jnp.pi * t / total)))
-    p = jax.tree.map(lambda p, m, v: p - scale * (m / (1 - b1**t))
-                     / (jnp.sqrt(v / (1 - b2**t)) + 1e-8), p, mu, nu)
-    return p, (mu, nu)
+def hits(pred, iev, lev, sev) -> np.ndarray:
+    """Per example: does the predicted cell's centre reach the target widget?"""
+    px = np.clip(pred[:, 0] - X_TOK, 0, COLS - 1)
+    py = np.clip(pred[:, 1] - Y_TOK, 0, ROWS - 1)
+    return np.array([lev[i][py[n], px[n]] == sev[i][2] for n, i in enumerate(iev)])
 
 
 def image_rows(keys, feats, proj, n_embd, pos_scale=3.0, content_scale=0.3):
@@ -238,13 +238,13 @@ def main() -> None:
     def loss(p, x, y, cls):
         return scaffolded_loss(*batched(p, *x), y, cls, code)[0]
 
-    state = adam(params)
+    state = init_state(params)
+    opt = optimiser(LR, updates)
 
     @jax.jit
-    def step(p, s, t, x, y, cls):
-        val, g = jax.value_and_grad(loss)(p, x, y, cls)
-        p, s = opt_update(p, s, t, g, LR, updates)
-        return p, s, val
+    def step(state, x, y, cls):
+        val, g = jax.value_and_grad(loss)(state.params, x, y, cls)
+        return apply_updates(state, g, opt)[0], val
 
     predict = jax.jit(lambda p, x: constrained(batched(p, *x)[0]))
     evaluate(0, 0.0, 0.0, predict, params, xev, yev, iev, lev, sev)
@@ -253,10 +253,11 @@ def main() -> None:
     t0 = time.time()
     for t in range(1, updates + 1):
         i = rng.integers(0, len(ytr), B)
-        params, state, val = step(params, state, t, tuple(jnp.asarray(a[i]) for a in xtr),
-                                  jnp.asarray(ytr[i]), jnp.asarray(ctr[i]))
+        state, val = step(state, tuple(jnp.asarray(a[i]) for a in xtr), jnp.asarray(ytr[i]),
+                          jnp.asarray(ctr[i]))
         if t % 250 == 0 or t == updates:
-            evaluate(t, time.time() - t0, float(val), predict, params, xev, yev, iev, lev, sev)
+            evaluate(t, time.time() - t0, float(val), predict, state.params, xev, yev, iev, lev,
+                     sev)
 
 
 def constrained(logits):
@@ -272,9 +273,7 @@ def evaluate(t, secs, val, predict, params, xev, yev, iev, lev, sev) -> None:
         preds.append(np.asarray(predict(params, tuple(jnp.asarray(a[s:s + 16]) for a in xev))))
     pred = np.concatenate(preds)
     xok, yok = pred[:, 0] == yev[:, 0], pred[:, 1] == yev[:, 1]
-    px = np.clip(pred[:, 0] - X_TOK, 0, COLS - 1)
-    py = np.clip(pred[:, 1] - Y_TOK, 0, ROWS - 1)
-    hit = np.array([lev[i][py[n], px[n]] == sev[i][2] for n, i in enumerate(iev)])
+    hit = hits(pred, iev, lev, sev)
     print(f"{t:5d} {secs:5.0f}s loss {val:.3f}  x {xok.mean():.3f}  y {yok.mean():.3f}  "
           f"both {(xok & yok).mean():.3f}  hit {hit.mean():.3f}", flush=True)
 

@@ -3,7 +3,8 @@
 As ``probe.py`` (designed keys, initialised lookup/copy head, the query scaffold), but the
 rows after the screenshot are what an agent with one screenshot sees: the task's instruction,
 one ``Step i: <action>`` line per past step (a past click as ``click`` and its cell's two
-coordinate tokens, a past typing as its text), then ``click`` — where x is predicted — and
+coordinate tokens, any other action as its Python ``repr`` — not the profile's spelling),
+then ``click`` — where x is predicted — and
 the x token, where y is. So the model must work out *which* widget the task needs next from
 the instruction, the history and the screen; the scaffold asks for that widget's code in
 the query dims at both rows.
@@ -14,7 +15,6 @@ Run: ``python examples/grounding/probe_policy.py TRAIN.npz EVAL.npz [UPDATES]`` 
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -23,15 +23,16 @@ import jax.numpy as jnp
 import llama_cpp
 import numpy as np
 
-from probe import (COLS, CONTENT, KEY, QUERY, ROWS, X_TOK, Y_TOK, adam, constrained, design,
-                   forward_reading, image_rows, opt_update, scaffolded_loss, train_recogniser)
+from probe import (COLS, CONTENT, KEY, LR, QUERY, ROWS, X_TOK, Y_TOK, constrained, design,
+                   forward_reading, hits, image_rows, optimiser, scaffolded_loss,
+                   train_recogniser)
 from recognise import load
 from runtime.train.agents import agent_shape
+from runtime.train.optim import apply_updates, init_state
 from runtime.train.params import init_params
 from vmenv.simdesk.kinds import sample_task, task_kinds
 
 T_MAX = 384
-LR = float(os.environ.get("LR", "1e-3"))
 MODEL = "runtime/agent_models/agent-qwen35.gguf"
 
 
@@ -117,7 +118,9 @@ def main() -> None:
     del ftr, fev
     print(f"{len(ytr)} train clicks, {len(yev)} held-out", flush=True)
     params = design(init_params(spec, seed=0), spec, code, len(names), True)
-    state = adam(params)
+    state = init_state(params)
+    opt = optimiser(LR, updates)
+
     def seq(p, tok, emb, ise, pos, valid, sel):
         return forward_reading(p, spec, tok, emb, ise, pos, valid, sel)
 
@@ -127,10 +130,9 @@ def main() -> None:
         return scaffolded_loss(*batched(p, *x), y, cls, code)
 
     @jax.jit
-    def step(p, s, t, x, y, cls):
-        (val, cosine), g = jax.value_and_grad(loss, has_aux=True)(p, x, y, cls)
-        p, s = opt_update(p, s, t, g, LR, updates)
-        return p, s, val, cosine
+    def step(state, x, y, cls):
+        (val, cosine), g = jax.value_and_grad(loss, has_aux=True)(state.params, x, y, cls)
+        return apply_updates(state, g, opt)[0], val, cosine
 
     def predict_both(p, x):
         logits, seen = batched(p, *x)
@@ -143,17 +145,14 @@ def main() -> None:
     t0 = time.time()
     for t in range(1, updates + 1):
         i = rng.integers(0, len(ytr), 4)
-        params, state, val, cosine = step(params, state, t,
-                                           tuple(jnp.asarray(a[i]) for a in xtr),
-                                           jnp.asarray(ytr[i]), jnp.asarray(ctr[i]))
+        state, val, cosine = step(state, tuple(jnp.asarray(a[i]) for a in xtr),
+                                  jnp.asarray(ytr[i]), jnp.asarray(ctr[i]))
         if t % 250 == 0 or t == updates:
-            outs = [predict(params, tuple(jnp.asarray(a[s:s + 16]) for a in xev))
+            outs = [predict(state.params, tuple(jnp.asarray(a[s:s + 16]) for a in xev))
                     for s in range(0, len(yev), 16)]
             pred = np.concatenate([np.asarray(o[0]) for o in outs])
             asked = np.concatenate([np.asarray(o[1]) for o in outs])
-            px = np.clip(pred[:, 0] - X_TOK, 0, COLS - 1)
-            py = np.clip(pred[:, 1] - Y_TOK, 0, ROWS - 1)
-            hit = np.array([lev[i][py[n], px[n]] == sev[i][2] for n, i in enumerate(iev)])
+            hit = hits(pred, iev, lev, sev)
             print(f"{t:5d} {time.time() - t0:5.0f}s loss {float(val):.3f} query cos "
                   f"{float(cosine):.2f}  x {(pred[:, 0] == yev[:, 0]).mean():.3f}  y "
                   f"{(pred[:, 1] == yev[:, 1]).mean():.3f}  hit {hit.mean():.3f}  asked the "

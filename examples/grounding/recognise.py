@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from runtime.train.optim import AdamW, apply_updates, init_state
+
 
 def canonical(name: str) -> str:
     """With ``MERGE_LAUNCHERS=1`` an app's taskbar button and desktop icon are one class
@@ -84,28 +86,23 @@ def main() -> None:
         w = weight[y]
         return (nll * w).sum() / w.sum()
 
-    lr, b1, b2 = 2e-3, 0.9, 0.99
-    mu = jax.tree.map(jnp.zeros_like, params)
-    nu = jax.tree.map(jnp.zeros_like, params)
+    # the trainer's AdamW: warmup 200, cosine to zero, no clipping
+    opt = AdamW(learning_rate=2e-3, b2=0.99, warmup_steps=200, decay_steps=updates,
+                min_lr_ratio=0.0, clip_norm=None)
 
     @jax.jit
-    def step(p, mu, nu, t, x, y):
-        g = jax.grad(loss)(p, x, y)
-        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, mu, g)
-        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, nu, g)
-        scale = lr * jnp.minimum(1.0, t / 200) * 0.5 * (1 + jnp.cos(jnp.pi * t / updates))
-        p = jax.tree.map(lambda p, m, v: p - scale * (m / (1 - b1**t))
-                         / (jnp.sqrt(v / (1 - b2**t)) + 1e-8), p, mu, nu)
-        return p, mu, nu
+    def step(state, x, y):
+        return apply_updates(state, jax.grad(loss)(state.params, x, y), opt)[0]
 
     predict = jax.jit(lambda p, x: jax.nn.softmax(logits(p, x)))
     rng = np.random.default_rng(0)
+    state = init_state(params)
     t0 = time.time()
     for t in range(1, updates + 1):
         idx = rng.integers(0, len(ytr), 4096)
-        params, mu, nu = step(params, mu, nu, t, jnp.asarray(xtr[idx]), jnp.asarray(ytr[idx]))
+        state = step(state, jnp.asarray(xtr[idx]), jnp.asarray(ytr[idx]))
         if t % 500 == 0 or t == updates:
-            report(t, time.time() - t0, names, predict, params, fev, lev, sev)
+            report(t, time.time() - t0, names, predict, state.params, fev, lev, sev)
 
 
 def report(t, secs, names, predict, params, fev, lev, sev) -> None:
