@@ -6,7 +6,7 @@ Two flavours, following tools/mtmd/clip.cpp:
   second-to-last block, so the last block is loaded but unused (as in real LLaVA).
 - "qwen3vl_merger" for qwen35*: two temporal patch kernels, learned position grid
   (bilinearly resized per image), fused qkv blocks with 2-D M-RoPE, and a 2×2 spatial
-  merge followed by mm.0 {4E,4E} / mm.2 {4E,text_E}. No deepstack layers: they are
+  merge followed by mm.0 {4E,H} / mm.2 {H,text_E} (H = 4E unless the spec says). No deepstack layers: they are
   optional in clip.cpp and would widen the embeddings beyond the text model's n_embd.
 """
 
@@ -72,8 +72,9 @@ def mmproj_plans(spec: VisionSpec) -> list[TensorPlan]:
     if spec.projector == "qwen3vl_merger":
         merged = e * spec.spatial_merge**2
         plans += _layer_norm("v.post_ln", e)
-        plans += _linear("mm.0", merged, merged)
-        plans += _linear("mm.2", merged, spec.projection_dim)
+        hidden = spec.merger_hidden or merged
+        plans += _linear("mm.0", merged, hidden)
+        plans += _linear("mm.2", hidden, spec.projection_dim)
     else:
         plans += _linear("mm.0", e, spec.projection_dim)
         plans += _linear("mm.2", spec.projection_dim, spec.projection_dim)

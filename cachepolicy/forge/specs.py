@@ -109,6 +109,9 @@ class VisionSpec:
     pos_side: int  # learned position grid is pos_side x pos_side (qwen3vl) / n_patch+1 rows (mlp)
     spatial_merge: int = 2
     eps: float = 1e-6
+    #: qwen3vl_merger: the width of mm.0's output (the merger's hidden layer); 0 means 4E,
+    #: clip.cpp reads it from the tensor's shape
+    merger_hidden: int = 0
 
 
 # Shared "shape" per size: (vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff).

@@ -1,0 +1,161 @@
+"""The agents' cell projector: every image row says, in dimensions of its own, *which widget*
+its 32x32 cell is, *where* the cell is, and what it looks like.
+
+A ``qwen3vl_merger`` GGUF like any other (mtmd runs it): the designed front of
+``cell_features`` (conv, position grid, identity ViT block, post-LayerNorm), then a merger
+whose hidden layer has three parts, each exact in llama.cpp's arithmetic:
+
+* the **recogniser** (``recogniser.py``): its GELU units and their projection to the row's
+  ``key`` dims;
+* **steps**: per cell boundary b (between columns, between rows), the pair of units
+  ``S (p − b)`` and ``S (p − b) − 1`` with p the cell's index read linearly off the position
+  features (``position_readout``); their GELUs differ by exactly 1 past the boundary and 0
+  before it (ggml's GELU is the identity from 10 and 0 below −10, and |S (p − b)| ≥ S / 2 − ε
+  with S = 40), so ``mm.2`` writes the column's and the row's one-hot as differences of
+  adjacent steps;
+* **content**: a fixed random projection of the luminance and colour features, shifted by
+  +20 into GELU's identity range and shifted back by ``mm.2``'s bias.
+
+Row layout (``RowLayout``): ``key`` | column one-hot | row one-hot | content | ``query``
+(zero in image rows: where the text model's lookup query lives). The merger's weights are
+kept in f32 so the designed values are exact. The position one-hots are exact on the screen
+the projector is made for (640x384: 20 x 12 cells); another image size gets, per cell, the
+one-hot of the designed cell at the same relative place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from cachepolicy.engine.vision import POSITION_FEATURES_KEY
+from cachepolicy.forge import TextSpec
+from cachepolicy.forge.mmproj import mmproj_plans, write_mmproj
+from cachepolicy.forge.specs import VisionSpec
+from cachepolicy.forge.writer import TensorPlan, given
+from runtime.train.cell_features import (CELL, COLOUR, MERGED_FEATURES, PATCH, SIGMA,
+                                         VISION_EMBD, patch_kernel, position_grid,
+                                         position_readout)
+from runtime.train.recogniser import SCREEN, Recogniser
+
+__all__ = ["RowLayout", "cell_vision_spec", "row_layout", "write_cell_mmproj"]
+
+STEEPNESS = 40.0
+SHIFT = 20.0
+POS_SCALE = 3.0
+CONTENT_SCALE = 0.3
+KEY_DIMS = 36
+
+
+@attrs.frozen
+class RowLayout:
+    """Where each part of an image row lives in the text model's ``n_embd`` dims."""
+
+    n_embd: int
+    cols: int
+    rows: int
+    key: slice
+    column: slice
+    row: slice
+    content: slice
+    query: slice
+
+
+def row_layout(n_embd: int, screen: tuple[int, int] = SCREEN) -> RowLayout:
+    """The layout for a text model ``n_embd`` wide on ``screen`` (ValueError if too narrow)."""
+    cols, rows = screen[0] // CELL, screen[1] // CELL
+    content = n_embd - 2 * KEY_DIMS - cols - rows
+    if content < 8:
+        raise ValueError(f"a text model {n_embd} wide has no room for a {cols}x{rows} cell "
+                         f"row layout (needs >= {2 * KEY_DIMS + cols + rows + 8})")
+    c0 = KEY_DIMS + cols + rows
+    return RowLayout(n_embd, cols, rows, slice(0, KEY_DIMS), slice(KEY_DIMS, KEY_DIMS + cols),
+                     slice(KEY_DIMS + cols, c0), slice(c0, c0 + content),
+                     slice(c0 + content, n_embd))
+
+
+def _hidden_size(rec: Recogniser, lay: RowLayout) -> int:
+    return rec.hidden + 2 * (lay.cols + 1) + 2 * (lay.rows + 1) + _width(lay.content)
+
+
+def _width(s: slice) -> int:
+    return s.stop - s.start
+
+
+def cell_vision_spec(spec: TextSpec, rec: Recogniser) -> VisionSpec:
+    lay = row_layout(spec.n_embd)
+    return VisionSpec(projector="qwen3vl_merger", image_size=512, patch_size=PATCH,
+                      n_embd=VISION_EMBD, n_ff=32, n_layer=1, n_head=2,
+                      projection_dim=spec.n_embd, pos_side=64,
+                      merger_hidden=_hidden_size(rec, lay))
+
+
+def _steps(w0: np.ndarray, b0: np.ndarray, w2: np.ndarray, start: int, axis: str, n: int,
+           n_patches: int, out: slice) -> int:
+    """Step units for ``n`` cells along ``axis`` from hidden unit ``start``; returns the next
+    free unit.  One-hot of cell c = step(c − ½) − step(c + ½); step(b) = g(u1) − g(u2)."""
+    w, b = position_readout(axis, n_patches)
+    for k in range(n + 1):
+        boundary = k - 0.5
+        u1, u2 = start + 2 * k, start + 2 * k + 1
+        w0[:, u1], b0[u1] = STEEPNESS * w, STEEPNESS * (b - boundary)
+        w0[:, u2], b0[u2] = STEEPNESS * w, STEEPNESS * (b - boundary) - 1.0
+        for c, sign in ((k, 1.0), (k - 1, -1.0)):  # step k opens cell k, closes cell k - 1
+            if 0 <= c < n:
+                w2[out.start + c, u1] += sign * POS_SCALE
+                w2[out.start + c, u2] -= sign * POS_SCALE
+    return start + 2 * (n + 1)
+
+
+def _merger(rec: Recogniser, lay: RowLayout, seed: int) -> dict[str, np.ndarray]:
+    hidden = _hidden_size(rec, lay)
+    w0 = np.zeros((MERGED_FEATURES, hidden), np.float64)  # x @ w0 (numpy order transposed)
+    b0 = np.zeros(hidden, np.float64)
+    w2 = np.zeros((lay.n_embd, hidden), np.float64)
+    b2 = np.zeros(lay.n_embd, np.float64)
+    h = rec.hidden
+    w0[:, :h], b0[:h] = rec.w0, rec.b0
+    w2[lay.key, :h], b2[lay.key] = rec.w2.T, rec.b2
+    at = _steps(w0, b0, w2, h, "x", lay.cols, 2 * lay.cols, lay.column)
+    at = _steps(w0, b0, w2, at, "y", lay.rows, 2 * lay.rows, lay.row)
+    n_content = _width(lay.content)
+    read = np.zeros(MERGED_FEATURES, bool)
+    for slot in range(4):
+        read[slot * VISION_EMBD:slot * VISION_EMBD + COLOUR + 3] = True
+    rng = np.random.default_rng(seed)
+    proj = np.zeros((MERGED_FEATURES, n_content))
+    proj[read] = rng.normal(0.0, read.sum() ** -0.5, (read.sum(), n_content)) * SIGMA
+    w0[:, at:at + n_content], b0[at:at + n_content] = proj, SHIFT
+    w2[lay.content, at:at + n_content] = CONTENT_SCALE * np.eye(n_content)
+    b2[lay.content] = -CONTENT_SCALE * SHIFT
+    assert at + n_content == hidden
+    return {"mm.0.weight": w0.T.astype(np.float32), "mm.0.bias": b0.astype(np.float32),
+            "mm.2.weight": w2.astype(np.float32), "mm.2.bias": b2.astype(np.float32)}
+
+
+def _plan_values(plan: TensorPlan, designed: dict[str, np.ndarray]) -> TensorPlan:
+    if plan.name in designed:
+        return given(attrs.evolve(plan, force_f32=True), designed[plan.name])
+    shape = tuple(reversed(plan.dims))
+    if plan.name.endswith(("ln1.weight", "ln2.weight", "post_ln.weight")):
+        return given(plan, np.ones(shape, np.float32))
+    # the second temporal kernel, the patch bias, the ViT block's projections: zero
+    return given(plan, np.zeros(shape, np.float32))
+
+
+def write_cell_mmproj(spec: TextSpec, path: str | Path, rec: Recogniser, *,
+                      seed: int = 0) -> Path:
+    """Write the cell projector for ``spec`` with recogniser ``rec`` to ``path``
+    (deterministic in ``rec`` and ``seed``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    vspec = cell_vision_spec(spec, rec)
+    designed = {"v.patch_embd.weight": patch_kernel(),
+                "v.position_embd.weight": position_grid(),
+                **_merger(rec, row_layout(spec.n_embd), seed)}
+    plans = [_plan_values(p, designed) for p in mmproj_plans(vspec)]
+    write_mmproj(vspec, path, seed, plans, name="kvagent-cell-mmproj",
+                 flags=(POSITION_FEATURES_KEY,))
+    return path
