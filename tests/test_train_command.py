@@ -12,7 +12,8 @@ from pathlib import Path
 from cachepolicy.engine import Engine, EngineConfig
 from runtime.cli import main
 
-ARGS = ["train", "--arch", "qwen35", "--episodes", "8", "--steps", "1", "--threads", "2"]
+ARGS = ["train", "--arch", "qwen35", "--episodes", "8", "--steps", "1", "--threads", "2",
+        "--recogniser-episodes", "8", "--recogniser-updates", "5"]
 
 
 def test_train_writes_loadable_reproducible_agent(tmp_path: Path, capsys) -> None:

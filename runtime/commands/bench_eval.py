@@ -53,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default: {','.join(DEFAULT_ARMS)}; relocate is skipped where the "
                         "model cannot run it)")
     p.add_argument("--max-steps", type=int, default=10)
-    p.add_argument("--screen", default="640x360", help="simdesk screen WxH (min 320x240)")
+    p.add_argument("--screen", default="640x384",
+                   help="simdesk screen WxH (min 320x240; the shipped agents know 640x384)")
     p.add_argument("--vm-seconds", type=float, default=0.0,
                    help="simulated VM time per action (0: as fast as the model)")
     p.add_argument("--concurrency", type=int, default=4,

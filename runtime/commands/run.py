@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="delete this run's earlier results in --result-dir and start fresh "
                         "(default: resume a run with the same options, refuse another)")
     add_engine_arguments(p)
-    p.add_argument("--screen", default="640x360", help="simdesk screen WxH (min 320x240)")
+    p.add_argument("--screen", default="640x384",
+                   help="simdesk screen WxH (min 320x240; the shipped agents know 640x384)")
     p.add_argument("--vm-seconds", type=float, default=0.3,
                    help="simulated time the VM takes per action (what overlap hides)")
     p.add_argument("--env-timeout", type=float, default=DEFAULT_ENV_TIMEOUT_S,

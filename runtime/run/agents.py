@@ -64,7 +64,7 @@ class RunConfig:
     tasks: tuple[str, ...] = attrs.field(default=tuple(default_tasks()), converter=tuple,
                                          validator=attrs.validators.min_len(1))
     max_steps: int = attrs.field(default=8, validator=_pos)
-    screen: tuple[int, int] = (640, 360)
+    screen: tuple[int, int] = (640, 384)  # the shipped agents' screen (20 x 12 cells of 32 px)
     vm_seconds: float = attrs.field(default=0.3, validator=attrs.validators.ge(0.0))
     memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=_pos)
     wait_s: float = 2.0  # bound of the scheduler's wait-for-memory rung

@@ -6,8 +6,8 @@ prompt says (the kvagent profile's system prompt, simdesk's instructions, the wo
 widgets and the action grammar), so a step's prompt is ~5x shorter than character by character
 and a label the instruction names ("Terminal", "Cancel") is one token the model matches against
 the screenshot. Words the agent *types* are deliberately not pieces: they stay spelled out, so a
-held-out word is copied letter by letter exactly like a trained one. Digits stay single tokens
-(coordinates are spelled digit by digit).
+held-out word is copied letter by letter exactly like a trained one. The demo screen's cell
+centres are whole pieces (``X_PIECES``, ``Y_PIECES``); other digits stay single tokens.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import attrs
 from cachepolicy.forge import TextSpec
 from cachepolicy.forge.tokenizer import Vocab, build_vocab
 
-__all__ = ["AGENT_ARCHES", "AGENT_PIECES", "AgentShape", "agent_shape", "agent_vocab"]
+__all__ = ["AGENT_ARCHES", "LLAMA_ROPE_BASE", "AGENT_PIECES", "AGENT_SCREEN", "X_PIECES", "Y_PIECES", "AgentShape", "agent_shape", "agent_vocab"]
 
 N_VOCAB = 1536
 
@@ -38,13 +38,29 @@ _INSTRUCTIONS = (
 _WIDGETS = ("Files Mail Music Photos Calculator Calendar Settings Clock Help Trash Apps Menu "
             "Reopen Home folders alarms")
 
+#: The demo screen (640x384: 20 x 12 cells of the projector's 32 px) and its cell centres
+#: as whole pieces: an x as ``"304"``, a y with the separator before it as ``", 176"``, so
+#: ``click(304, 176)`` is ``click(`` ``304`` ``, 176`` ``)`` — one token per coordinate, the
+#: y token right after the x token, x and y tokens disjoint (their embeddings can be the
+#: projector's column and row one-hots).  Other numbers stay digit by digit or fall back
+#: to shorter pieces.
+AGENT_SCREEN = (640, 384)
+CELL = 32
+X_PIECES = tuple(str(CELL // 2 + CELL * c) for c in range(AGENT_SCREEN[0] // CELL))
+Y_PIECES = tuple(f", {CELL // 2 + CELL * r}" for r in range(AGENT_SCREEN[1] // CELL))
+
 #: Word pieces added to the forge's vocabulary (a leading space is SentencePiece's "▁").
 AGENT_PIECES: tuple[str, ...] = tuple(dict.fromkeys(
     [f" {w}" for w in f"{_PROMPT} {_INSTRUCTIONS} {_WIDGETS}".split()]
-    + [f"{w}" for w in _GRAMMAR] + [f" {w}" for w in _GRAMMAR]
+    + [f"{w}" for w in _GRAMMAR] + [f" {w}" for w in _GRAMMAR] + list(X_PIECES)
+    + list(Y_PIECES)
 ))
 
 AGENT_ARCHES = ("qwen35", "llama")
+#: llama rotates every head dim (llama.cpp requires it); with this base only the first 12
+#: dims of a head turn noticeably over a prompt (as qwen35 rotates 12 of 48), so the other
+#: 36 can match a cell's key wherever it is (``grounding.static_dims``)
+LLAMA_ROPE_BASE = 1e18
 
 
 @attrs.frozen
@@ -67,7 +83,7 @@ def agent_shape(arch: str) -> AgentShape:
         return AgentShape(TextSpec(arch="qwen35", **common, full_attention_interval=2,
                                    ssm_state=32, ssm_groups=2, ssm_v_heads=4))
     if arch == "llama":
-        return AgentShape(TextSpec(arch="llama", **common, rope_freq_base=10_000.0))
+        return AgentShape(TextSpec(arch="llama", **common, rope_freq_base=LLAMA_ROPE_BASE))
     raise ValueError(f"no agent shape for arch {arch!r}; expected one of {AGENT_ARCHES}")
 
 

@@ -26,6 +26,7 @@ one-hot of the designed cell at the same relative place.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 import numpy as np
@@ -38,7 +39,10 @@ from cachepolicy.forge.writer import TensorPlan, given
 from runtime.train.cell_features import (CELL, COLOUR, MERGED_FEATURES, PATCH, SIGMA,
                                          VISION_EMBD, patch_kernel, position_grid,
                                          position_readout)
-from runtime.train.recogniser import SCREEN, Recogniser
+from runtime.train.agents import AGENT_SCREEN
+
+if TYPE_CHECKING:
+    from runtime.train.recogniser import Recogniser
 
 __all__ = ["RowLayout", "cell_vision_spec", "row_layout", "write_cell_mmproj"]
 
@@ -63,7 +67,7 @@ class RowLayout:
     query: slice
 
 
-def row_layout(n_embd: int, screen: tuple[int, int] = SCREEN) -> RowLayout:
+def row_layout(n_embd: int, screen: tuple[int, int] = AGENT_SCREEN) -> RowLayout:
     """The layout for a text model ``n_embd`` wide on ``screen`` (ValueError if too narrow)."""
     cols, rows = screen[0] // CELL, screen[1] // CELL
     content = n_embd - 2 * KEY_DIMS - cols - rows

@@ -9,8 +9,9 @@ Per episode ``e``:
 
 * the instance: kind ``kinds[e mod n]``, a seed from ``train_seeds()`` (never an
   evaluation seed) starting at a random point of the seed range;
-* the rollout: ``demonstration`` at ``screen`` (byte-for-byte the env's screenshots), with
-  recovery states in two ways, once per episode at a random step:
+* the rollout: ``demonstration`` at ``screen`` (byte-for-byte the env's screenshots; the
+  expert clicks cell centres, ``click_grid``), with recovery states in two ways, once per
+  episode at a random step:
 
   - ``perturbed`` (a fraction of episodes): the desktop is knocked off-track before the step
     (``perturb_at``).  A perturbation changes the state, it is not an action: the step shows
@@ -54,9 +55,11 @@ from cachepolicy.engine import Engine
 from cachepolicy.pieces import digests
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
+from runtime.train.agents import AGENT_SCREEN, CELL
+from runtime.train.cell_labels import click_class
 from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, StepExample, TextPiece
 from runtime.train.shards import META, PieceKind, Projector, Shard, ShardWriter
-from vmenv.actions import Action, TypeText
+from vmenv.actions import Action, Click, TypeText
 from vmenv.simdesk import (
     DemoStep, demonstration, is_eval_seed, sample_task, task_kinds, train_seeds,
 )
@@ -82,7 +85,7 @@ class DatasetConfig:
 
     seed: int = 0
     episodes: int = attrs.field(default=512, validator=attrs.validators.ge(1))
-    screen: tuple[int, int] = (640, 360)  # kvagent run's default
+    screen: tuple[int, int] = AGENT_SCREEN  # kvagent run's default
     kinds: tuple[str, ...] = attrs.field(factory=task_kinds, converter=tuple)
     perturbed: float = attrs.field(default=0.3, validator=[attrs.validators.ge(0.0),
                                                             attrs.validators.le(1.0)])
@@ -146,7 +149,7 @@ def rollout(config: DatasetConfig, e: int) -> Episode:
     at = rng.randrange(len(demonstration(task, w, h))) if mode != CLEAN else None
     steps = demonstration(task, w, h, rng=rng, with_done=config.with_done,
                           perturb_at=at if mode == PERTURBED else None,
-                          slip_at=at if mode == SLIPPED else None)
+                          slip_at=at if mode == SLIPPED else None, click_grid=CELL)
     return Episode(e, kind, seed, task.instruction, steps, mode, at,
                    code=task.goal is not None and task.goal.code)
 
@@ -199,6 +202,8 @@ class Generator:
         for i, (log_i, step) in enumerate(zip(logs, ep.steps)):
             if step.slip:  # the agent's mistake: in the later steps' history, never a target
                 continue
+            clicked = (click_class(step.state, step.action.x, step.action.y)
+                       if isinstance(step.action, Click) else "")
             seen: set[bytes] = set()
             for policy, k in self.layouts(rng):
                 ex = self.builders[(policy, k)].example(log_i, step.action)
@@ -226,7 +231,7 @@ class Generator:
                     step=i, layout=LAYOUTS.index(policy), window=k,
                     shown=sum(isinstance(p, ImagePiece) for p in ex.pieces), rows=rows,
                     target_tokens=len(ex.target.tokens), mode=ep.mode,
-                    recovery=ep.off_at is not None and i >= ep.off_at)
+                    recovery=ep.off_at is not None and i >= ep.off_at, clicked=clicked)
                 n += 1
         return n, skipped
 

@@ -85,6 +85,10 @@ class Batch(NamedTuple):
     rows: Rows
     targets: jax.Array  # int32 [B, T]
     loss_mask: jax.Array  # float32 [B, T]
+    #: the query scaffold (``grounding``): per row the code the lookup layer's input should
+    #: carry in its last ``key`` dims ``[B, T, key]`` and the scaffold's weight ``[B, T]``
+    query_codes: jax.Array | None = None
+    query_weight: jax.Array | None = None
 
 
 class ImageSource(Protocol):
@@ -182,8 +186,10 @@ def to_rows(example: Example, n_rows: int | None = None) -> Rows:
                 valid=valid)
 
 
-def collate(examples: Sequence[Example], n_rows: int) -> Batch:
-    """Pad every example to ``n_rows`` and stack them (jax arrays, leading batch axis)."""
+def collate(examples: Sequence[Example], n_rows: int,
+            scaffold: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> Batch:
+    """Pad every example to ``n_rows`` and stack them (jax arrays, leading batch axis).
+    ``scaffold``: per example its query codes and weights (``grounding.query_targets``)."""
     if not examples:
         raise ValueError("an empty batch")
     rows = [to_rows(ex, n_rows) for ex in examples]
@@ -193,7 +199,14 @@ def collate(examples: Sequence[Example], n_rows: int) -> Batch:
     for i, ex in enumerate(examples):
         targets[i, : ex.n_rows] = ex.targets
         mask[i, : ex.n_rows] = ex.loss_mask
-    return Batch(stacked, jnp.asarray(targets), jnp.asarray(mask))
+    if scaffold is None:
+        return Batch(stacked, jnp.asarray(targets), jnp.asarray(mask))
+    codes = np.zeros((len(examples), n_rows, scaffold[0][0].shape[1]), dtype=np.float32)
+    weight = np.zeros((len(examples), n_rows), dtype=np.float32)
+    for i, (ex, (c, w)) in enumerate(zip(examples, scaffold)):
+        codes[i, : ex.n_rows], weight[i, : ex.n_rows] = c, w
+    return Batch(stacked, jnp.asarray(targets), jnp.asarray(mask), jnp.asarray(codes),
+                 jnp.asarray(weight))
 
 
 def bucket_for(n_rows: int, buckets: Sequence[int]) -> int:

@@ -26,6 +26,7 @@ from cachepolicy.engine.images import EncodedImage
 from cachepolicy.forge import TextSpec
 from runtime.train.dataset import load_manifest, shards
 from runtime.train.example import Example, build_example, bucket_for, collate
+from runtime.train.grounding import Grounding, query_targets
 from runtime.train.model import ForwardOptions, Params
 from runtime.train.optim import AdamW, init_state, make_eval_step, make_train_step
 from runtime.train.shards import Shard
@@ -122,11 +123,13 @@ def _order(kinds: Sequence[int], seed: int) -> Iterator[int]:
 def fit(spec: TextSpec, params: Params, data: Path, config: FitConfig = FitConfig(), *,
         progress: Callable[[str], None] | None = None,
         checkpoint: Callable[[int, Params], None] | None = None,
-        options: ForwardOptions = ForwardOptions()) -> tuple[Params, FitReport]:
+        options: ForwardOptions = ForwardOptions(),
+        grounding: Grounding | None = None) -> tuple[Params, FitReport]:
     """Train ``params`` (a ``spec`` model) on the dataset in ``data``; returns the trained
     parameters and a report.  ``checkpoint(step, params)`` is called every
-    ``config.checkpoint_every`` updates (not at the end).  ValueError if the dataset was made
-    for another width."""
+    ``config.checkpoint_every`` updates (not at the end).  ``grounding``: add its query
+    scaffold to the loss (``grounding.query_targets``, from each example's clicked class).
+    ValueError if the dataset was made for another width."""
     manifest = load_manifest(data)
     if manifest["model"]["n_embd"] != spec.n_embd or manifest["model"]["n_vocab"] != spec.n_vocab:
         raise ValueError(f"{data} was generated with a model of width "
@@ -149,22 +152,29 @@ def fit(spec: TextSpec, params: Params, data: Path, config: FitConfig = FitConfi
     for i in range(config.steps):
         shard, e = index[next(order)]
         example = build_example(images, shard.pieces(e))
-        state, metrics = step(state, collate([example], bucket_for(example.n_rows, buckets)))
-        window.append((float(metrics["loss"]), float(metrics["accuracy"])))
+        scaffold = None if grounding is None else [query_targets(
+            example.targets, example.loss_mask, str(shard.meta(e)["clicked"]), grounding)]
+        state, metrics = step(state, collate([example], bucket_for(example.n_rows, buckets),
+                                             scaffold))
+        window.append((float(metrics["loss"]), float(metrics["accuracy"]),
+                       float(metrics["scaffold"])))
         if checkpoint is not None and (i + 1) % config.checkpoint_every == 0 \
                 and i + 1 < config.steps:
             checkpoint(i + 1, state.params)
         if len(window) == config.log_every or i == config.steps - 1:
             report_loss = float(np.mean([w[0] for w in window]))
             report_acc = float(np.mean([w[1] for w in window]))
+            report_scaffold = float(np.mean([w[2] for w in window]))
             window.clear()
             elapsed = time.perf_counter() - t0
             log.info("train_progress", step=i + 1, steps=config.steps, loss=round(report_loss, 4),
-                     accuracy=round(report_acc, 3), seconds=round(elapsed, 1))
+                     accuracy=round(report_acc, 3), scaffold=round(report_scaffold, 4),
+                     seconds=round(elapsed, 1))
             if progress is not None:
                 eta = elapsed / (i + 1) * (config.steps - i - 1)
+                extra = "" if grounding is None else f", query scaffold {report_scaffold:.3f}"
                 progress(f"step {i + 1}/{config.steps}: loss {report_loss:.3f}, token accuracy "
-                         f"{report_acc:.3f}, {elapsed:.0f} s, about {eta:.0f} s left")
+                         f"{report_acc:.3f}{extra}, {elapsed:.0f} s, about {eta:.0f} s left")
     report = FitReport(steps=config.steps, examples=len(index), loss=report_loss,
                        accuracy=report_acc, wall_seconds=time.perf_counter() - t0,
                        cpu_seconds=time.process_time() - c0)

@@ -88,15 +88,25 @@ def _block(p: Params, il: int, h: jax.Array, cos: jax.Array, sin: jax.Array,
 def hidden_states(params: Params, spec: TextSpec, rows: Rows,
                   options: ForwardOptions = ForwardOptions()) -> jax.Array:
     """The output-normed hidden state of every row, ``[T, n_embd]``."""
+    return hidden_and_residual(params, spec, rows, options, 0)[0]
+
+
+def hidden_and_residual(params: Params, spec: TextSpec, rows: Rows,
+                        options: ForwardOptions, layer: int) -> tuple[jax.Array, jax.Array]:
+    """``hidden_states`` and the residual stream entering block ``layer`` (``[T, n_embd]``
+    each): what a training loss on an intermediate layer reads."""
     check_spec(spec)
     h = jnp.where(rows.is_embed[:, None], rows.embeds.astype(jnp.float32),
                   params["token_embd.weight"][rows.tokens])
     cos, sin = rope.angles(rows.positions, spec)
     visible = attention.visibility(rows.positions, rows.valid)
+    residual = h
     for il in range(spec.n_layer):
+        if il == layer:
+            residual = h
         block = jax.checkpoint(_block, static_argnums=(1, 6, 7)) if options.remat else _block
         h = block(params, il, h, cos, sin, visible, spec, options)
-    return rms_norm(h, params["output_norm.weight"], spec.rms_eps)
+    return rms_norm(h, params["output_norm.weight"], spec.rms_eps), residual
 
 
 def project(params: Params, hidden: jax.Array, numerics: Numerics = Numerics()) -> jax.Array:
@@ -118,6 +128,11 @@ def forward(params: Params, spec: TextSpec, rows: Rows,
 
 #: ``forward`` compiled per (spec, options, shapes): what the parity check and tests call
 jit_forward = jax.jit(forward, static_argnames=("spec", "options"))
+
+
+def lookup_layer(spec: TextSpec) -> int:
+    """The layer whose attention looks cells up (``grounding``): the last attention layer."""
+    return max(i for i in range(spec.n_layer) if spec.is_attention(i))
 
 
 def check_spec(spec: TextSpec) -> None:

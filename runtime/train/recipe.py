@@ -1,14 +1,16 @@
 """The recipe that makes kvagent's shipped agents, end to end (``kvagent train``).
 
-1. For each arch, the agent's shape (``agents.py``) is initialised from the seed and written as
-   GGUF; the readable frozen projector (``readable_vision.py``) is written once (both arches
-   have the same width, so they share it).
+1. The projector's recogniser (``recogniser.py``) learns simdesk's widget classes from
+   expert episodes' cells; the cell projector (``cell_vision.py``) is written with it once
+   (both arches have the same width, so they share it).
 2. The dataset (``dataset.py``) is generated once, with the hybrid's initial model: its
    tokenizer (the same vocabulary for both arches) and the projector's embeddings, which do not
    depend on the text model. The llama agent reads the same stored encodings on a line
    (``fit.on_a_line``). A rerun keeps finished shards.
-3. Each agent trains (``fit.py``) and is exported next to the projector; a ``recipe.json``
-   records the configuration, the files' sha256 and the time each part took.
+3. Each agent starts from the seed's initial weights with the designed lookup
+   (``grounding.design``), trains (``fit.py``, with the query scaffold) and is exported next
+   to the projector; a ``recipe.json`` records the configuration, the recogniser's held-out
+   lookup, the files' sha256 and the time each part took.
 
 Deterministic from ``RecipeConfig.seed``: the same config writes the same files (XLA's CPU
 kernels are deterministic for a fixed program on a fixed machine; across CPUs with other SIMD
@@ -30,13 +32,17 @@ import structlog
 from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.forge import TextSpec
 from vmenv.trajectory_writer import write_durably
-from runtime.train.agents import AGENT_ARCHES, agent_shape, agent_vocab
+from runtime.train.agents import AGENT_ARCHES, X_PIECES, Y_PIECES, agent_shape, agent_vocab
+from runtime.train.cell_vision import KEY_DIMS, row_layout, write_cell_mmproj
 from runtime.train.dataset import DatasetConfig, generate
 from runtime.train.fit import FitConfig, FitReport, fit
 from runtime.train.gguf_io import export_gguf
+from runtime.train.grounding import Grounding, design, piece_ids
 from runtime.train.model import Params
 from runtime.train.params import init_params
-from runtime.train.readable_vision import write_readable_mmproj
+from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
+                                      train_recogniser)
+from vmenv.simdesk.seeds import eval_seeds, train_seeds
 
 __all__ = ["MMPROJ_NAME", "RecipeConfig", "model_name", "train_agents"]
 
@@ -59,6 +65,11 @@ class RecipeConfig:
     episodes: int = 512
     fit: FitConfig = FitConfig()
     threads: int = 2
+    #: the projector's recogniser: expert episodes it learns from, and its updates
+    recogniser_episodes: int = 600
+    recogniser_updates: int = 1500
+    #: the query scaffold's weight (``grounding``)
+    scaffold_weight: float = 3.0
 
 
 def _sha256(path: Path) -> str:
@@ -75,7 +86,12 @@ def train_agents(config: RecipeConfig, out: Path, *,
     out.mkdir(parents=True, exist_ok=True)
     vocab = agent_vocab()
     hybrid = agent_shape("qwen35")
-    mmproj = write_readable_mmproj(hybrid.spec, out / MMPROJ_NAME, seed=config.seed)
+    rec, rec_record = _recogniser(config, progress)
+    mmproj = write_cell_mmproj(hybrid.spec, out / MMPROJ_NAME, rec, seed=config.seed)
+    grounding = Grounding(row_layout(hybrid.spec.n_embd),
+                          {c: rec.codes[i] for i, c in enumerate(rec.classes)},
+                          piece_ids(vocab.tokens, X_PIECES), piece_ids(vocab.tokens, Y_PIECES),
+                          weight=config.scaffold_weight)
     init_dir = out / "init"
     data = out / "data"
     t0 = time.perf_counter()
@@ -88,7 +104,8 @@ def train_agents(config: RecipeConfig, out: Path, *,
                                                     shard_episodes=128),
                             data, progress=progress)
     record: dict[str, Any] = {
-        "config": attrs.asdict(config), "mmproj": {"file": MMPROJ_NAME, "sha256": _sha256(mmproj)},
+        "config": attrs.asdict(config), "mmproj": {"file": MMPROJ_NAME, "sha256": _sha256(mmproj),
+                                                   "recogniser": rec_record},
         "dataset": {"dir": "data", "examples": manifest["totals"]["examples"],
                     "seconds": round(time.perf_counter() - t0, 1)},
         "models": {},
@@ -101,9 +118,11 @@ def train_agents(config: RecipeConfig, out: Path, *,
             export_gguf(out / "checkpoints" / f"agent-{arch}-step{step}.gguf", spec, params,
                         vocab=vocab)
 
-        params, report = fit(shape.spec, init_params(shape.spec, seed=config.seed), data,
-                             config.fit, progress=lambda s, a=arch: progress(f"{a}: {s}"),
-                             checkpoint=keep)
+        start = design(init_params(shape.spec, seed=config.seed), shape.spec, grounding,
+                       seed=config.seed)
+        params, report = fit(shape.spec, start, data, config.fit,
+                             progress=lambda s, a=arch: progress(f"{a}: {s}"),
+                             checkpoint=keep, grounding=grounding)
         exported = export_gguf(out / model_name(arch), shape.spec, params, vocab=vocab)
         record["models"][arch] = _model_record(exported.path, exported.sha256, report)
         progress(f"{arch}: wrote {exported.path} ({exported.n_bytes / 2**20:.1f} MiB) in "
@@ -111,6 +130,27 @@ def train_agents(config: RecipeConfig, out: Path, *,
                  f"{report.loss:.3f}, token accuracy {report.accuracy:.3f}")
     write_durably(out / "recipe.json", json.dumps(record, indent=1).encode())
     return record
+
+
+def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
+                ) -> tuple[Recogniser, dict[str, Any]]:
+    """The projector's recogniser, trained on training seeds and measured on held-out ones."""
+    t0 = time.perf_counter()
+    n = config.recogniser_episodes
+    progress(f"recogniser: cells of {n} expert episodes")
+    data = cell_data(train_seeds(config.seed), n)
+    rec = train_recogniser(data, key_dims=KEY_DIMS, updates=config.recogniser_updates,
+                           seed=config.seed,
+                           progress=lambda t, loss: progress(
+                               f"recogniser: update {t}/{config.recogniser_updates}, loss "
+                               f"{loss:.3f}"))
+    held_out = cell_data(iter(eval_seeds(10 * n)), max(8, n // 10), rec.classes)
+    lookup = lookup_accuracy(rec, held_out)
+    seconds = time.perf_counter() - t0
+    progress(f"recogniser: {len(rec.classes)} classes; held-out lookup {lookup:.3f} "
+             f"({int((held_out.click_class >= 0).sum())} clicks), {seconds:.0f} s")
+    return rec, {"classes": list(rec.classes), "screens": int(len(data.features)),
+                 "held_out_lookup": round(lookup, 4), "seconds": round(seconds, 1)}
 
 
 def _model_record(path: Path, sha256: str, report: FitReport) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import structlog
 
+from runtime.train.agents import AGENT_SCREEN
 from runtime.train.cell_features import COLOUR, MERGED_FEATURES, VISION_EMBD, cell_features
 from runtime.train.cell_labels import OTHER, cell_classes, click_class
 from runtime.train.optim import AdamW, apply_updates, init_state
@@ -35,7 +36,7 @@ __all__ = ["CellData", "Recogniser", "cell_data", "lookup_accuracy", "train_reco
 
 log = structlog.get_logger("kvagent.train.recogniser")
 
-SCREEN = (640, 384)
+SCREEN = AGENT_SCREEN
 SHARPNESS = 8.0
 KEY_NORM = 3.0  # the keys' mean norm once exported (the codes are unit vectors)
 

@@ -61,6 +61,7 @@ META: dict[str, str] = {
     "target_tokens": "int16",
     "mode": "uint8",  # the episode: 0 clean, 1 perturbed once, 2 one slip (a mistake)
     "recovery": "bool",  # at or after the step the episode went off-track
+    "clicked": "U40",  # the class of the widget the target clicks (cell_labels); "" if none
 }
 
 

@@ -18,6 +18,7 @@ import attrs
 
 from vmenv.actions import Action, Done, Fail
 from vmenv.simdesk.apply import apply_action
+from vmenv.simdesk.grid_clicks import on_grid
 from vmenv.simdesk.slips import wrong_action
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.tasks import Task
@@ -40,12 +41,14 @@ class DemonstrationError(RuntimeError):
 
 def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None = None,
                   rng: random.Random | None = None, with_done: bool = False,
-                  max_steps: int = 64, slip_at: int | None = None) -> tuple[DemoStep, ...]:
+                  max_steps: int = 64, slip_at: int | None = None,
+                  click_grid: int | None = None) -> tuple[DemoStep, ...]:
     """The expert's episode on ``task`` at this screen size (see the module docstring).
 
     ``with_done`` appends the solved state labelled ``Done()`` (for agents that must say so;
     ``SimDesk`` ends the episode on success without it).  ``rng`` drives the perturbation
-    and the slip.
+    and the slip.  ``click_grid``: the expert's clicks go to the centres of cells of that
+    many pixels (``grid_clicks.on_grid``: the same widget, so the same effect).
     """
     state = task.setup(DeskState.empty(width, height))
     rng = rng or random.Random(0)
@@ -59,6 +62,8 @@ def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None
                 out.append(DemoStep(state, Done(), perturbed))
             return tuple(out)
         action = task.next_action(state)
+        if click_grid is not None:
+            action = on_grid(state, action, click_grid)
         if isinstance(action, Fail | Done) or len(out) >= max_steps:
             raise DemonstrationError(f"{task.name}: expert answered {action} after "
                                      f"{len(out)} steps")

@@ -1,0 +1,155 @@
+"""The designed lookup: how a freshly initialised agent starts out able to copy a cell's
+coordinates, and the query scaffold that teaches it which cell to ask for.
+
+What the cell projector puts in every image row (``cell_vision.RowLayout``): the recognised
+widget's *key* (matched against the class *codes*), the column and row one-hots, content.
+Three pieces of the text model are then *initialised* (ordinary weights, trained like the
+rest afterwards; measured in docs/training.md "Designed keys"):
+
+* the coordinate pieces' embeddings (``agents.X_PIECES`` / ``Y_PIECES``) are the column /
+  row one-hots (x3) in the same dims, so a copied one-hot is read by the tied LM head as
+  that coordinate's logit;
+* the last attention layer's first query head looks up and copies the column: its query
+  reads the row's ``query`` dims, its key the ``key`` dims, both into the head's unrotated
+  dims (position does not enter the match); its value / output copy the column one-hot;
+* the first query head of the second KV head looks up the *row*: its key is the class key
+  projected to ``Y_CODE`` dims plus the cell's column one-hot, its query the class query
+  projected the same way plus the column one-hot of the x token just written (an x piece's
+  embedding holds it) — so y comes from a cell of the instance x came from when a class has
+  two on screen (the Terminal's two launchers); its value / output copy the row one-hot.
+
+The **query scaffold** (training only, nothing of it is exported): at the rows whose next
+token is a coordinate of a click, the lookup layer's input should carry the clicked
+widget's code in the ``query`` dims — an auxiliary loss ``weight · (1 − cosine)``
+(``query_targets`` builds its per-row targets; ``loss.loss_fn`` adds it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from cachepolicy.forge import TextSpec
+from runtime.train.agents import LLAMA_ROPE_BASE
+from runtime.train.cell_labels import OTHER
+from runtime.train.cell_vision import POS_SCALE, RowLayout
+from runtime.train.model import lookup_layer
+
+__all__ = ["LLAMA_ROPE_BASE", "Grounding", "design", "piece_ids", "query_targets",
+           "static_dims"]
+
+Y_CODE = 16  # the class code's projection the row head matches (its other dims: the column)
+QK_NORM = 2.5  # the q/k norm weights of the lookup dims: how sharp the match starts
+COPY_GAIN = 4.0  # value -> output: the copied one-hot's size (x2 under qwen35's gate)
+LLAMA_Q_GAIN = 3.0  # llama: the query's scale (no q/k norm sets the match's sharpness)
+LLAMA_FAST_DIMS = 12  # llama: the head dims that carry position (as qwen35's rope_dims)
+
+
+@attrs.frozen(eq=False)
+class Grounding:
+    """Everything the design and the scaffold need: the row layout, the class codes by name
+    (unit vectors of ``layout.key``'s width), the x and y pieces' token ids, the scaffold's
+    weight."""
+
+    layout: RowLayout
+    codes: Mapping[str, np.ndarray]
+    x_ids: tuple[int, ...]
+    y_ids: tuple[int, ...]
+    weight: float = 3.0
+
+
+def _width(s: slice) -> int:
+    return s.stop - s.start
+
+
+def static_dims(spec: TextSpec) -> int:
+    """The first head dim position does not move: qwen35 rotates only ``rope_dims``; llama
+    rotates every pair, so its agent's RoPE base is made so large (``LLAMA_ROPE_BASE``) that
+    pairs from ``LLAMA_FAST_DIMS`` on turn by < 0.1 rad over 2000 positions."""
+    if spec.is_hybrid:
+        return spec.rope_dims
+    slowest = spec.rope_freq_base ** (-LLAMA_FAST_DIMS / spec.head_dim)
+    if slowest * 2000 > 0.1:
+        raise ValueError(f"llama's RoPE base {spec.rope_freq_base:g} turns every head dim: "
+                         f"the designed lookup needs a base >= {LLAMA_ROPE_BASE:g}")
+    return LLAMA_FAST_DIMS
+
+
+def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
+           seed: int = 0) -> dict[str, np.ndarray]:
+    """``params`` with the designed pieces (see the module docstring); ValueError for a
+    model whose heads have too few position-free dims or a single KV head."""
+    lay = g.layout
+    key_w = _width(lay.key)
+    hd, rot = spec.head_dim, static_dims(spec)
+    if hd - rot < max(key_w, Y_CODE + lay.cols) or spec.n_head_kv < 2:
+        raise ValueError(f"the designed lookup needs {key_w} position-free dims per head and "
+                         f"two KV heads; {spec.arch} has {hd - rot} and {spec.n_head_kv}")
+    if len(g.x_ids) != lay.cols or len(g.y_ids) != lay.rows:
+        raise ValueError("one x piece per column and one y piece per row")
+    p = {k: np.array(v, np.float32) for k, v in params.items()}
+    rng = np.random.default_rng(seed)
+    e = p["token_embd.weight"]
+    for pieces, dims in ((g.x_ids, lay.column), (g.y_ids, lay.row)):
+        for i, tok in enumerate(pieces):
+            e[tok] = 0.05 * rng.normal(size=spec.n_embd)
+            e[tok, dims.start + i] = POS_SCALE
+    pre = f"blk.{lookup_layer(spec)}"
+    q, k = p[f"{pre}.attn_q.weight"], p[f"{pre}.attn_k.weight"]
+    v, o = p[f"{pre}.attn_v.weight"], p[f"{pre}.attn_output.weight"]
+    # numpy order [out, in]; qwen35's q rows are per head [query | gate], llama's [query]
+    gated = spec.is_hybrid
+    q_rows = 2 * hd if gated else hd
+    gain = 1.0 if gated else LLAMA_Q_GAIN  # llama has no q/k norm to sharpen the match
+    copy = 2.0 * COPY_GAIN if gated else COPY_GAIN  # x2: the gate's sigmoid(0) = 0.5
+    # query head 0 on KV head 0: the column
+    q[:q_rows], k[:hd], v[:hd], o[:, :hd] = 0.0, 0.0, 0.0, 0.0
+    q[rot:rot + key_w, lay.query] = gain * np.eye(key_w)
+    k[rot:rot + key_w, lay.key] = np.eye(key_w)
+    v[:lay.cols, lay.column] = np.eye(lay.cols)
+    o[lay.column, :lay.cols] = copy * np.eye(lay.cols)
+    # the first query head of KV head 1: the row, keyed on class and column
+    qh = spec.n_head // spec.n_head_kv
+    qs, ks = slice(q_rows * qh, q_rows * (qh + 1)), slice(hd, 2 * hd)
+    os_ = slice(hd * qh, hd * (qh + 1))
+    q[qs], k[ks], v[ks], o[:, os_] = 0.0, 0.0, 0.0, 0.0
+    basis = np.linalg.qr(rng.normal(size=(key_w, key_w)))[0][:Y_CODE]
+    project = basis * 1.5 * (key_w / Y_CODE) ** 0.5  # class half weighs 1.5, column 1
+    q0, k0 = qs.start + rot, ks.start + rot
+    q[q0:q0 + Y_CODE, lay.query] = gain * project
+    k[k0:k0 + Y_CODE, lay.key] = project
+    q[q0 + Y_CODE:q0 + Y_CODE + lay.cols, lay.column] = gain * np.eye(lay.cols)
+    k[k0 + Y_CODE:k0 + Y_CODE + lay.cols, lay.column] = np.eye(lay.cols)
+    v[ks.start:ks.start + lay.rows, lay.row] = np.eye(lay.rows)
+    o[lay.row, os_.start:os_.start + lay.rows] = copy * np.eye(lay.rows)
+    if gated:
+        p[f"{pre}.attn_q_norm.weight"][rot:] = QK_NORM
+        p[f"{pre}.attn_k_norm.weight"][rot:] = QK_NORM
+    return p
+
+
+def query_targets(targets: np.ndarray, loss_mask: np.ndarray, clicked: str,
+                  g: Grounding) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of an example: the code its lookup-layer input should carry ``[T, key]`` and
+    the scaffold's weight there ``[T]`` — ``g.weight`` at the response rows whose target is
+    a coordinate piece, when the example's action clicks a widget of a known class
+    (``clicked``; "" when it does not click), else 0."""
+    n = len(targets)
+    codes = np.zeros((n, _width(g.layout.key)), np.float32)
+    weight = np.zeros(n, np.float32)
+    code = g.codes.get(clicked) if clicked and clicked != OTHER else None
+    if code is None:
+        return codes, weight
+    coord = np.isin(targets, np.asarray(list(g.x_ids) + list(g.y_ids)))
+    rows = coord & (loss_mask > 0)
+    codes[rows] = code
+    weight[rows] = g.weight
+    return codes, weight
+
+
+def piece_ids(tokens: Sequence[str], pieces: Sequence[str]) -> tuple[int, ...]:
+    """The token ids of ``pieces`` in a vocabulary's ``tokens`` (spaces as "▁")."""
+    index = {t: i for i, t in enumerate(tokens)}
+    return tuple(index[p.replace(" ", "\u2581")] for p in pieces)
