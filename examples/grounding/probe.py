@@ -52,6 +52,12 @@ QUERY = 156  # the class tokens' code lives in dims QUERY.. (not the key dims: n
 COLS, ROWS = 20, 12
 AUX = float(os.environ.get("AUX", "1.0"))  # the query scaffold's weight
 LR = float(os.environ.get("LR", "1e-3"))
+#: ``TIE_Y=1``: y is looked up by a second head whose key also carries the cell's column and
+#: whose query, at the x token's row, also carries the chosen x — so y comes from a cell of the
+#: instance x was copied from when a class has two instances on screen (Terminal's two
+#: launchers).  Head 0 then copies the column only and the second head the row only.
+TIE_Y = os.environ.get("TIE_Y") == "1"
+Y_CODE = 16  # the class code's projection the y head matches (its other 20 dims: the column)
 CLASS_TOK, X_TOK, Y_TOK, NL_TOK = 1000, 1100, 1120, 13
 
 
@@ -169,11 +175,37 @@ def design(params, spec, code, n_cls, on: bool):
         o[:, :hd] = 0.0
         q[rot:rot + min(free, KEY), QUERY:QUERY + KEY] = np.eye(min(free, KEY), KEY)
         k[rot:rot + min(free, KEY), :KEY] = np.eye(min(free, KEY), KEY)
-        v[:POS, KEY:KEY + POS] = np.eye(POS)
-        o[KEY:KEY + POS, :POS] = 2.0 * 4.0 * np.eye(POS)  # x2 for sigmoid(0) = 0.5
+        copied = COLS if TIE_Y else POS  # head 0 copies the column (and the row, untied)
+        v[:copied, KEY:KEY + copied] = np.eye(copied)
+        o[KEY:KEY + copied, :copied] = 2.0 * 4.0 * np.eye(copied)  # x2 for sigmoid(0) = 0.5
+        if TIE_Y:
+            design_y_head(q, k, v, o, spec)
         p[f"{pre}.attn_q_norm.weight"][rot:] = 2.5
         p[f"{pre}.attn_k_norm.weight"][rot:] = 2.5
     return {k: jnp.asarray(v) for k, v in p.items()}
+
+
+def design_y_head(q, k, v, o, spec) -> None:
+    """Query head 2 (KV head 1) of the lookup layer: key = the cell's class key projected to
+    ``Y_CODE`` dims and its column one-hot; query = the class query projected the same way
+    and the column one-hot of the x token (its embedding carries it in the same dims as an
+    image row's column); value/output copy the row one-hot.  The class half is weighted 1.5
+    against the column's 1, so the right instance (both) beats a same-column cell of another
+    class and a same-class cell in another column."""
+    hd, rot = spec.head_dim, spec.rope_dims
+    groups = spec.n_head // spec.n_head_kv
+    qh, kh = groups, 1  # the first query head of KV head 1
+    basis = np.linalg.qr(np.random.default_rng(4).normal(size=(KEY, KEY)))[0][:Y_CODE]
+    project = basis * 1.5 * (KEY / Y_CODE) ** 0.5  # a projected unit code keeps norm ~1.5
+    qs, ks = slice(2 * hd * qh, 2 * hd * (qh + 1)), slice(hd * kh, hd * (kh + 1))
+    q[qs], k[ks], v[ks], o[:, hd * qh:hd * (qh + 1)] = 0.0, 0.0, 0.0, 0.0
+    q0, k0 = 2 * hd * qh + rot, hd * kh + rot
+    q[q0:q0 + Y_CODE, QUERY:QUERY + KEY] = project
+    k[k0:k0 + Y_CODE, :KEY] = project
+    q[q0 + Y_CODE:q0 + Y_CODE + COLS, KEY:KEY + COLS] = np.eye(COLS)
+    k[k0 + Y_CODE:k0 + Y_CODE + COLS, KEY:KEY + COLS] = np.eye(COLS)
+    v[hd * kh:hd * kh + ROWS, KEY + COLS:KEY + POS] = np.eye(ROWS)
+    o[KEY + COLS:KEY + POS, hd * qh:hd * qh + ROWS] = 2.0 * 4.0 * np.eye(ROWS)
 
 
 def build(rows_img, states, n_embd, mask):
