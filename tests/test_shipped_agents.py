@@ -1,12 +1,12 @@
 """The trained agents kvagent ships (runtime/agent_models) are llama.cpp's models, and the trainer
 saw what the engine shows them.
 
-- Parity: on a real simdesk step prompt (instruction, a 640x360 screenshot, the runtime's chat
+- Parity: on a real simdesk step prompt (instruction, a 640x384 screenshot, the runtime's chat
   layout, the expert's action as the response), the trainer's JAX forward of the shipped GGUF
   and llama.cpp through kvagent's Engine agree on every row's logits within the stated
   tolerance, with the same greedy token — for the hybrid qwen35 (M-RoPE image rows) and for
   llama (the same projector's rows on a line).  A perturbed copy of the weights fails.
-- The readable projector declares that it carries positions in its features; the engine pairs
+- The cell projector declares that it carries positions in its features; the engine pairs
   an M-RoPE projector with a model without M-RoPE only then.
 - Stored encodings (what training reads) give the same rows as the engine encoding the same
   screenshot, for both arches (llama's through ``on_a_line``).
@@ -35,17 +35,17 @@ CONFIG = EngineConfig(n_ctx_per_seq=4096, n_seq_max=1, n_threads=2, decode_rows=
 @pytest.fixture(scope="module")
 def step_png() -> bytes:
     task = sample_task("dialog-button", 3)
-    return render_png(demonstration(task, 640, 360)[0].state)
+    return render_png(demonstration(task, 640, 384)[0].state)
 
 
 def step_prompt(engine: Engine, png: bytes) -> list[TextPiece | ImagePiece]:
     tok = engine.tokenize
     return [TextPiece(tok("<|im_start|>system\nYou are a GUI agent.<|im_end|>\n<|im_start|>user"
-                          "\nTask: A dialog is open. Press its \"Cancel\" button.\n"
+                          "\nTask: A dialog is open. Press its \"Discard\" button.\n"
                           "Screenshot 0:")),
             ImagePiece(png),
             TextPiece(tok("\n<|im_end|>\n<|im_start|>assistant\n")),
-            TextPiece(tok("click(107, 127)<|im_end|>"), train=True)]
+            TextPiece(tok("click(464, 112)<|im_end|>"), train=True)]
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -55,7 +55,7 @@ def test_shipped_agent_is_llama_cpps_model(arch: str, step_png: bytes) -> None:
         pieces = step_prompt(engine, step_png)
     report = compare(model, mmproj, pieces, engine_config=CONFIG)
     assert report.passed, report.summary()
-    assert report.n_image_rows == 220  # 640x360 -> 20 x 11 cells of 32 px
+    assert report.n_image_rows == 240  # 640x384 -> 20 x 12 cells of 32 px
     # a perturbed copy of the trained weights is caught by the same check
     loaded = load_gguf(model)
     name = "blk.0.ffn_down.weight"
@@ -64,7 +64,7 @@ def test_shipped_agent_is_llama_cpps_model(arch: str, step_png: bytes) -> None:
     assert not worse.passed and worse.max_abs_diff > 10 * report.max_abs_diff
 
 
-def test_readable_projector_declares_positions_and_pairs_only_then() -> None:
+def test_cell_projector_declares_positions_and_pairs_only_then() -> None:
     _, mmproj = agent_files("qwen35")
     assert mmproj is not None and declares_position_features(mmproj)
     norm_rope = 0  # LLAMA_ROPE_TYPE_NORM: a text model without M-RoPE

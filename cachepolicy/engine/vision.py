@@ -46,8 +46,8 @@ LINEAR_PROJECTORS = ("mlp", "mlp_norm", "ldp", "ldpv2", "resampler", "gemma3", "
 _MROPE_TYPES = (llama_cpp.LLAMA_ROPE_TYPE_MROPE, llama_cpp.LLAMA_ROPE_TYPE_IMROPE)
 
 
-#: A projector that writes each cell's place into its embedding (kvagent's readable projector,
-#: ``runtime/train/readable_vision.py``) declares it with this key; such a projector is valid at
+#: A projector that writes each cell's place into its embedding (kvagent's cell projector,
+#: ``runtime/train/cell_vision.py``) declares it with this key; such a projector is valid at
 #: plain sequential positions too, so it may pair with a text model without M-RoPE.
 POSITION_FEATURES_KEY = "kvagent.vision.position_features"
 

@@ -1,5 +1,5 @@
 """The shipped agents' shapes: a hybrid ``qwen35`` and an attention-only ``llama`` text model of
-the same width, one vocabulary, one readable frozen projector each.
+the same width, one vocabulary, and the cell projector (``cell_vision``) both read through.
 
 The vocabulary is the forge's SentencePiece-style one plus whole-word pieces for what every
 prompt says (the kvagent profile's system prompt, simdesk's instructions, the words on its
@@ -65,7 +65,7 @@ LLAMA_ROPE_BASE = 1e18
 
 @attrs.frozen
 class AgentShape:
-    """One agent's text model; the projector follows from it (``readable_vision``)."""
+    """One agent's text model; the projector follows from it (``cell_vision``)."""
 
     spec: TextSpec
 

@@ -46,7 +46,7 @@ class FitConfig:
     """How long and how hard to train (the defaults train a shipped agent)."""
 
     steps: int = attrs.field(default=2500, validator=attrs.validators.ge(1))
-    learning_rate: float = 3e-3
+    learning_rate: float = 3e-4  # the designed lookup survives it (docs/training.md)
     warmup_steps: int = 100
     min_lr_ratio: float = 0.05
     weight_decay: float = 0.01

@@ -69,7 +69,7 @@ class RecipeConfig:
     recogniser_episodes: int = 600
     recogniser_updates: int = 1500
     #: the query scaffold's weight (``grounding``)
-    scaffold_weight: float = 3.0
+    scaffold_weight: float = 10.0
 
 
 def _sha256(path: Path) -> str:
