@@ -7,9 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
-HELP = ("train the tiny simdesk agents (hybrid qwen35 and llama) that kvagent ships; about 5 "
-        "min for the projector's recogniser, 15 for the dataset and 30 per model on 2 cores "
-        "(needs pip install 'kvagent[train]')")
+HELP = ("train the tiny simdesk agents (hybrid qwen35 and llama) that kvagent ships; about 6 "
+        "min for the projector's recogniser, 7 for the dataset and 40 per model on one core "
+        "(measured with the two models side by side on 2 cores; needs pip install "
+        "'kvagent[train]')")
 
 DEFAULT_OUT = Path("kvagent-agents")
 
