@@ -17,7 +17,7 @@ from runtime.profiles import get as get_profile
 from vmenv.simdesk import SimDesk, SimDeskConfig, sample_task
 from vmenv.simdesk.seeds import eval_seeds
 
-SCREEN = (640, 360)
+SCREEN = (640, 384)  # the shipped agents' screen
 KINDS = ("click-ok", "dialog-button", "open-terminal", "type-in-field")
 MAX_STEPS = 4
 
@@ -79,3 +79,4 @@ async def test_chat_replies_parse_and_solve_held_out_instances(served) -> None:
     chat_solved = sorted(n for n, (ok, _) in results.items() if ok)
     assert all(replies for _, replies in results.values())
     assert chat_solved, f"no instance solved through the chat path: {results}"
+    print(f"chat path solved {len(chat_solved)}/{len(results)}: {chat_solved}")
