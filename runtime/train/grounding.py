@@ -10,8 +10,10 @@ rest afterwards; measured in docs/training.md "Designed keys"):
   row one-hots (x3) in the same dims, so a copied one-hot is read by the tied LM head as
   that coordinate's logit;
 * the last attention layer's first query head looks up and copies the column: its query
-  reads the row's ``query`` dims, its key the ``key`` dims, both into the head's unrotated
-  dims (position does not enter the match); its value / output copy the column one-hot;
+  reads the row's ``query`` dims, its key the ``key`` dims, both into the head's
+  position-free dims (``static_dims``: qwen35's unrotated ones, llama's slowest pairs under
+  its agent's huge RoPE base), so position does not enter the match; its value / output copy
+  the column one-hot;
 * the first query head of the second KV head looks up the *row*: its key is the class key
   projected to ``Y_CODE`` dims plus the cell's column one-hot, its query the class query
   projected the same way plus the column one-hot of the x token just written (an x piece's
@@ -37,8 +39,7 @@ from runtime.train.cell_labels import OTHER
 from runtime.train.cell_vision import POS_SCALE, RowLayout
 from runtime.train.model import lookup_layer
 
-__all__ = ["LLAMA_ROPE_BASE", "Grounding", "design", "piece_ids", "query_targets",
-           "static_dims"]
+__all__ = ["Grounding", "design", "piece_ids", "query_targets", "static_dims"]
 
 Y_CODE = 16  # the class code's projection the row head matches (its other dims: the column)
 QK_NORM = 2.5  # the q/k norm weights of the lookup dims: how sharp the match starts
@@ -57,7 +58,7 @@ class Grounding:
     codes: Mapping[str, np.ndarray]
     x_ids: tuple[int, ...]
     y_ids: tuple[int, ...]
-    weight: float = 3.0
+    weight: float = 10.0
 
 
 def _width(s: slice) -> int:
