@@ -16,8 +16,10 @@ import attrs
 
 from cachepolicy.forge import TextSpec
 from cachepolicy.forge.tokenizer import Vocab, build_vocab
+from runtime.train.cell_features import CELL
 
-__all__ = ["AGENT_ARCHES", "LLAMA_ROPE_BASE", "AGENT_PIECES", "AGENT_SCREEN", "X_PIECES", "Y_PIECES", "AgentShape", "agent_shape", "agent_vocab"]
+__all__ = ["AGENT_ARCHES", "AGENT_PIECES", "AGENT_SCREEN", "LLAMA_ROPE_BASE", "X_PIECES",
+           "Y_PIECES", "AgentShape", "agent_shape", "agent_vocab"]
 
 N_VOCAB = 1536
 
@@ -45,7 +47,6 @@ _WIDGETS = ("Files Mail Music Photos Calculator Calendar Settings Clock Help Tra
 #: projector's column and row one-hots).  Other numbers stay digit by digit or fall back
 #: to shorter pieces.
 AGENT_SCREEN = (640, 384)
-CELL = 32
 X_PIECES = tuple(str(CELL // 2 + CELL * c) for c in range(AGENT_SCREEN[0] // CELL))
 Y_PIECES = tuple(f", {CELL // 2 + CELL * r}" for r in range(AGENT_SCREEN[1] // CELL))
 

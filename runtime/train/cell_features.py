@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["CELL", "MERGED_FEATURES", "PATCH", "VISION_EMBD", "cell_features",
+__all__ = ["CELL", "MERGED_FEATURES", "PATCH", "VISION_EMBD", "cell_features", "content_mask",
            "patch_kernel", "position_grid", "position_readout"]
 
 PATCH = 16
@@ -108,6 +108,15 @@ def cell_features(rgb: np.ndarray) -> np.ndarray:
     ph, pw = normed.shape[:2]
     cells = normed.reshape(ph // 2, 2, pw // 2, 2, VISION_EMBD).transpose(0, 2, 1, 3, 4)
     return np.ascontiguousarray(cells.reshape(ph // 2, pw // 2, MERGED_FEATURES))
+
+
+def content_mask() -> np.ndarray:
+    """[4E] bool: the merged features that say what a cell looks like — each of its 4
+    patches' luminance and colour (not the anchor or the position pairs)."""
+    mask = np.zeros(MERGED_FEATURES, bool)
+    for slot in range(4):
+        mask[slot * VISION_EMBD:slot * VISION_EMBD + COLOUR + 3] = True
+    return mask
 
 
 def position_readout(axis: str, n_patches: int) -> tuple[np.ndarray, float]:

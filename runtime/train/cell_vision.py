@@ -36,15 +36,15 @@ from cachepolicy.forge import TextSpec
 from cachepolicy.forge.mmproj import mmproj_plans, write_mmproj
 from cachepolicy.forge.specs import VisionSpec
 from cachepolicy.forge.writer import TensorPlan, given
-from runtime.train.cell_features import (CELL, COLOUR, MERGED_FEATURES, PATCH, SIGMA,
-                                         VISION_EMBD, patch_kernel, position_grid,
+from runtime.train.cell_features import (CELL, MERGED_FEATURES, PATCH, SIGMA, VISION_EMBD,
+                                         content_mask, patch_kernel, position_grid,
                                          position_readout)
 from runtime.train.agents import AGENT_SCREEN
 
 if TYPE_CHECKING:
     from runtime.train.recogniser import Recogniser
 
-__all__ = ["RowLayout", "cell_vision_spec", "row_layout", "write_cell_mmproj"]
+__all__ = ["RowLayout", "cell_vision_spec", "row_layout", "width", "write_cell_mmproj"]
 
 STEEPNESS = 40.0
 SHIFT = 20.0
@@ -81,11 +81,12 @@ def row_layout(n_embd: int, screen: tuple[int, int] = AGENT_SCREEN) -> RowLayout
 
 
 def _hidden_size(rec: Recogniser, lay: RowLayout) -> int:
-    return rec.hidden + 2 * (lay.cols + 1) + 2 * (lay.rows + 1) + _width(lay.content)
+    return rec.hidden + 2 * (lay.cols + 1) + 2 * (lay.rows + 1) + width(lay.content)
 
 
-def _width(s: slice) -> int:
-    return s.stop - s.start
+def width(part: slice) -> int:
+    """How many dims a part of a ``RowLayout`` spans."""
+    return part.stop - part.start
 
 
 def cell_vision_spec(spec: TextSpec, rec: Recogniser) -> VisionSpec:
@@ -124,10 +125,8 @@ def _merger(rec: Recogniser, lay: RowLayout, seed: int) -> dict[str, np.ndarray]
     w2[lay.key, :h], b2[lay.key] = rec.w2.T, rec.b2
     at = _steps(w0, b0, w2, h, "x", lay.cols, 2 * lay.cols, lay.column)
     at = _steps(w0, b0, w2, at, "y", lay.rows, 2 * lay.rows, lay.row)
-    n_content = _width(lay.content)
-    read = np.zeros(MERGED_FEATURES, bool)
-    for slot in range(4):
-        read[slot * VISION_EMBD:slot * VISION_EMBD + COLOUR + 3] = True
+    n_content = width(lay.content)
+    read = content_mask()
     rng = np.random.default_rng(seed)
     proj = np.zeros((MERGED_FEATURES, n_content))
     proj[read] = rng.normal(0.0, read.sum() ** -0.5, (read.sum(), n_content)) * SIGMA

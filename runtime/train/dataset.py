@@ -55,7 +55,8 @@ from cachepolicy.engine import Engine
 from cachepolicy.pieces import digests
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
-from runtime.train.agents import AGENT_SCREEN, CELL
+from runtime.train.agents import AGENT_SCREEN
+from runtime.train.cell_features import CELL
 from runtime.train.cell_labels import click_class
 from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, StepExample, TextPiece
 from runtime.train.shards import META, PieceKind, Projector, Shard, ShardWriter

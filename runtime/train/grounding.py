@@ -34,9 +34,10 @@ import attrs
 import numpy as np
 
 from cachepolicy.forge import TextSpec
+from cachepolicy.forge.tokenizer import SPACE
 from runtime.train.agents import LLAMA_ROPE_BASE
 from runtime.train.cell_labels import OTHER
-from runtime.train.cell_vision import POS_SCALE, RowLayout
+from runtime.train.cell_vision import POS_SCALE, RowLayout, width
 from runtime.train.model import lookup_layer
 
 __all__ = ["Grounding", "design", "piece_ids", "query_targets", "static_dims"]
@@ -61,10 +62,6 @@ class Grounding:
     weight: float = 10.0
 
 
-def _width(s: slice) -> int:
-    return s.stop - s.start
-
-
 def static_dims(spec: TextSpec) -> int:
     """The first head dim position does not move: qwen35 rotates only ``rope_dims``; llama
     rotates every pair, so its agent's RoPE base is made so large (``LLAMA_ROPE_BASE``) that
@@ -83,7 +80,7 @@ def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
     """``params`` with the designed pieces (see the module docstring); ValueError for a
     model whose heads have too few position-free dims or a single KV head."""
     lay = g.layout
-    key_w = _width(lay.key)
+    key_w = width(lay.key)
     hd, rot = spec.head_dim, static_dims(spec)
     if hd - rot < max(key_w, Y_CODE + lay.cols) or spec.n_head_kv < 2:
         raise ValueError(f"the designed lookup needs {key_w} position-free dims per head and "
@@ -138,7 +135,7 @@ def query_targets(targets: np.ndarray, loss_mask: np.ndarray, clicked: str,
     a coordinate piece, when the example's action clicks a widget of a known class
     (``clicked``; "" when it does not click), else 0."""
     n = len(targets)
-    codes = np.zeros((n, _width(g.layout.key)), np.float32)
+    codes = np.zeros((n, width(g.layout.key)), np.float32)
     weight = np.zeros(n, np.float32)
     code = g.codes.get(clicked) if clicked and clicked != OTHER else None
     if code is None:
@@ -153,4 +150,4 @@ def query_targets(targets: np.ndarray, loss_mask: np.ndarray, clicked: str,
 def piece_ids(tokens: Sequence[str], pieces: Sequence[str]) -> tuple[int, ...]:
     """The token ids of ``pieces`` in a vocabulary's ``tokens`` (spaces as "▁")."""
     index = {t: i for i, t in enumerate(tokens)}
-    return tuple(index[p.replace(" ", "\u2581")] for p in pieces)
+    return tuple(index[p.replace(" ", SPACE)] for p in pieces)

@@ -21,10 +21,9 @@ import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
-import structlog
 
 from runtime.train.agents import AGENT_SCREEN
-from runtime.train.cell_features import COLOUR, MERGED_FEATURES, VISION_EMBD, cell_features
+from runtime.train.cell_features import CELL, MERGED_FEATURES, cell_features, content_mask
 from runtime.train.cell_labels import OTHER, cell_classes, click_class
 from runtime.train.optim import AdamW, apply_updates, init_state
 from vmenv.actions import Click
@@ -33,8 +32,6 @@ from vmenv.simdesk.kinds import sample_task, task_kinds
 from vmenv.simdesk.render import render
 
 __all__ = ["CellData", "Recogniser", "cell_data", "lookup_accuracy", "train_recogniser"]
-
-log = structlog.get_logger("kvagent.train.recogniser")
 
 SCREEN = AGENT_SCREEN
 SHARPNESS = 8.0
@@ -71,7 +68,7 @@ def _screens(seeds: Iterator[int], n_episodes: int) -> Iterator[tuple[np.ndarray
             if isinstance(step.action, Click):
                 x, y = step.action.x, step.action.y
                 target = click_class(step.state, x, y)
-                cell = (y // 32) * (SCREEN[0] // 32) + x // 32
+                cell = (y // CELL) * (SCREEN[0] // CELL) + x // CELL
             yield cell_features(rgb), cell_classes(step.state), target, cell
 
 
@@ -118,17 +115,6 @@ class Recogniser:
         h = np.asarray(jax.nn.gelu(jnp.asarray(features @ self.w0 + self.b0)))
         return h @ self.w2 + self.b2
 
-    def classify(self, features: np.ndarray) -> np.ndarray:
-        return (self.keys(features) @ self.codes.T).argmax(-1)
-
-
-def _read_mask() -> np.ndarray:
-    """The merged features the recogniser reads: each patch's luminance and colour."""
-    mask = np.zeros(MERGED_FEATURES, bool)
-    for slot in range(4):
-        mask[slot * VISION_EMBD:slot * VISION_EMBD + COLOUR + 3] = True
-    return mask
-
 
 def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
                      updates: int = 1500, seed: int = 0,
@@ -138,7 +124,7 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
     n_cls = len(data.classes)
     x_all = data.features.reshape(-1, MERGED_FEATURES)
     y_all = data.labels.reshape(-1)
-    mask = _read_mask()
+    mask = content_mask()
     mean = np.where(mask, x_all.mean(0), 0.0)
     inv_std = np.where(mask, 1.0 / (x_all.std(0) + 1e-3), 0.0)
     k = jax.random.split(jax.random.PRNGKey(seed), 3)
