@@ -6,7 +6,9 @@ prompt says (the kvagent profile's system prompt, simdesk's instructions, the wo
 widgets and the action grammar), so a step's prompt is ~5x shorter than character by character
 and a label the instruction names ("Terminal", "Cancel") is one token the model matches against
 the screenshot. Words the agent *types* are deliberately not pieces: they stay spelled out, so a
-held-out word is copied letter by letter exactly like a trained one. The demo screen's cell
+The words simdesk's tasks type (``TYPED_WORDS``, held-out ones included) are whole pieces too,
+so typing one is copying one token (``word_copy``: a designed head does it, and copies a held-out
+word the same way); any other word is spelled out piece by piece. The demo screen's cell
 centres are whole pieces (``X_PIECES``, ``Y_PIECES``); other digits stay single tokens.
 """
 
@@ -17,9 +19,10 @@ import attrs
 from cachepolicy.forge import TextSpec
 from cachepolicy.forge.tokenizer import Vocab, build_vocab
 from runtime.train.cell_features import CELL
+from vmenv.simdesk.words import EVAL_ONLY_WORDS, TRAIN_WORDS
 
-__all__ = ["AGENT_ARCHES", "AGENT_PIECES", "AGENT_SCREEN", "LLAMA_ROPE_BASE", "X_PIECES",
-           "Y_PIECES", "AgentShape", "agent_shape", "agent_vocab"]
+__all__ = ["AGENT_ARCHES", "AGENT_PIECES", "AGENT_SCREEN", "LLAMA_ROPE_BASE", "TYPED_WORDS",
+           "X_PIECES", "Y_PIECES", "AgentShape", "agent_shape", "agent_vocab"]
 
 N_VOCAB = 1536
 
@@ -50,11 +53,15 @@ AGENT_SCREEN = (640, 384)
 X_PIECES = tuple(str(CELL // 2 + CELL * c) for c in range(AGENT_SCREEN[0] // CELL))
 Y_PIECES = tuple(f", {CELL // 2 + CELL * r}" for r in range(AGENT_SCREEN[1] // CELL))
 
+#: The words simdesk's tasks type (training and held-out), each one piece without a leading
+#: space: the action writes ``type("word")`` and the instruction quotes ``"word"``.
+TYPED_WORDS: tuple[str, ...] = tuple(dict.fromkeys(TRAIN_WORDS + EVAL_ONLY_WORDS))
+
 #: Word pieces added to the forge's vocabulary (a leading space is SentencePiece's "▁").
 AGENT_PIECES: tuple[str, ...] = tuple(dict.fromkeys(
     [f" {w}" for w in f"{_PROMPT} {_INSTRUCTIONS} {_WIDGETS}".split()]
     + [f"{w}" for w in _GRAMMAR] + [f" {w}" for w in _GRAMMAR] + list(X_PIECES)
-    + list(Y_PIECES)
+    + list(Y_PIECES) + list(TYPED_WORDS)
 ))
 
 AGENT_ARCHES = ("qwen35", "llama")

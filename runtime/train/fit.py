@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -124,12 +124,14 @@ def fit(spec: TextSpec, params: Params, data: Path, config: FitConfig = FitConfi
         progress: Callable[[str], None] | None = None,
         checkpoint: Callable[[int, Params], None] | None = None,
         options: ForwardOptions = ForwardOptions(),
-        grounding: Grounding | None = None) -> tuple[Params, FitReport]:
+        grounding: Grounding | None = None,
+        frozen: Mapping[str, np.ndarray] | None = None) -> tuple[Params, FitReport]:
     """Train ``params`` (a ``spec`` model) on the dataset in ``data``; returns the trained
     parameters and a report.  ``checkpoint(step, params)`` is called every
     ``config.checkpoint_every`` updates (not at the end).  ``grounding``: add its query
     scaffold to the loss (``grounding.query_targets``, from each example's clicked class).
-    ValueError if the dataset was made for another width."""
+    ``frozen``: masks of the entries training keeps exactly (the designed slices,
+    ``optim.apply_updates``).  ValueError if the dataset was made for another width."""
     manifest = load_manifest(data)
     if manifest["model"]["n_embd"] != spec.n_embd or manifest["model"]["n_vocab"] != spec.n_vocab:
         raise ValueError(f"{data} was generated with a model of width "
@@ -143,7 +145,7 @@ def fit(spec: TextSpec, params: Params, data: Path, config: FitConfig = FitConfi
     opt = AdamW(learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
                 decay_steps=max(1, config.steps - config.warmup_steps),
                 min_lr_ratio=config.min_lr_ratio, weight_decay=config.weight_decay)
-    step = make_train_step(spec, opt, options)
+    step = make_train_step(spec, opt, options, frozen)
     state = init_state(params)
     order = _order([int(s.meta(e)["kind"]) for s, e in index], config.seed)
     t0, c0 = time.perf_counter(), time.process_time()

@@ -40,7 +40,7 @@ from runtime.train.cell_labels import OTHER
 from runtime.train.cell_vision import POS_SCALE, RowLayout, width
 from runtime.train.model import lookup_layer
 
-__all__ = ["Grounding", "design", "piece_ids", "query_targets", "static_dims"]
+__all__ = ["Grounding", "design", "frozen_lookup", "piece_ids", "query_targets", "static_dims"]
 
 Y_CODE = 16  # the class code's projection the row head matches (its other dims: the column)
 QK_NORM = 2.5  # the q/k norm weights of the lookup dims: how sharp the match starts
@@ -126,6 +126,38 @@ def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
         p[f"{pre}.attn_q_norm.weight"][rot:] = QK_NORM
         p[f"{pre}.attn_k_norm.weight"][rot:] = QK_NORM
     return p
+
+
+def frozen_lookup(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
+                  ) -> dict[str, np.ndarray]:
+    """Masks (1 = kept fixed in training) of the designed slices: the two lookup heads'
+    q (with qwen35's gate rows), both KV heads' k and v, the heads' output columns, the
+    layer's q/k norms, its input norm at the key / column / row / query dims, and the
+    coordinate pieces' one-hot dims.  Training then cannot re-wire the lookup (measured in
+    docs/training.md: it did, when only initialised); the rest of the network must learn to
+    *ask* for the right cell."""
+    lay = g.layout
+    masks = {name: np.zeros(np.shape(a), np.float32) for name, a in params.items()}
+    hd = spec.head_dim
+    q_rows = 2 * hd if spec.is_hybrid else hd
+    qh = spec.n_head // spec.n_head_kv
+    pre = f"blk.{lookup_layer(spec)}"
+    for head in (0, qh):
+        masks[f"{pre}.attn_q.weight"][q_rows * head:q_rows * (head + 1)] = 1.0
+        masks[f"{pre}.attn_output.weight"][:, hd * head:hd * (head + 1)] = 1.0
+    masks[f"{pre}.attn_k.weight"][:2 * hd] = 1.0
+    masks[f"{pre}.attn_v.weight"][:2 * hd] = 1.0
+    for norm in ("attn_q_norm", "attn_k_norm"):
+        if f"{pre}.{norm}.weight" in masks:
+            masks[f"{pre}.{norm}.weight"][:] = 1.0
+    norm_in = masks[f"{pre}.attn_norm.weight"]
+    for part in (lay.key, lay.column, lay.row, lay.query):
+        norm_in[part] = 1.0
+    e = masks["token_embd.weight"]
+    for pieces, dims in ((g.x_ids, lay.column), (g.y_ids, lay.row)):
+        for tok in pieces:
+            e[tok, dims] = 1.0
+    return masks
 
 
 def query_targets(targets: np.ndarray, loss_mask: np.ndarray, clicked: str,

@@ -13,12 +13,13 @@ weights come from a seed (``params.init_params``) or a GGUF (``gguf_io.load_gguf
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import attrs
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cachepolicy.forge import TextSpec
 from runtime.train.example import Batch
@@ -72,8 +73,13 @@ def init_state(params: Params) -> TrainState:
                       nu=jax.tree.map(jnp.zeros_like, dict(params)))
 
 
-def apply_updates(state: TrainState, grads: Params, opt: AdamW) -> tuple[TrainState, jax.Array]:
-    """One AdamW update; returns the new state and the gradient's global norm (pre-clip)."""
+def apply_updates(state: TrainState, grads: Params, opt: AdamW,
+                  frozen: Mapping[str, jax.Array] | None = None) -> tuple[TrainState, jax.Array]:
+    """One AdamW update; returns the new state and the gradient's global norm (pre-clip).
+    ``frozen``: per parameter, a mask of the entries kept exactly as they are (1.0): their
+    gradient is dropped before the norm and their update (weight decay included) is zero."""
+    if frozen:
+        grads = {k: g * (1.0 - frozen[k]) if k in frozen else g for k, g in grads.items()}
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
     if opt.clip_norm is not None:
         scale = jnp.minimum(1.0, opt.clip_norm / (norm + 1e-12))
@@ -92,6 +98,9 @@ def apply_updates(state: TrainState, grads: Params, opt: AdamW) -> tuple[TrainSt
         return p - lr * delta
 
     params = {k: update(state.params[k], mu[k], nu[k]) for k in state.params}
+    if frozen:  # exactly the old value, not p - lr * 0 * delta (weight decay rounds)
+        params = {k: jnp.where(frozen[k] > 0, state.params[k], v) if k in frozen else v
+                  for k, v in params.items()}
     return TrainState(step=step, params=params, mu=mu, nu=nu), norm
 
 
@@ -99,17 +108,22 @@ StepFn = Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]
 
 
 def make_train_step(spec: TextSpec, opt: AdamW = AdamW(),
-                    options: ForwardOptions = ForwardOptions()) -> StepFn:
+                    options: ForwardOptions = ForwardOptions(),
+                    frozen: Mapping[str, np.ndarray] | None = None) -> StepFn:
     """A jitted ``step(state, batch) -> (state, metrics)``: loss and gradients of
-    ``loss.loss_fn`` on ``batch``, then one AdamW update.  Metrics: ``loss``, ``accuracy``,
+    ``loss.loss_fn`` on ``batch``, then one AdamW update (``frozen``: masks of entries kept
+    fixed, ``apply_updates``; only the parameters with a nonzero mask need one).  Metrics: ``loss``, ``accuracy``,
     ``n_tokens`` (before the update), ``grad_norm``, ``lr``.  The input state's buffers are
     donated (do not reuse it after the call).  One compilation per batch shape (bucket)."""
+
+    masks = None if not frozen else {k: jnp.asarray(m, jnp.float32)
+                                      for k, m in frozen.items() if np.any(m)}
 
     @functools.partial(jax.jit, donate_argnums=(0,))
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
         grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params, batch, spec, options)
         lr = opt.lr_at(state.step)
-        new_state, norm = apply_updates(state, grads, opt)
+        new_state, norm = apply_updates(state, grads, opt, masks)
         return new_state, {**metrics, "grad_norm": norm, "lr": lr}
 
     return step
@@ -124,3 +138,12 @@ def make_eval_step(spec: TextSpec, options: ForwardOptions = ForwardOptions(),
         return loss_fn(params, batch, spec, options)[1]
 
     return evaluate
+
+
+def merge_masks(*masks: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The union of frozen masks (elementwise maximum)."""
+    out: dict[str, np.ndarray] = {}
+    for m in masks:
+        for name, a in m.items():
+            out[name] = np.maximum(out[name], a) if name in out else np.array(a, np.float32)
+    return out

@@ -8,8 +8,9 @@
    depend on the text model. The llama agent reads the same stored encodings on a line
    (``fit.on_a_line``). A rerun keeps finished shards.
 3. Each agent starts from the seed's initial weights with the designed lookup
-   (``grounding.design``), trains (``fit.py``, with the query scaffold) and is exported next
-   to the projector; a ``recipe.json`` records the configuration, the recogniser's held-out
+   (``grounding.design``) and word copy (``word_copy.design_copy``), trains (``fit.py``,
+   with the query scaffold) with those designed slices kept fixed (``frozen_lookup``,
+   ``frozen_copy``) and is exported next to the projector; a ``recipe.json`` records the configuration, the recogniser's held-out
    lookup, the files' sha256 and the time each part took.
 
 Deterministic from ``RecipeConfig.seed``: the same config writes the same files (XLA's CPU
@@ -32,14 +33,17 @@ import structlog
 from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.forge import TextSpec
 from vmenv.trajectory_writer import write_durably
-from runtime.train.agents import AGENT_ARCHES, X_PIECES, Y_PIECES, agent_shape, agent_vocab
+from runtime.train.agents import (AGENT_ARCHES, TYPED_WORDS, X_PIECES, Y_PIECES, agent_shape,
+                                  agent_vocab)
 from runtime.train.cell_vision import KEY_DIMS, row_layout, write_cell_mmproj
 from runtime.train.dataset import DatasetConfig, generate
 from runtime.train.fit import FitConfig, FitReport, fit
 from runtime.train.gguf_io import export_gguf
-from runtime.train.grounding import Grounding, design, piece_ids
+from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
 from runtime.train.model import Params
+from runtime.train.optim import merge_masks
 from runtime.train.params import init_params
+from runtime.train.word_copy import ASK_PIECES, WordCopy, design_copy, frozen_copy
 from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
                                       train_recogniser)
 from vmenv.simdesk.seeds import eval_seeds, train_seeds
@@ -92,6 +96,8 @@ def train_agents(config: RecipeConfig, out: Path, *,
                           {c: rec.codes[i] for i, c in enumerate(rec.classes)},
                           piece_ids(vocab.tokens, X_PIECES), piece_ids(vocab.tokens, Y_PIECES),
                           weight=config.scaffold_weight)
+    words = WordCopy(grounding.layout, piece_ids(vocab.tokens, TYPED_WORDS),
+                     piece_ids(vocab.tokens, ASK_PIECES), seed=config.seed)
     init_dir = out / "init"
     data = out / "data"
     t0 = time.perf_counter()
@@ -120,9 +126,12 @@ def train_agents(config: RecipeConfig, out: Path, *,
 
         start = design(init_params(shape.spec, seed=config.seed), shape.spec, grounding,
                        seed=config.seed)
+        start = design_copy(start, shape.spec, words)
+        frozen = merge_masks(frozen_lookup(start, shape.spec, grounding),
+                             frozen_copy(start, shape.spec, words))
         params, report = fit(shape.spec, start, data, config.fit,
                              progress=lambda s, a=arch: progress(f"{a}: {s}"),
-                             checkpoint=keep, grounding=grounding)
+                             checkpoint=keep, grounding=grounding, frozen=frozen)
         exported = export_gguf(out / model_name(arch), shape.spec, params, vocab=vocab)
         record["models"][arch] = _model_record(exported.path, exported.sha256, report)
         progress(f"{arch}: wrote {exported.path} ({exported.n_bytes / 2**20:.1f} MiB) in "
