@@ -17,7 +17,8 @@ from cachepolicy.engine.checkpoint import is_approximate
 from cachepolicy.errors import PolicyError, Preempted
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import NamedCheckpoint, Plan, StartKind, StoredEntry
-from cachepolicy.splice_exec import SpliceClock, held_rows, store_units, write_units
+from cachepolicy.splice_exec import (SpliceClock, held_rows, store_held_units, store_units,
+                                     write_units)
 from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import SamplingParams
 
@@ -125,6 +126,15 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
     edit_clock = SpliceClock()
     held = edit_clock.timed(held_rows, engine, seq, plan)
     stored = ({e.label: e.kv for e in plan.splice_from} if plan.splice is not None else {})
+    # units the sequence holds from an earlier step are stored first, from those rows (a
+    # prefetch's work under overlap; the trim below would drop them)
+    t_store = time.perf_counter()
+    early: tuple[StoredEntry, ...] = ()
+    store_tokens = 0
+    if plan.splice is not None:
+        early, store_tokens = store_held_units(engine, seq, scratch_seq, plan, held)
+        stored.update({e.label: e.kv for e in early})
+    store_s = time.perf_counter() - t_store
     placed_at = ({u.first for u in plan.splice.place} if plan.splice is not None
                  else set())
     placed_tokens = 0
@@ -155,7 +165,9 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
                                  plan.reused_pieces:i]),
                              prefill_s=time.perf_counter() - t0 - clock.seconds, decode_s=0.0,
                              logits=None, stopped_at=i, encode_s=clock.seconds,
-                             approximate=_approximate(engine, seq), replay_tokens=replayed)
+                             approximate=_approximate(engine, seq), replay_tokens=replayed,
+                             new_stored=early, store_tokens=store_tokens,
+                             splice_s=edit_clock.seconds, store_s=store_s)
         engine.batcher.yield_round()
         logits = _prefill_piece(engine, seq, plan.pieces[i], plan.decode and i == last, clock)
         i += 1
@@ -164,13 +176,12 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
         made.append(NamedCheckpoint(t.label, engine.checkpoint(seq, t.kind)))
     if plan.decode and logits is None:
         raise PolicyError("a decoding plan must prefill at least its last piece")
-    new_stored: tuple[StoredEntry, ...] = ()
-    store_tokens = 0
-    store_s = 0.0
+    new_stored = early
     if plan.splice is not None and plan.splice.store:
         t_store = time.perf_counter()
-        new_stored, store_tokens = store_units(engine, seq, scratch_seq, plan)
-        store_s = time.perf_counter() - t_store
+        late, late_tokens = store_units(engine, seq, scratch_seq, plan)
+        new_stored, store_tokens = early + late, store_tokens + late_tokens
+        store_s += time.perf_counter() - t_store
     t1 = time.perf_counter()
     kl = agree = None
     if plan.drift_reference and scratch_seq is not None and logits is not None:

@@ -14,9 +14,13 @@ the new action as terminal-slot does — and the window's units that are not new
   sequence held them last step, re-rotated to their new position, with ``keep`` of its image
   cells left (the others dropped: their positions stay empty).
 
-New units are prefilled in context.  ``StoreUnit`` asks for a unit's store entry after the
-prompt is in: a canonical forward on the spare sequence, and the patch from the unit's KV in
-its real context (the forward that just happened) — see ``cachepolicy.splice_exec``.
+New units are prefilled in context.  ``StoreUnit`` asks for a unit's store entry — a
+canonical forward on the spare sequence, and the patch from the unit's KV in its real
+context — either at the plan's start, from the rows the sequence holds from an earlier step
+(``held_pos0``: the usual case, so the newest screenshot's canonical forward runs in the
+*next* plan, which under overlap is the prefetch, off the critical path), or after the prompt
+is in, from the forward that just happened (a unit the sequence did not hold) — see
+``cachepolicy.splice_exec``.
 """
 
 from __future__ import annotations
@@ -54,12 +58,15 @@ class PlaceUnit:
 
 @attrs.frozen
 class StoreUnit:
-    """After the prompt: store the unit ``pieces[first : first + n_pieces]`` (just prefilled
-    in context) as canonical KV + a rank-``rank`` patch."""
+    """Store the unit ``pieces[first : first + n_pieces]`` as canonical KV + a rank-``rank``
+    patch to its KV in context: at the plan's start from the sequence's rows at
+    ``held_pos0`` (before the step's trim), or, when None, after the prompt (the unit was
+    just prefilled in context)."""
 
     first: int
     n_pieces: int
     label: str
+    held_pos0: int | None = None
 
 
 @attrs.frozen

@@ -7,7 +7,9 @@ re-rotation of the placed units' keys and the patch's rank-m product in numpy (f
 one write of the composed state (``llama_state_seq_set_data``: the whole sequence copied in
 — llama.cpp's supported way to put cells at chosen positions; ``seq_add`` cannot insert a
 unit before cells the sequence holds).  Storing a unit costs a forward of the canonical
-context and the unit on the spare sequence (``store_tokens``) and the patch's SVD.
+context and the unit on the spare sequence (``store_tokens``) and the patch's SVD; a unit
+the sequence holds from an earlier step is stored at the plan's start, from those rows
+(``store_held_units``), one just prefilled after the prompt (``store_units``).
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ _PLACED = b"placed:"
 
 
 def held_rows(engine: Engine, seq: int, plan: Plan) -> KvRows | None:
-    """The sequence's rows before the step's start, if a unit is placed from them."""
-    if plan.splice is None or not any(u.source is Source.SEQUENCE for u in plan.splice.place):
+    """The sequence's rows before the step's start, if a unit is placed or stored from
+    them."""
+    if plan.splice is None or not (
+            any(u.source is Source.SEQUENCE for u in plan.splice.place)
+            or any(u.held_pos0 is not None for u in plan.splice.store)):
         return None
     if engine.seq_info(seq).n_tokens == 0:
         raise PolicyError("a unit is placed from the sequence, which holds nothing")
@@ -126,40 +131,62 @@ def write_units(engine: Engine, seq: int, plan: Plan, at: int, held: KvRows | No
     return i
 
 
+def store_held_units(engine: Engine, seq: int, scratch: int | None, plan: Plan,
+                     held: KvRows | None) -> tuple[tuple[StoredEntry, ...], int]:
+    """At the plan's start (before the trim): the store entries of the units the sequence
+    holds from an earlier step (``StoreUnit.held_pos0``), from ``held``, its rows then."""
+    assert plan.splice is not None
+    units = [u for u in plan.splice.store if u.held_pos0 is not None]
+    if not units:
+        return (), 0
+    assert held is not None
+    jobs = []
+    for unit in units:
+        n_pos = sum(p.n_pos for p in plan.pieces[unit.first: unit.first + unit.n_pieces])
+        jobs.append((unit, held.between(unit.held_pos0, unit.held_pos0 + n_pos)))
+    return _store(engine, seq, scratch, plan, held, jobs)
+
+
 def store_units(engine: Engine, seq: int, scratch: int | None, plan: Plan,
                 ) -> tuple[tuple[StoredEntry, ...], int]:
-    """The plan's new store entries (canonical KV on ``scratch`` + the patch to the unit's
-    KV in ``seq``), and the tokens the canonical forwards prefilled."""
+    """After the prompt: the store entries of the units just prefilled in context."""
     assert plan.splice is not None
-    splice = plan.splice
-    if not splice.store:
+    units = [u for u in plan.splice.store if u.held_pos0 is None]
+    if not units:
         return (), 0
+    own_all = engine.kv_read(seq)
+    history = engine.seq_info(seq).history
+    jobs = [(u, own_all.between(history[u.first].pos0,
+                                history[u.first + u.n_pieces - 1].end_pos)) for u in units]
+    return _store(engine, seq, scratch, plan, own_all, jobs)
+
+
+def _store(engine: Engine, seq: int, scratch: int | None, plan: Plan, rows: KvRows,
+           jobs: list[tuple[StoreUnit, KvRows]]) -> tuple[tuple[StoredEntry, ...], int]:
+    """Canonical KV on ``scratch`` + the patch to each unit's own rows; ``rows`` hold the
+    sequence's head (the canonical context) as the sequence's history describes it."""
+    assert plan.splice is not None
     if scratch is None:
         raise PolicyError("storing screenshots needs the scheduler's spare sequence")
-    own_all = engine.kv_read(seq)
     history = engine.seq_info(seq).history
     # The canonical context is the episode's head, which the sequence holds exactly as a
     # forward of it would compute it (a state written back continues bitwise): its rows are
     # written into the spare sequence instead of prefilled again.
-    n_prefix = splice.canonical_prefix
+    n_prefix = plan.splice.canonical_prefix
     head_end = history[n_prefix - 1].end_pos
     engine.clear(scratch)
-    engine.kv_write(scratch, own_all.between(0, head_end), history[:n_prefix])
+    engine.kv_write(scratch, rows.between(0, head_end), history[:n_prefix])
     tokens = 0
     base = engine.seq_info(scratch).next_pos
     out = []
     try:
-        for unit in splice.store:
-            pieces = plan.pieces[unit.first: unit.first + unit.n_pieces]
-            p0 = history[unit.first].pos0
-            p1 = history[unit.first + unit.n_pieces - 1].end_pos
-            own = own_all.between(p0, p1)
+        for unit, own in jobs:
             engine.truncate(scratch, base)
-            for piece in pieces:
+            for piece in plan.pieces[unit.first: unit.first + unit.n_pieces]:
                 _prefill(engine, scratch, piece)
                 tokens += piece.n_tokens
             canon = engine.kv_read(scratch).between(base, engine.seq_info(scratch).next_pos)
-            patch = make_patch(engine.rope, own, canon, splice.rank)
+            patch = make_patch(engine.rope, own, canon, plan.splice.rank)
             out.append(StoredEntry(unit.label, engine.kv_keep(canon, patch)))
     finally:
         engine.clear(scratch)

@@ -8,8 +8,12 @@ its KV can be written and stored as one.  Per step the prefix ``[head][action…
 (cut back and extended by the new action, as terminal-slot does; an attention model needs no
 checkpoint for it); each window unit that is not new is written into the sequence by the
 subclass's ``place`` (re-rotated to its position now); new units are prefilled in context,
-and ``stores`` says whether their store entry is made.  A first step, or a sequence that is
-not what the episode published, prefills the whole window.
+and ``stores`` says whether store entries are made.  A unit's entry is made from its KV in
+context once the sequence holds it from an earlier step — at the start of the next plan
+(the newest screenshot's canonical forward therefore runs one plan later: under overlap in
+the prefetch, off the critical path) — or, for a unit the sequence did not hold, right after
+it was prefilled.  A first step, or a sequence that is not what the episode published,
+prefills the whole window.
 
 Drift against the exact prompt (terminal-scratch's pieces, from scratch on the spare
 sequence) is measured every step, as relocate's is.
@@ -28,7 +32,7 @@ from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.errors import PolicyRefusedError
 from cachepolicy.layouts import PromptKit, terminal, terminal_steps
 from cachepolicy.pieces import Piece
-from cachepolicy.plan import CacheView, ModelInfo, Plan, StoredEntry
+from cachepolicy.plan import CacheView, ModelInfo, Plan
 from cachepolicy.reuse import best_start
 from cachepolicy.splice import PlaceUnit, Splice, StoreUnit
 
@@ -53,11 +57,12 @@ class Held:
     image_cells: int
 
 
-def unit_layout(log: ContextLog, kit: PromptKit, window: int,
+def unit_layout(log: ContextLog, kit: PromptKit, window: int, *,
+                generation_prompt: bool = True,
                 ) -> tuple[tuple[Piece, ...], int, tuple[Unit, ...]]:
     """The terminal layout with empty text pieces dropped and nothing merged; returns
     (pieces, region start, the window's units in order)."""
-    raw, region = terminal(log, kit, window)
+    raw, region = terminal(log, kit, window, generation_prompt=generation_prompt)
     pieces: list[Piece] = []
     units: list[Unit] = []
     for i, p in enumerate(raw):
@@ -108,9 +113,10 @@ class SplicingPolicy(CachePolicy, abc.ABC):
         """The option's value, or ValueError (for arms and the command line)."""
 
     @abc.abstractmethod
-    def place(self, unit: Unit, held: Held | None, stored: StoredEntry | None,
+    def place(self, unit: Unit, held: Held | None, in_store: bool,
               units: tuple[Unit, ...], generation: int) -> PlaceUnit | None:
-        """How a window unit that is not new is written (None: prefill it in context)."""
+        """How a window unit that is not new is written (None: prefill it in context);
+        ``in_store``: the episode's store has (or the plan's start makes) its entry."""
 
     def stores(self) -> bool:
         """Whether new units get a store entry (canonical KV + patch)."""
@@ -120,30 +126,47 @@ class SplicingPolicy(CachePolicy, abc.ABC):
 
     def select(self, log: ContextLog, view: CacheView, *,
                new: frozenset[str] = frozenset()) -> Plan:
-        pieces, region, units = unit_layout(log, self.kit, self.window)
         reference, _ = terminal_steps(log, self.kit, self.window)
+        return self._plan(log, view, self.window, decode=True, reference=reference)
+
+    def prefetch(self, log: ContextLog, view: CacheView) -> Plan | None:
+        """While the VM acts: the exact prefix with this step's action, and the K-1
+        screenshots the next window keeps, written (the newest stored first, from its KV in
+        context) — so the next step's critical path prefills only the new screenshot."""
+        if self.window < 2 or not log.actions:
+            return None
+        return self._plan(log, view, self.window - 1, decode=False, reference=())
+
+    def _plan(self, log: ContextLog, view: CacheView, window: int, *, decode: bool,
+              reference: tuple[Piece, ...]) -> Plan:
+        pieces, region, units = unit_layout(log, self.kit, window, generation_prompt=decode)
         held = self._held(view)
         start = best_start(pieces[:region], view, self.model.kind)
         if start[1] == 0 or held is None:
             held = {}
-        newest = units[-1].label if units else None
+        # the newest screenshot of a step's window is new; a prefetch's window has none
+        newest = units[-1].label if units and decode else None
         stored = {s.label: s for s in view.state.stored}
         place: list[PlaceUnit] = []
         store: list[StoreUnit] = []
         for u in units:
-            how = (None if u.label == newest and u.label not in held
-                   else self.place(u, held.get(u.label), stored.get(u.label), units,
-                                   log.generation))
+            h = held.get(u.label)
+            if u.label == newest and h is None:
+                continue  # new: prefilled in context, stored from the sequence next plan
+            from_held = self.stores() and u.label not in stored and h is not None
+            if from_held:
+                store.append(StoreUnit(u.first, u.n_pieces, u.label, held_pos0=h.pos0))
+            how = self.place(u, h, from_held or u.label in stored, units, log.generation)
             if how is not None:
                 place.append(how)
-            elif self.stores():
+            elif self.stores() and not from_held:
                 store.append(StoreUnit(u.first, u.n_pieces, u.label))
         window = {u.label for u in units}
         splice = Splice(place=tuple(place), store=tuple(store),
                         canonical_prefix=1, rank=max(0, self.rank),
                         keep_stored=tuple(s for s in stored if s in window
                                           and s not in {x.label for x in store}))
-        plan = self.plan_reusing(log, view, pieces, start=start,
+        plan = self.plan_reusing(log, view, pieces, start=start, decode=decode,
                                  drift_reference=reference, trim_after=region)
         return self._with_splice(plan, view, splice, units)
 

@@ -99,9 +99,11 @@ class StepMetrics:
     guess: str = ""
     guess_prefill_tokens: int = 0  # what the guess prefilled (in ``prefill_tokens`` too)
     #: KV splicing (``StepRecord``): the episode's store after the step (bytes), tokens its
-    #: canonical forwards prefilled, seconds of the KV edits and of the store
+    #: canonical forwards prefilled (the step's and its prefetch's; ``critical_store_tokens``:
+    #: the step's own, on the critical path), seconds of the KV edits and of the store
     stored_bytes: int = 0
     store_tokens: int = 0
+    critical_store_tokens: int = 0
     splice_s: float = 0.0
     store_s: float = 0.0
 
@@ -149,8 +151,10 @@ class StepMetrics:
                            + (prefetch.replay_tokens if prefetch is not None else 0)
                            + (guess_record.replay_tokens if guess_record is not None else 0)),
             guess=guess, guess_prefill_tokens=guess_tokens,
-            stored_bytes=record.stored_bytes, store_tokens=record.store_tokens,
-            splice_s=record.splice_s, store_s=record.store_s)
+            stored_bytes=record.stored_bytes,
+            store_tokens=record.store_tokens + (prefetch.store_tokens if prefetch else 0),
+            critical_store_tokens=record.store_tokens, splice_s=record.splice_s,
+            store_s=record.store_s + (prefetch.store_s if prefetch is not None else 0.0))
 
     @classmethod
     def failed(cls, episode_id: str, step: int, reason: str, *,

@@ -111,6 +111,9 @@ class PrefetchRecord:
     encode_s: float = 0.0
     approximate: bool = False  # the sequence's state after it is approximate
     replay_tokens: int = 0  # rows its tail replay recomputed
+    #: KV splicing: tokens its canonical forwards prefilled for the store, and their seconds
+    store_tokens: int = 0
+    store_s: float = 0.0
 
 
 @attrs.define(eq=False)
@@ -239,7 +242,8 @@ def commit_finish(engine: Engine, txn: Transaction, ledger: MemoryLedger,
         return PrefetchRecord(ep.episode_id, txn.new_log.generation, exe.prefill_tokens,
                               exe.prefill_s, True, preempted=exe.stopped_at is not None,
                               encode_s=exe.encode_s, approximate=exe.approximate,
-                              replay_tokens=exe.replay_tokens)
+                              replay_tokens=exe.replay_tokens,
+                              store_tokens=exe.store_tokens, store_s=exe.store_s)
     ep.steps_done += 1
     return _record(txn, exe, successor, ledger, text)
 

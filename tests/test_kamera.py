@@ -55,12 +55,32 @@ def test_kamera_prefills_only_the_new_content_and_holds_the_store(engines, traj)
         assert s["prefill_tokens"] <= new_shot + gen + 40
         assert s["context_tokens"] == ref["context_tokens"]
         assert s["approximate"] and s["drift_kl"] is not None and s["drift_kl"] >= 0.0
-        # the canonical forward: the screenshot after the head (whose rows are copied)
-        assert s["store_tokens"] == new_shot
+        # the canonical forward of the previous screenshot (after the head, whose rows are
+        # copied), from its rows in context the sequence still holds
+        prev_shot = factory.screenshot(t - 1, traj.frames[t - 1].screenshot).n_tokens
+        assert s["store_tokens"] == s["critical_store_tokens"] == prev_shot
         assert s["stored_bytes"] > 0 and s["splice_s"] > 0.0
+    assert kam.steps[0]["store_tokens"] == 0  # the first screenshot is stored at step 1
     # the store holds the window's screenshots: bounded
     assert len({s["stored_bytes"] for s in kam.steps[WINDOW:]}) <= 2
     assert kam.steps[0]["drift_kl"] < 1e-6  # step 0 is a full prefill of the same prompt
+
+
+def test_kamera_under_overlap_stores_in_the_prefetch_and_computes_the_same(engines,
+                                                                           traj) -> None:
+    """Under overlap the previous screenshot's canonical forward runs in the prefetch (while
+    the VM acts): the critical path prefills only the new content and stores nothing, and
+    the actions and drift are plain kamera's — overlap moves the work, not the numbers."""
+    plain, over = _arms(engines, ["kamera@m8", "kamera@m8+overlap"], traj)
+    factory = SegmentFactory(engines("llama"))
+    assert _tokens(over.steps) == _tokens(plain.steps)
+    assert [s["drift_kl"] for s in over.steps] == [s["drift_kl"] for s in plain.steps]
+    for t in range(1, STEPS):
+        s = over.steps[t]
+        prev_shot = factory.screenshot(t - 1, traj.frames[t - 1].screenshot).n_tokens
+        assert s["critical_store_tokens"] == 0 and s["store_tokens"] == prev_shot
+        assert s["critical_path_prefill_tokens"] < plain.steps[t]["prefill_tokens"]
+        assert s["stored_bytes"] == plain.steps[t]["stored_bytes"]
 
 
 def test_kamera_full_rank_is_closer_to_exact_than_rank_zero(engines, traj) -> None:

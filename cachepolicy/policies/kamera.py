@@ -1,12 +1,14 @@
 """``kamera`` (attention-only models): position-invariant screenshot reuse — approximate.
 
-Every screenshot is prefilled in context once, when it is the newest; right after, its
-canonical KV (the episode's head, then the screenshot: computed once on the spare sequence)
-and the rank-m truncated SVD of its conditioning Δ = (its KV in context) − (canonical KV)
-go into the episode's store, counted by the ledger.  On later steps the screenshot is never
-prefilled again: its KV is written back from the store, canonical + patch, re-rotated to its
-position now (``cachepolicy.splice``: slides and recalls alike).  On the critical path a step
-prefills the new action, the new screenshot and the generation prompt.
+Every screenshot is prefilled in context once, when it is the newest; at the start of the
+next plan (under overlap: the prefetch, off the critical path), its canonical KV (the
+episode's head, then the screenshot: computed once on the spare sequence) and the rank-m
+truncated SVD of its conditioning Δ = (its KV in context) − (canonical KV) go into the
+episode's store, counted by the ledger.  From then on the screenshot is never prefilled
+again: its KV is written back from the store, canonical + patch, re-rotated to its position
+now (``cachepolicy.splice``: slides and recalls alike).  On the critical path a step
+prefills the new action, the new screenshot and the generation prompt — and, without
+overlap, runs the previous screenshot's canonical forward.
 
 ``m`` (``kamera@m32``; ``full``: every component) sets the patch's rank: 0 is plain
 re-rotation of the canonical KV (the screenshot as if it had followed the head alone); full
@@ -21,7 +23,7 @@ screenshot the sequence does not hold is prefilled.
 
 from __future__ import annotations
 
-from cachepolicy.plan import PolicyManifest, StoredEntry
+from cachepolicy.plan import PolicyManifest
 from cachepolicy.policies.registry import register
 from cachepolicy.splice import PlaceUnit, Source
 from cachepolicy.splicing import ATTENTION_ONLY, Held, SplicingPolicy, Unit
@@ -43,7 +45,8 @@ class KameraPolicy(SplicingPolicy):
                 "from the episode's store (canonical KV + rank-m patch, re-rotated)",
         evidence="the sequence's runs aligned with the published layout keys; the store",
         adds_work="per new screenshot a canonical forward (head + screenshot) on the spare "
-                  "sequence and an SVD; per step one state read and write of the sequence",
+                  "sequence and an SVD, in the plan after the one that prefilled it (the "
+                  "prefetch under overlap); per step one state read and write of the sequence",
         omitted_recoverable=True, quality="approximate", bounded=True,
         supports=ATTENTION_ONLY, needs_scratch_sequence=True)
 
@@ -64,11 +67,11 @@ class KameraPolicy(SplicingPolicy):
     def stores(self) -> bool:
         return self.rank != OWN
 
-    def place(self, unit: Unit, held: Held | None, stored: StoredEntry | None,
+    def place(self, unit: Unit, held: Held | None, in_store: bool,
               units: tuple[Unit, ...], generation: int) -> PlaceUnit | None:
         if self.rank == OWN:
             return (PlaceUnit(unit.first, unit.n_pieces, unit.label, Source.SEQUENCE,
                               held_pos0=held.pos0) if held is not None else None)
-        if stored is None:
-            return None  # not in the store (first step, or after a reset): prefill, store
+        if not in_store:
+            return None  # neither stored nor held (after a reset): prefill, then store
         return PlaceUnit(unit.first, unit.n_pieces, unit.label, Source.STORE)

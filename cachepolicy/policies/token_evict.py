@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from cachepolicy.plan import PolicyManifest, StoredEntry
+from cachepolicy.plan import PolicyManifest
 from cachepolicy.policies.registry import register
 from cachepolicy.splice import Drop, PlaceUnit, Source
 from cachepolicy.splicing import ATTENTION_ONLY, Held, SplicingPolicy, Unit, _seed
@@ -60,7 +60,7 @@ class _TokenEvict(SplicingPolicy):
         """Image cells each retained unit keeps."""
         return {u.label: max(1, math.ceil(self.keep * u.image_tokens)) for u in retained}
 
-    def place(self, unit: Unit, held: Held | None, stored: StoredEntry | None,
+    def place(self, unit: Unit, held: Held | None, in_store: bool,
               units: tuple[Unit, ...], generation: int) -> PlaceUnit | None:
         if held is None:
             return None  # the sequence does not hold it: prefill it whole

@@ -213,6 +213,8 @@ def _cost(episodes: Sequence[EpisodeResult]) -> dict[str, Any]:
                                    for s in steps) / n,
             "stored_bytes_peak": max((s.stored_bytes for s in steps), default=0),
             "store_tokens_per_step": sum(s.store_tokens for s in steps) / n,
+            "critical_path_store_tokens_per_step": sum(
+                s.critical_store_tokens for s in steps) / n,
             "splice_s_per_step": sum(s.splice_s for s in steps) / n,
             "store_s_per_step": sum(s.store_s for s in steps) / n}
 
@@ -295,7 +297,7 @@ def cost_table(arms: Sequence[dict[str, Any]]) -> str:
     """One row per arm that ran: what a step cost (means over its steps), the checkpoints it
     held, how many steps were decoded from an approximate state, and the drift if measured."""
     rows = [("arm", "prefill tok/step", "critical-path tok/step", "replayed tok/step",
-             "store tok/step", "first token s", "KV edit ms/step", "held KiB (mean)",
+             "store tok/step (critical)", "first token s", "KV edit ms/step", "held KiB (mean)",
              "checkpoint KiB (peak)", "approximate steps", "KL (mean)", "top-1")]
     for a in arms:
         if a["refused"] is not None:
@@ -304,7 +306,8 @@ def cost_table(arms: Sequence[dict[str, Any]]) -> str:
         rows.append((a["arm"], f"{c['prefill_tokens_per_step']:.0f}",
                      f"{c['critical_path_prefill_tokens_per_step']:.0f}",
                      f"{c['replay_tokens_per_step']:.0f}",
-                     f"{c.get('store_tokens_per_step', 0):.0f}",
+                     f"{c.get('store_tokens_per_step', 0):.0f} "
+                     f"({c.get('critical_path_store_tokens_per_step', 0):.0f})",
                      f"{c['first_token_s_mean']:.3f}",
                      f"{1000 * c.get('splice_s_per_step', 0):.1f}",
                      f"{c.get('held_bytes_mean', 0) / 1024:.0f}",
