@@ -88,6 +88,9 @@ class EpisodePool:
         self._tg: anyio.abc.TaskGroup | None = None
         self._stopping: anyio.Event | None = None
         self._episodes: dict[str, PooledEpisode] = {}
+        #: episodes being closed: gone from ``_episodes`` but still holding their engine
+        #: sequence until the close ends (the event is set then)
+        self._closing: dict[str, anyio.Event] = {}
 
     @property
     def episodes(self) -> Mapping[str, PooledEpisode]:
@@ -146,7 +149,13 @@ class EpisodePool:
         request starts from scratch); with none, ``PoolFullError``."""
         if episode_id in self._episodes:
             raise ValueError(f"episode {episode_id} is already open")
-        while len(self._episodes) >= self.max_episodes:
+        while len(self._episodes) + len(self._closing) >= self.max_episodes:
+            if len(self._episodes) < self.max_episodes:
+                # a slot is being given back (an expired lease, another open's eviction, a
+                # client's end): its sequence is free once the close ends — wait for it
+                # rather than refuse an open that will fit in a moment
+                await next(iter(self._closing.values())).wait()
+                continue
             idle = sorted((h for h in self._episodes.values()
                            if not h.busy and evictable is not None and evictable(h)),
                           key=lambda h: h.last_used)
@@ -200,7 +209,13 @@ class EpisodePool:
 
     async def close(self, episode_id: str) -> None:
         pooled = self._episodes.pop(episode_id, None)
-        if pooled is not None:
+        if pooled is None:
+            return
+        closed = self._closing[episode_id] = anyio.Event()
+        try:
             await pooled.driver.aclose()
-            log.info("pool_episode_close", episode_id=episode_id, open=len(self._episodes))
+        finally:
+            del self._closing[episode_id]
+            closed.set()
+        log.info("pool_episode_close", episode_id=episode_id, open=len(self._episodes))
 

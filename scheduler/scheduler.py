@@ -161,6 +161,7 @@ class Scheduler:
             finally:
                 slot.jobs -= 1
             self._notify_release()
+            self._check_if_idle()
         self._log.info("episode_close", episode_id=episode.episode_id, seq_id=episode.seq)
 
     # ------------------------------------------------------------------ work
@@ -281,9 +282,14 @@ class Scheduler:
             slot.jobs -= 1
             slot.phase, slot.replacing, slot.guessing = Phase.IDLE, False, False
             slot.last_used = next(self._clock)
-            if self.debug and not any(s.jobs for s in self._slots.values()):
-                self.check_integrity()
-                self.counters["idle_checks"] += 1
+            self._check_if_idle()
+
+    def _check_if_idle(self) -> None:
+        """In debug mode, check integrity whenever the last job ends (a step, a prefetch or
+        a close: episodes that end together may leave no other moment of idleness)."""
+        if self.debug and not any(s.jobs for s in self._slots.values()):
+            self.check_integrity()
+            self.counters["idle_checks"] += 1
 
     async def _admit_and_run(self, slot: Slot, segments: tuple[Segment, ...],
                              priority: Priority, options: StepOptions, *,

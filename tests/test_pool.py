@@ -75,3 +75,33 @@ async def test_a_busy_episode_is_never_given_back(engines) -> None:
         pool.stop()
     for s in range(3):
         engine.clear(s)
+
+
+async def test_an_open_waits_for_a_slot_being_given_back(engines) -> None:
+    """A close in flight (an expired lease, a client's end) has left the open episodes but
+    still holds its engine sequence: an open meanwhile waits for it instead of refusing (a
+    429 to a client whose slot is free in a moment)."""
+    engine = engines("qwen35")
+    n = engine.config.n_seq_max  # every sequence is a slot, as ``kvagent serve`` sizes it
+    ledger = MemoryLedger(1 << 30)
+    pool = EpisodePool(SegmentFactory(engine), ledger, max_episodes=n)
+    async with anyio.create_task_group() as tg:
+        await tg.start(pool.run)
+        keys = [f"e{i}" for i in range(n)]
+        for key in keys:
+            await pool.open(key, AGENT, "Open the terminal.", SCREEN)
+        tg.start_soon(pool.close, keys[0])
+        while keys[0] in pool.episodes:  # the close has started, its sequence not yet free
+            await anyio.sleep(0)
+        pooled = await pool.open("new", AGENT, "Open the terminal.", SCREEN,
+                                 evictable=lambda e: False)
+        assert sorted(pool.episodes) == sorted(keys[1:] + ["new"])
+        with pytest.raises(PoolFullError):  # full, nothing closing: refused as before
+            await pool.open("late", AGENT, "Open the terminal.", SCREEN,
+                            evictable=lambda e: False)
+        step = await pool.step("new", screenshot(0, *SCREEN), arrived_at=time.perf_counter())
+        assert step.metrics.prefill_tokens > 0 and pooled.driver.episode_id == "new"
+        pool.stop()
+    assert pool.episodes == {} and ledger.snapshot().held == ledger.held_by("image_cache")
+    for s in range(n):
+        engine.clear(s)
