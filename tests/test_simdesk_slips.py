@@ -58,3 +58,29 @@ async def test_a_slip_is_executed_by_the_env_as_demonstrated() -> None:
         out = await env.step(step.action)
         shots.append(out.observation.screenshot)
     assert shots[:-1] == [render_png(s.state) for s in demo] and out.reward == 1.0
+
+
+@pytest.mark.parametrize("kind", ["save-note", "menu-launch", "switch-window", "type-in-field"])
+def test_early_typing_runs_are_recovered_from(kind: str) -> None:
+    """The trained agents' commonest error: the task's word typed before its field is ready,
+    and typed again.  As slips (``early_text``, ``slip_run``) every such step types the word
+    where the expert would click, and the expert still solves the task after them."""
+    for seed in itertools.islice(train_seeds(), 8):
+        task = sample_task(kind, seed)
+        assert task.goal is not None and task.goal.text
+        plain = demonstration(task, *SCREEN)
+        clicks = [i for i, s in enumerate(plain) if isinstance(s.action, Click)]
+        for k in clicks:
+            demo = demonstration(task, *SCREEN, slip_at=k, slip_run=2,
+                                 early_text=task.goal.text, rng=random.Random(seed + k))
+            assert demo[:k] == plain[:k]
+            slips = [s for s in demo if s.slip]
+            assert 1 <= len(slips) <= 2 and [i for i, s in enumerate(demo) if s.slip][0] == k
+            assert slips[0].action == TypeText(task.goal.text)
+            for s in slips:  # typed wherever a click was due; otherwise a plain slip
+                if isinstance(task.next_action(s.state), Click):
+                    assert s.action == TypeText(task.goal.text)
+                assert s.action != task.next_action(s.state)
+            assert not any(s.slip for s in demo[k + 2:])
+            last = demo[-1]
+            assert task.check(apply_action(last.state, last.action))

@@ -92,6 +92,13 @@ class DatasetConfig:
                                                             attrs.validators.le(1.0)])
     slipped: float = attrs.field(default=0.3, validator=[attrs.validators.ge(0.0),
                                                           attrs.validators.le(1.0)])
+    #: a slipped episode's mistakes are, with this chance, its task's text typed early (where
+    #: the expert clicks: before the app or field is ready), the trained agents' commonest
+    #: error; and it makes 1..``max_slip_run`` mistakes in a row (an agent repeating one).
+    #: At 0.0 and 1 nothing extra is drawn: the data are those of the shipped recipe.
+    early_typing: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0),
+                                                               attrs.validators.le(1.0)])
+    max_slip_run: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     windows: tuple[int, ...] = attrs.field(default=(1, 2, 3, 4, 5), converter=tuple)
     variants: int = attrs.field(default=2, validator=attrs.validators.ge(1))
     noevict_share: float = 0.2
@@ -148,9 +155,15 @@ def rollout(config: DatasetConfig, e: int) -> Episode:
     mode = (PERTURBED if draw < config.perturbed
             else SLIPPED if draw < config.perturbed + config.slipped else CLEAN)
     at = rng.randrange(len(demonstration(task, w, h))) if mode != CLEAN else None
+    early, run = None, 1
+    if mode == SLIPPED and (config.early_typing > 0 or config.max_slip_run > 1):
+        text = task.goal.text if task.goal is not None else None
+        early = text if text and rng.random() < config.early_typing else None
+        run = rng.randint(1, config.max_slip_run)
     steps = demonstration(task, w, h, rng=rng, with_done=config.with_done,
                           perturb_at=at if mode == PERTURBED else None,
-                          slip_at=at if mode == SLIPPED else None, click_grid=CELL)
+                          slip_at=at if mode == SLIPPED else None, slip_run=run,
+                          early_text=early, click_grid=CELL)
     return Episode(e, kind, seed, task.instruction, steps, mode, at,
                    code=task.goal is not None and task.goal.code)
 
@@ -430,6 +443,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--slipped", type=float, default=d.slipped,
                    help="share of episodes where the agent makes one mistake (in the "
                         "history, not a target)")
+    p.add_argument("--early-typing", type=float, default=d.early_typing,
+                   help="share of slipped episodes whose mistake is typing the task's text "
+                        "before its field is ready")
+    p.add_argument("--max-slip-run", type=int, default=d.max_slip_run,
+                   help="a slipped episode makes 1..N mistakes in a row")
     p.add_argument("--variants", type=int, default=d.variants)
     p.add_argument("--shard-episodes", type=int, default=d.shard_episodes)
     p.add_argument("--with-done", action="store_true")
@@ -439,7 +457,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true")
     args = p.parse_args(argv)
     config = DatasetConfig(seed=args.seed, episodes=args.episodes, perturbed=args.perturbed,
-                           slipped=args.slipped,
+                           slipped=args.slipped, early_typing=args.early_typing,
+                           max_slip_run=args.max_slip_run,
                            variants=args.variants, shard_episodes=args.shard_episodes,
                            with_done=args.with_done)
     files = resolve_model(args.model, args.mmproj, default=DEMO_MODEL)

@@ -7,7 +7,9 @@ the state before action k is first knocked off-track (``Task.perturb``): that st
 marked ``perturbed`` — its screen was not caused by the previous action — and the labels
 that follow are the expert's recovery.  With ``slip_at=k`` the action at step k is a mistake
 (``slips.wrong_action``), executed like any other and marked ``slip``: it is what an agent
-did, not a label; the expert's recovery follows.
+did, not a label; the expert's recovery follows.  ``slip_run`` makes steps k..k+run-1 all
+mistakes (an agent stuck repeating one), ``early_text`` makes each a premature typing of the
+task's text where the expert would click (``wrong_action``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class DemonstrationError(RuntimeError):
 
 def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None = None,
                   rng: random.Random | None = None, with_done: bool = False,
-                  max_steps: int = 64, slip_at: int | None = None,
+                  max_steps: int = 64, slip_at: int | None = None, slip_run: int = 1,
+                  early_text: str | None = None,
                   click_grid: int | None = None) -> tuple[DemoStep, ...]:
     """The expert's episode on ``task`` at this screen size (see the module docstring).
 
@@ -67,8 +70,8 @@ def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None
         if isinstance(action, Fail | Done) or len(out) >= max_steps:
             raise DemonstrationError(f"{task.name}: expert answered {action} after "
                                      f"{len(out)} steps")
-        slip = slip_at is not None and len(out) == slip_at
+        slip = slip_at is not None and slip_at <= len(out) < slip_at + slip_run
         if slip:
-            action = wrong_action(state, action, rng)
+            action = wrong_action(state, action, rng, early_text=early_text)
         out.append(DemoStep(state, action, perturbed, slip))
         state = attrs.evolve(apply_action(state, action), step=state.step + 1)

@@ -8,8 +8,10 @@ expert recover from what it did.
 
 ``wrong_action(state, expert, rng)``: for a click, a click on the centre of another widget
 on screen (a decoy icon, another button, a title bar, the bare desktop...); for typing, a
-wrong word (a truncated or junk one); otherwise a click somewhere else.  Never the expert's
-own action.  Randomized kinds have no dead end (any action can be recovered from: the tests
+wrong word (a truncated or junk one); otherwise a click somewhere else.  With
+``early_text`` (the task's own text) and a click expected, the mistake is typing that text
+before its field is ready — the trained agents' commonest error, which they then repeat.
+Never the expert's own action.  Randomized kinds have no dead end (any action can be recovered from: the tests
 of ``simdesk`` walk random actions), so the expert solves the task after any slip.
 """
 
@@ -27,8 +29,12 @@ def _junk(rng: random.Random) -> str:
     return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 6)))
 
 
-def wrong_action(state: DeskState, expert: Action, rng: random.Random) -> Action:
-    """A plausible mistake in ``state`` where the expert would do ``expert``."""
+def wrong_action(state: DeskState, expert: Action, rng: random.Random, *,
+                 early_text: str | None = None) -> Action:
+    """A plausible mistake in ``state`` where the expert would do ``expert`` (typing
+    ``early_text`` when given and the expert clicks)."""
+    if early_text and isinstance(expert, Click):
+        return TypeText(early_text)
     if isinstance(expert, TypeText) and rng.random() < 0.7:
         text = expert.text.rstrip("\n")
         wrong = text[: rng.randrange(len(text))] + _junk(rng) if text else _junk(rng)
