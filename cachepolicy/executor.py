@@ -17,7 +17,7 @@ from cachepolicy.engine.checkpoint import is_approximate
 from cachepolicy.errors import PolicyError, Preempted
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import NamedCheckpoint, Plan, StartKind, StoredEntry
-from cachepolicy.splice_exec import (SpliceClock, held_rows, store_held_units, store_units,
+from cachepolicy.splice_exec import (SpliceClock, held_rows, store_held_units,
                                      write_units)
 from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import SamplingParams
@@ -176,12 +176,6 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
         made.append(NamedCheckpoint(t.label, engine.checkpoint(seq, t.kind)))
     if plan.decode and logits is None:
         raise PolicyError("a decoding plan must prefill at least its last piece")
-    new_stored = early
-    if plan.splice is not None and plan.splice.store:
-        t_store = time.perf_counter()
-        late, late_tokens = store_units(engine, seq, scratch_seq, plan)
-        new_stored, store_tokens = early + late, store_tokens + late_tokens
-        store_s += time.perf_counter() - t_store
     t1 = time.perf_counter()
     kl = agree = None
     if plan.drift_reference and scratch_seq is not None and logits is not None:
@@ -200,7 +194,7 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
                      decode_s=0.0, logits=logits, drift_kl=kl, drift_top1_agree=agree,
                      encode_s=clock.seconds,
                      approximate=_approximate(engine, seq) or plan.splice is not None,
-                     replay_tokens=replayed, new_stored=new_stored, store_tokens=store_tokens,
+                     replay_tokens=replayed, new_stored=early, store_tokens=store_tokens,
                      splice_s=edit_clock.seconds, store_s=store_s)
 
 

@@ -80,8 +80,11 @@ class CacheState:
     #: the memory ladder's replay rung dropped this state's checkpoints or recurrent state:
     #: the next step is planned by the episode's tail-replay variant of its policy
     replay_next: bool = False
-    #: the screenshot store (kamera): entries the successor of a step keeps or adds
+    #: the screenshot store (kamera): entries made and not yet placed (a stopped prefetch's)
     stored: tuple[StoredEntry, ...] = ()
+    #: kamera: the screenshots whose rows in the sequence are store-written (canonical +
+    #: patch), re-rotated from there at the next slide
+    placed: tuple[str, ...] = ()
 
     @property
     def checkpoint_bytes(self) -> int:

@@ -7,20 +7,23 @@ screenshot's *unit* is its three pieces (intro, image, outro: the unit whose KV 
 placed).  Per step the prefix (head and actions) stays exact — trimmed back and extended by
 the new action as terminal-slot does — and the window's units that are not new come from:
 
-* the **store** (``kamera``): the unit's canonical KV (computed once, in the canonical
-  context: the episode's head alone, the unit right after it) plus its rank-m conditioning
-  patch, re-rotated to the unit's position now (``kv_patch.place``);
-* the **sequence** itself (``random-evict``, ``recency-evict``): the unit's rows as the
-  sequence held them last step, re-rotated to their new position, with ``keep`` of its image
-  cells left (the others dropped: their positions stay empty).
+* the **store** (``kamera``), at a unit's first reuse: its canonical KV (computed once, in
+  the canonical context: the episode's head alone, the unit right after it) plus its rank-m
+  conditioning patch, re-rotated to the unit's position now (``kv_patch.place``) — in place of
+  the KV the unit got in context;
+* the **sequence** itself: the unit's rows as the sequence held them last step, re-rotated
+  to their new position — a kamera survivor already written from the store (``placed``), or,
+  for ``kamera@own``, ``random-evict`` and ``recency-evict``, the unit's own KV, with ``keep``
+  of its image cells left (the others dropped: their positions stay empty).
 
 New units are prefilled in context.  ``StoreUnit`` asks for a unit's store entry — a
-canonical forward on the spare sequence, and the patch from the unit's KV in its real
-context — either at the plan's start, from the rows the sequence holds from an earlier step
-(``held_pos0``: the usual case, so the newest screenshot's canonical forward runs in the
-*next* plan, which under overlap is the prefetch, off the critical path), or after the prompt
-is in, from the forward that just happened (a unit the sequence did not hold) — see
-``cachepolicy.splice_exec``.
+canonical forward on the spare sequence and the patch to the unit's KV in context — at the
+plan's start, from the rows the sequence holds from an earlier step (``held_pos0``): the
+newest screenshot's canonical forward runs in the *next* plan, which under overlap is the
+prefetch, off the critical path.  An entry lives until its unit is placed (normally in the
+plan that made it; one a stopped prefetch did not reach waits in the episode's state for the
+next plan): with a sliding window no screenshot comes back once it has left, so nothing is
+kept longer — see ``cachepolicy.splice_exec``.
 """
 
 from __future__ import annotations
@@ -59,14 +62,13 @@ class PlaceUnit:
 @attrs.frozen
 class StoreUnit:
     """Store the unit ``pieces[first : first + n_pieces]`` as canonical KV + a rank-``rank``
-    patch to its KV in context: at the plan's start from the sequence's rows at
-    ``held_pos0`` (before the step's trim), or, when None, after the prompt (the unit was
-    just prefilled in context)."""
+    patch to its KV in context, at the plan's start, from the sequence's rows at
+    ``held_pos0`` (before the step's trim)."""
 
     first: int
     n_pieces: int
     label: str
-    held_pos0: int | None = None
+    held_pos0: int
 
 
 @attrs.frozen
@@ -79,3 +81,6 @@ class Splice:
     canonical_prefix: int = 1
     rank: int = 0  # the conditioning patch's rank (0: canonical KV alone)
     keep_stored: tuple[str, ...] = ()  # labels of the parent's store entries kept
+    #: labels of the units whose rows the plan leaves store-written (canonical + patch):
+    #: the next plan re-rotates them where the sequence holds them
+    placed: tuple[str, ...] = ()

@@ -8,8 +8,8 @@ one write of the composed state (``llama_state_seq_set_data``: the whole sequenc
 — llama.cpp's supported way to put cells at chosen positions; ``seq_add`` cannot insert a
 unit before cells the sequence holds).  Storing a unit costs a forward of the canonical
 context and the unit on the spare sequence (``store_tokens``) and the patch's SVD; a unit
-the sequence holds from an earlier step is stored at the plan's start, from those rows
-(``store_held_units``), one just prefilled after the prompt (``store_units``).
+is stored at the plan's start, from the rows the sequence holds for it from an earlier step
+(``store_held_units``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def held_rows(engine: Engine, seq: int, plan: Plan) -> KvRows | None:
     them."""
     if plan.splice is None or not (
             any(u.source is Source.SEQUENCE for u in plan.splice.place)
-            or any(u.held_pos0 is not None for u in plan.splice.store)):
+            or plan.splice.store):
         return None
     if engine.seq_info(seq).n_tokens == 0:
         raise PolicyError("a unit is placed from the sequence, which holds nothing")
@@ -136,7 +136,7 @@ def store_held_units(engine: Engine, seq: int, scratch: int | None, plan: Plan,
     """At the plan's start (before the trim): the store entries of the units the sequence
     holds from an earlier step (``StoreUnit.held_pos0``), from ``held``, its rows then."""
     assert plan.splice is not None
-    units = [u for u in plan.splice.store if u.held_pos0 is not None]
+    units = plan.splice.store
     if not units:
         return (), 0
     assert held is not None
@@ -145,20 +145,6 @@ def store_held_units(engine: Engine, seq: int, scratch: int | None, plan: Plan,
         n_pos = sum(p.n_pos for p in plan.pieces[unit.first: unit.first + unit.n_pieces])
         jobs.append((unit, held.between(unit.held_pos0, unit.held_pos0 + n_pos)))
     return _store(engine, seq, scratch, plan, held, jobs)
-
-
-def store_units(engine: Engine, seq: int, scratch: int | None, plan: Plan,
-                ) -> tuple[tuple[StoredEntry, ...], int]:
-    """After the prompt: the store entries of the units just prefilled in context."""
-    assert plan.splice is not None
-    units = [u for u in plan.splice.store if u.held_pos0 is None]
-    if not units:
-        return (), 0
-    own_all = engine.kv_read(seq)
-    history = engine.seq_info(seq).history
-    jobs = [(u, own_all.between(history[u.first].pos0,
-                                history[u.first + u.n_pieces - 1].end_pos)) for u in units]
-    return _store(engine, seq, scratch, plan, own_all, jobs)
 
 
 def _store(engine: Engine, seq: int, scratch: int | None, plan: Plan, rows: KvRows,

@@ -11,9 +11,10 @@ subclass's ``place`` (re-rotated to its position now); new units are prefilled i
 and ``stores`` says whether store entries are made.  A unit's entry is made from its KV in
 context once the sequence holds it from an earlier step — at the start of the next plan
 (the newest screenshot's canonical forward therefore runs one plan later: under overlap in
-the prefetch, off the critical path) — or, for a unit the sequence did not hold, right after
-it was prefilled.  A first step, or a sequence that is not what the episode published,
-prefills the whole window.
+the prefetch, off the critical path) — and placed in the same plan; from then on the unit
+is a survivor whose store-written rows are re-rotated where the sequence holds them
+(``CacheState.placed``).  A first step, or a sequence that is not what the episode
+published, prefills the whole window.
 
 Drift against the exact prompt (terminal-scratch's pieces, from scratch on the spare
 sequence) is measured every step, as relocate's is.
@@ -34,7 +35,7 @@ from cachepolicy.layouts import PromptKit, terminal, terminal_steps
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import CacheView, ModelInfo, Plan
 from cachepolicy.reuse import best_start
-from cachepolicy.splice import PlaceUnit, Splice, StoreUnit
+from cachepolicy.splice import PlaceUnit, Source, Splice, StoreUnit
 
 ATTENTION_ONLY = frozenset({ModelKind.ATTENTION})
 
@@ -147,25 +148,34 @@ class SplicingPolicy(CachePolicy, abc.ABC):
         # the newest screenshot of a step's window is new; a prefetch's window has none
         newest = units[-1].label if units and decode else None
         stored = {s.label: s for s in view.state.stored}
+        placed_before = set(view.state.placed) if held else set()
         place: list[PlaceUnit] = []
         store: list[StoreUnit] = []
+        placed: list[str] = []
         for u in units:
             h = held.get(u.label)
             if u.label == newest and h is None:
                 continue  # new: prefilled in context, stored from the sequence next plan
+            if self.stores() and h is not None and u.label in placed_before:
+                # store-written last step: a survivor, its rows re-rotated
+                place.append(PlaceUnit(u.first, u.n_pieces, u.label, Source.SEQUENCE,
+                                       held_pos0=h.pos0))
+                placed.append(u.label)
+                continue
             from_held = self.stores() and u.label not in stored and h is not None
             if from_held:
                 store.append(StoreUnit(u.first, u.n_pieces, u.label, held_pos0=h.pos0))
             how = self.place(u, h, from_held or u.label in stored, units, log.generation)
-            if how is not None:
-                place.append(how)
-            elif self.stores() and not from_held:
-                store.append(StoreUnit(u.first, u.n_pieces, u.label))
+            if how is None:
+                continue  # prefilled in context (stored from the sequence next plan)
+            place.append(how)
+            if how.source is Source.STORE:
+                placed.append(u.label)
         window = {u.label for u in units}
         splice = Splice(place=tuple(place), store=tuple(store),
                         canonical_prefix=1, rank=max(0, self.rank),
-                        keep_stored=tuple(s for s in stored if s in window
-                                          and s not in {x.label for x in store}))
+                        keep_stored=tuple(s for s in stored if s in window),
+                        placed=tuple(placed))
         plan = self.plan_reusing(log, view, pieces, start=start, decode=decode,
                                  drift_reference=reference, trim_after=region)
         return self._with_splice(plan, view, splice, units)

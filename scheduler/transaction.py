@@ -320,15 +320,28 @@ def _successor(engine: Engine, episode: EpisodeCache, plan: Plan, exe: Execution
                           layout_keys=tuple(p.key for p in plan.pieces[: exe.stopped_at]),
                           trim_pos=min(parent.trim_pos, _end_of(plan, history, exe.stopped_at)),
                           trim_forgets=plan.trim_forgets and parent.trim_forgets,
-                          stored=parent.stored)
+                          **_store_after(plan, exe, parent, exe.stopped_at))
     kept = tuple(c for c in parent.checkpoints if c.label in plan.keep)
-    stored = (tuple(s for s in parent.stored if s.label in plan.splice.keep_stored)
-              if plan.splice is not None else ())
     return CacheState(generation=plan.generation, checkpoints=kept + exe.new_checkpoints,
                       seq_bytes=engine.held_bytes(episode.seq),
                       layout_keys=tuple(p.key for p in plan.pieces),
                       trim_pos=_end_of(plan, history, plan.trim_after),
-                      trim_forgets=plan.trim_forgets, stored=stored + exe.new_stored)
+                      trim_forgets=plan.trim_forgets,
+                      **_store_after(plan, exe, parent, len(plan.pieces)))
+
+
+def _store_after(plan: Plan, exe: Execution, parent: CacheState, done: int,
+                 ) -> dict[str, tuple]:
+    """The store entries and placed screenshots after ``plan`` ran its first ``done``
+    pieces: an entry lives until its unit is placed (``cachepolicy.splice``)."""
+    if plan.splice is None:
+        return {"stored": (), "placed": ()}
+    reached = {u.label for u in plan.splice.place if u.first < done}
+    placed = tuple(x for x in plan.splice.placed if x in reached)
+    offered = tuple(s for s in parent.stored if s.label in plan.splice.keep_stored
+                    or done < len(plan.pieces)) + exe.new_stored
+    return {"stored": tuple(s for s in offered if s.label not in reached),
+            "placed": placed}
 
 
 def _end_of(plan: Plan, history: tuple, n_pieces: int) -> int:

@@ -162,6 +162,21 @@ def test_full_rank_patch_reproduces_the_conditioned_kv(llama) -> None:
     assert max(_max_ulps(bare, own)) > 50  # the conditioning a rank-0 reuse loses
 
 
+@pytest.mark.parametrize("rank", [0, 8])
+def test_a_placed_unit_rerotated_again_matches_a_fresh_placement(llama, rank) -> None:
+    """kamera places a screenshot from the store once and re-rotates the placed rows at
+    later slides: against placing the entry afresh at the new position, V is bitwise and K
+    within 1 f16 step (the one extra rounding of a re-rotation)."""
+    own, canon, (q0, _) = _conditioned(llama, llama.encode_image(_png(6)))
+    stored = StoredKv(canon, make_patch(llama.rope, own, canon, rank))
+    first = place(llama.rope, stored, q0 + 300)
+    for shift in (-40, -300):
+        again = relocate(llama.rope, first, shift)
+        fresh = place(llama.rope, stored, q0 + 300 + shift)
+        assert all(np.array_equal(a, b) for a, b in zip(again.v, fresh.v))
+        assert _max_ulps(again, fresh)[0] <= 1
+
+
 def test_patch_error_falls_with_rank_and_continuation_drift_with_it(llama) -> None:
     """The rebuilt unit's error and the next-token KL (the unit written into the sequence
     after its real antecedent, then the same continuation) shrink as the rank grows."""

@@ -1,24 +1,26 @@
 """``kamera`` (attention-only models): position-invariant screenshot reuse — approximate.
 
-Every screenshot is prefilled in context once, when it is the newest; at the start of the
-next plan (under overlap: the prefetch, off the critical path), its canonical KV (the
-episode's head, then the screenshot: computed once on the spare sequence) and the rank-m
-truncated SVD of its conditioning Δ = (its KV in context) − (canonical KV) go into the
-episode's store, counted by the ledger.  From then on the screenshot is never prefilled
-again: its KV is written back from the store, canonical + patch, re-rotated to its position
-now (``cachepolicy.splice``: slides and recalls alike).  On the critical path a step
+Every screenshot is prefilled in context once, when it is the newest.  At the start of the
+next plan (under overlap: the prefetch, off the critical path) its store entry is made — its
+canonical KV (the episode's head, then the screenshot: computed once on the spare sequence)
+and the rank-m truncated SVD of its conditioning Δ = (its KV in context) − (canonical KV) —
+and written into the sequence in place of its KV in context, re-rotated to its position
+(``cachepolicy.splice``).  From then on the screenshot is never prefilled again: at each
+slide its store-written rows are re-rotated where the sequence holds them (one more f16
+rounding of the keys per slide).  An entry lives until it is placed — normally in the plan
+that made it, counted by the ledger meanwhile — so with the sliding window nothing is held
+beside the window's own cells: the exact policy's bytes.  On the critical path a step
 prefills the new action, the new screenshot and the generation prompt — and, without
 overlap, runs the previous screenshot's canonical forward.
 
 ``m`` (``kamera@m32``; ``full``: every component) sets the patch's rank: 0 is plain
 re-rotation of the canonical KV (the screenshot as if it had followed the head alone); full
 rank reproduces the screenshot's KV as it was in its first context (up to the patch's f16
-rounding), which is what re-rotating a survivor's own cached KV gives.  The store holds the
-window's screenshots (an entry is dropped when its screenshot leaves the window).
+rounding), which is what re-rotating a survivor's own cached KV gives.
 
 ``kamera@own`` is the slide alone, without a store: a survivor keeps the KV the sequence
-holds for it, re-rotated to its new position (nothing stored: the exact policy's bytes); a
-screenshot the sequence does not hold is prefilled.
+holds for it, re-rotated to its new position; a screenshot the sequence does not hold is
+prefilled.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class KameraPolicy(SplicingPolicy):
                    "survivors' own KV re-rotated, no store")
     manifest = PolicyManifest(
         changes="the sequence after the action history: retained screenshots' KV written "
-                "from the episode's store (canonical KV + rank-m patch, re-rotated)",
+                "once from the store (canonical KV + rank-m patch), then re-rotated",
         evidence="the sequence's runs aligned with the published layout keys; the store",
         adds_work="per new screenshot a canonical forward (head + screenshot) on the spare "
                   "sequence and an SVD, in the plan after the one that prefilled it (the "
