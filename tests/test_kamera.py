@@ -5,7 +5,6 @@ prompt, and their refusal on hybrid models."""
 
 from __future__ import annotations
 
-import anyio
 import attrs
 import pytest
 
@@ -152,8 +151,7 @@ async def test_a_stopped_prefetch_leaves_its_entry_for_the_next_step(engines) ->
     critical work before it places it, it publishes the entry (counted by the ledger), and
     the episode's next step places it from there — no canonical forward on the critical
     path — after which nothing is held beside the window."""
-    import threading
-
+    from preempt_helpers import PreemptHook
     from replay_helpers import OPTIONS, past_step, step_segments
     from scheduler.ledger import MemoryLedger
     from scheduler.scheduler import Scheduler
@@ -162,42 +160,22 @@ async def test_a_stopped_prefetch_leaves_its_entry_for_the_next_step(engines) ->
     factory = SegmentFactory(engine)
     traj_ = trajectory(4, 96, 64)
     ledger = MemoryLedger(1 << 30)
-    prefetch_running, critical_queued = threading.Event(), threading.Event()
-
-    def fault(point: str) -> None:  # runs in the worker thread between pieces
-        if point == "between_pieces" and not prefetch_running.is_set():
-            prefetch_running.set()
-            critical_queued.wait(timeout=10)
+    hook = PreemptHook()
 
     def kamera():
         return make_policy("kamera", model_info(engine), factory.kit, window=WINDOW,
                            decode_tokens=4, option="m8")
 
-    async with Scheduler(engine, ledger, factory, options=OPTIONS, fault=fault,
+    async with Scheduler(engine, ledger, factory, options=OPTIONS, fault=hook,
                          spare_sequence=True) as sched:
         a, b = sched.open_episode("a", kamera()), sched.open_episode("b", kamera())
-        prefetch_running.set()  # let the warm-up steps through the hook
         for i in range(3):
             await sched.step(a, lambda i=i: step_segments(factory, traj_, i))
         await sched.step(b, lambda: step_segments(factory, traj_, 0))
         assert a.state.stored == () and a.state.placed  # step 2 placed step 1's screenshot
-        prefetch_running.clear()
-        results = {}
-        async with anyio.create_task_group() as tg:
-            async def pre() -> None:
-                results["prefetch"] = await sched.prefetch(
-                    a, lambda: (past_step(factory, traj_, 2),))
-
-            async def crit() -> None:
-                results["critical"] = await sched.step(
-                    b, lambda: step_segments(factory, traj_, 1))
-            tg.start_soon(pre)
-            await anyio.to_thread.run_sync(prefetch_running.wait, 10)
-            tg.start_soon(crit)
-            while sched.gate.critical_waiting == 0:
-                await anyio.sleep(0.001)
-            critical_queued.set()
-        pre = results["prefetch"]
+        pre, _ = await hook.preempt(
+            sched, lambda: sched.prefetch(a, lambda: (past_step(factory, traj_, 2),)),
+            lambda: sched.step(b, lambda: step_segments(factory, traj_, 1)))
         assert pre is not None and pre.preempted and pre.store_tokens > 0
         (entry,) = a.state.stored  # step 2's screenshot: stored, not yet placed
         label, nbytes = entry.label, entry.nbytes

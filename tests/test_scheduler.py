@@ -9,6 +9,7 @@ from structlog.testing import capture_logs
 from cachepolicy.policies import make_policy
 from cachepolicy.errors import DecodeError
 from cachepolicy.segments import SegmentFactory, model_info
+from preempt_helpers import PreemptHook
 from replay_helpers import OPTIONS, outputs, past_step, replay, step_segments
 from runtime.bench.trajectory import trajectory
 from scheduler.ledger import MemoryLedger
@@ -206,41 +207,20 @@ async def test_prefetch_is_preempted_by_critical_work(big_engine) -> None:
     """A prefetch running when critical work arrives stops at the next piece boundary and
     publishes what it did; the critical work runs first; the episode's next step picks up
     from there, and its outputs are those of a run without any prefetch."""
-    import threading
-
     traj = trajectory(4, 96, 64)
     factory = SegmentFactory(big_engine)
     ledger = MemoryLedger(1 << 30)
-    prefetch_running, critical_queued = threading.Event(), threading.Event()
-
-    def fault(point: str) -> None:  # runs in the worker thread between pieces
-        if point == "between_pieces" and not prefetch_running.is_set():
-            prefetch_running.set()
-            critical_queued.wait(timeout=10)
-
-    async with Scheduler(big_engine, ledger, factory, options=OPTS, fault=fault) as sched:
+    hook = PreemptHook()
+    async with Scheduler(big_engine, ledger, factory, options=OPTS, fault=hook) as sched:
         policy = _slot_policy(big_engine, factory)
         a, b = sched.open_episode("a", policy), sched.open_episode("b", policy)
-        prefetch_running.set()  # let the warm-up steps through the hook
         for i in range(3):
             await sched.step(a, lambda i=i: step_segments(factory, traj, i))
         await sched.step(b, lambda: step_segments(factory, traj, 0))
-        prefetch_running.clear()
-        results = {}
-        async with anyio.create_task_group() as tg:
-            async def pre() -> None:
-                results["prefetch"] = await sched.prefetch(
-                    a, lambda: (past_step(factory, traj, 2),))
-            async def crit() -> None:
-                results["critical"] = await sched.step(b, lambda: step_segments(factory, traj, 1))
-            tg.start_soon(pre)
-            await anyio.to_thread.run_sync(prefetch_running.wait, 10)
-            tg.start_soon(crit)
-            while sched.gate.critical_waiting == 0:
-                await anyio.sleep(0.001)
-            critical_queued.set()
-        assert results["critical"].status == "ok"
-        pre = results["prefetch"]
+        pre, critical = await hook.preempt(
+            sched, lambda: sched.prefetch(a, lambda: (past_step(factory, traj, 2),)),
+            lambda: sched.step(b, lambda: step_segments(factory, traj, 1)))
+        assert critical.status == "ok"
         assert pre is not None and pre.preempted and pre.prefill_tokens == 0
         assert sched.counters["prefetch_preempted"] == 1
         assert a.log.generation == 4 and a.log.actions[-1].key == "action@2"
