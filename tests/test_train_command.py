@@ -44,4 +44,8 @@ def test_train_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
     assert main(["train", "--arch", "mamba", "--out", str(tmp_path)]) == 2
     assert "unknown arch" in capsys.readouterr().err
     assert main(["train", "--steps", "0", "--out", str(tmp_path)]) == 2
+    for bad in (["--slipped", "0.8", "--perturbed", "0.3"], ["--early-typing", "1.5"],
+                ["--max-slip-run", "0"]):
+        assert main(["train", *bad, "--out", str(tmp_path)]) == 2
+        assert "--" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written

@@ -151,6 +151,28 @@ def test_a_slip_is_in_the_history_and_never_a_target(engine: object, tmp_path: P
                 ep.steps[step].action)  # the expert's
 
 
+def test_early_typing_slips_type_the_task_s_text() -> None:
+    """``early_typing``: a slipped episode's mistakes type its task's own text where the
+    expert clicks, up to ``max_slip_run`` in a row."""
+    from vmenv.actions import Click, TypeText
+    from vmenv.simdesk import sample_task
+
+    early = attrs.evolve(CONFIG, episodes=24, perturbed=0.0, slipped=1.0, early_typing=1.0,
+                         max_slip_run=2)
+    seen_run = False
+    for e in range(early.episodes):
+        ep = rollout(early, e)
+        task = sample_task(ep.kind, ep.seed)
+        slips = [i for i, s in enumerate(ep.steps) if s.slip]
+        assert 1 <= len(slips) <= 2 and slips == list(range(ep.off_at, ep.off_at + len(slips)))
+        seen_run |= len(slips) == 2
+        first = ep.steps[slips[0]]
+        if task.goal is not None and task.goal.text and isinstance(
+                task.next_action(first.state), Click):
+            assert first.action == TypeText(task.goal.text)
+    assert seen_run
+
+
 def test_screenshots_are_stored_once_with_the_encoder_s_bits(dataset: Path,
                                                              engine: object) -> None:
     for shard in shards(dataset):

@@ -42,6 +42,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {d.recogniser_episodes})")
     p.add_argument("--recogniser-updates", type=int, default=d.recogniser_updates,
                    help=f"the recogniser's updates (default {d.recogniser_updates}, ~3 min)")
+    p.add_argument("--perturbed", type=float, default=d.perturbed,
+                   help="share of episodes knocked off-track once (default "
+                        f"{d.perturbed:g})")
+    p.add_argument("--slipped", type=float, default=d.slipped,
+                   help=f"share of episodes with the agent's own mistakes (default "
+                        f"{d.slipped:g})")
+    p.add_argument("--early-typing", type=float, default=d.early_typing,
+                   help="share of those whose mistake is typing the task's text before its "
+                        f"field is ready (default {d.early_typing:g})")
+    p.add_argument("--max-slip-run", type=int, default=d.max_slip_run,
+                   help=f"mistakes in a row, 1..N (default {d.max_slip_run})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +72,12 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--episodes must be >= 8, --steps >= 1, --learning-rate > 0")
         if args.recogniser_episodes < 8 or args.recogniser_updates < 1:
             raise ValueError("--recogniser-episodes must be >= 8, --recogniser-updates >= 1")
+        shares = (args.perturbed, args.slipped, args.early_typing)
+        if not all(0.0 <= x <= 1.0 for x in shares) or args.perturbed + args.slipped > 1.0:
+            raise ValueError("--perturbed, --slipped and --early-typing are shares in 0..1, "
+                             "and --perturbed + --slipped is at most 1")
+        if args.max_slip_run < 1:
+            raise ValueError("--max-slip-run must be >= 1")
     except ValueError as exc:
         print(f"kvagent train: error: {exc}", file=sys.stderr)
         return 2
@@ -68,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
                           fit=attrs.evolve(FitConfig(), steps=args.steps,
                                            learning_rate=args.learning_rate, seed=args.seed),
                           threads=args.threads, recogniser_episodes=args.recogniser_episodes,
-                          recogniser_updates=args.recogniser_updates)
+                          recogniser_updates=args.recogniser_updates,
+                          perturbed=args.perturbed, slipped=args.slipped,
+                          early_typing=args.early_typing, max_slip_run=args.max_slip_run)
     record = train_agents(config, args.out, progress=lambda s: print(s, flush=True))
     for arch, m in record["models"].items():
         print(f"{arch}: {args.out / m['file']} sha256 {m['sha256'][:16]}")

@@ -74,6 +74,12 @@ class RecipeConfig:
     recogniser_updates: int = 1500
     #: the query scaffold's weight (``grounding``)
     scaffold_weight: float = 10.0
+    #: the dataset's off-track episodes (``dataset.DatasetConfig``): knocked off-track, with
+    #: the agent's own mistakes, and how those mistakes look
+    perturbed: float = 0.3
+    slipped: float = 0.3
+    early_typing: float = 0.0
+    max_slip_run: int = 1
 
 
 def _sha256(path: Path) -> str:
@@ -107,7 +113,11 @@ def train_agents(config: RecipeConfig, out: Path, *,
     progress(f"dataset: {config.episodes} episodes into {data}")
     with Engine(data_init.path, mmproj, engine_config) as engine:
         manifest = generate(engine, DatasetConfig(seed=config.seed, episodes=config.episodes,
-                                                    shard_episodes=128),
+                                                    shard_episodes=128,
+                                                    perturbed=config.perturbed,
+                                                    slipped=config.slipped,
+                                                    early_typing=config.early_typing,
+                                                    max_slip_run=config.max_slip_run),
                             data, progress=progress)
     record: dict[str, Any] = {
         "config": attrs.asdict(config), "mmproj": {"file": MMPROJ_NAME, "sha256": _sha256(mmproj),
