@@ -102,6 +102,20 @@ def _free(health: dict) -> dict[str, int]:
             if h["alive"] and h["episodes"]["open"] < h["episodes"]["max"]}
 
 
+def _settled_free(c: httpx.Client) -> dict[str, int]:
+    """``_free`` once the hosts are idle: a step's overlapped prefetch reserves, then
+    publishes, after the step answered — read while it runs, the test and the front door's
+    placement (a moment later) would see different ledgers."""
+    deadline, last = time.monotonic() + 60, None
+    while True:
+        health = c.get("/health").json()
+        now = (_free(health), [h["ledger"]["reserved_bytes"] for h in health["hosts"].values()])
+        if now == last and not any(now[1]) or time.monotonic() > deadline:
+            return now[0]
+        last = now
+        time.sleep(0.25)
+
+
 def test_placement_by_headroom_then_affinity(cluster) -> None:
     with httpx.Client(base_url=cluster.url, headers=AUTH, timeout=120) as c:
         health = c.get("/health").json()
@@ -110,7 +124,7 @@ def test_placement_by_headroom_then_affinity(cluster) -> None:
         placed: dict[str, str] = {}
         widths = {0: 640, 1: 320, 2: 480}  # different screenshot sizes hold different bytes
         for k in range(3):
-            free = _free(c.get("/health").json())
+            free = _settled_free(c)
             best = max(free.values())
             r = c.post("/v1/episodes", json={"instruction": f"task {k}"})
             assert r.status_code == 201, r.text
