@@ -72,22 +72,23 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--episodes must be >= 8, --steps >= 1, --learning-rate > 0")
         if args.recogniser_episodes < 8 or args.recogniser_updates < 1:
             raise ValueError("--recogniser-episodes must be >= 8, --recogniser-updates >= 1")
-        shares = (args.perturbed, args.slipped, args.early_typing)
-        if not all(0.0 <= x <= 1.0 for x in shares) or args.perturbed + args.slipped > 1.0:
-            raise ValueError("--perturbed, --slipped and --early-typing are shares in 0..1, "
-                             "and --perturbed + --slipped is at most 1")
-        if args.max_slip_run < 1:
-            raise ValueError("--max-slip-run must be >= 1")
+        config = RecipeConfig(arches=arches, seed=args.seed, episodes=args.episodes,
+                              fit=attrs.evolve(FitConfig(), steps=args.steps,
+                                               learning_rate=args.learning_rate,
+                                               seed=args.seed),
+                              threads=args.threads,
+                              recogniser_episodes=args.recogniser_episodes,
+                              recogniser_updates=args.recogniser_updates,
+                              perturbed=args.perturbed, slipped=args.slipped,
+                              early_typing=args.early_typing, max_slip_run=args.max_slip_run)
+        try:
+            config.dataset()  # the dataset's own checks, before any work
+        except ValueError as exc:
+            raise ValueError(f"--perturbed / --slipped / --early-typing / --max-slip-run: "
+                             f"{exc}") from exc
     except ValueError as exc:
         print(f"kvagent train: error: {exc}", file=sys.stderr)
         return 2
-    config = RecipeConfig(arches=arches, seed=args.seed, episodes=args.episodes,
-                          fit=attrs.evolve(FitConfig(), steps=args.steps,
-                                           learning_rate=args.learning_rate, seed=args.seed),
-                          threads=args.threads, recogniser_episodes=args.recogniser_episodes,
-                          recogniser_updates=args.recogniser_updates,
-                          perturbed=args.perturbed, slipped=args.slipped,
-                          early_typing=args.early_typing, max_slip_run=args.max_slip_run)
     record = train_agents(config, args.out, progress=lambda s: print(s, flush=True))
     for arch, m in record["models"].items():
         print(f"{arch}: {args.out / m['file']} sha256 {m['sha256'][:16]}")

@@ -60,6 +60,9 @@ def model_name(arch: str) -> str:
     return f"agent-{arch}.gguf"
 
 
+_DATA = attrs.fields(DatasetConfig)
+
+
 @attrs.frozen
 class RecipeConfig:
     """Everything the shipped agents are made from (the defaults make them)."""
@@ -74,12 +77,19 @@ class RecipeConfig:
     recogniser_updates: int = 1500
     #: the query scaffold's weight (``grounding``)
     scaffold_weight: float = 10.0
-    #: the dataset's off-track episodes (``dataset.DatasetConfig``): knocked off-track, with
-    #: the agent's own mistakes, and how those mistakes look
-    perturbed: float = 0.3
-    slipped: float = 0.3
-    early_typing: float = 0.0
-    max_slip_run: int = 1
+    #: the dataset's off-track episodes (``dataset.DatasetConfig``, whose defaults and
+    #: checks these are): knocked off-track, with the agent's own mistakes, and how those
+    #: mistakes look
+    perturbed: float = _DATA.perturbed.default
+    slipped: float = _DATA.slipped.default
+    early_typing: float = _DATA.early_typing.default
+    max_slip_run: int = _DATA.max_slip_run.default
+
+    def dataset(self) -> DatasetConfig:
+        """The dataset this recipe trains on; ValueError if its settings are not valid."""
+        return DatasetConfig(seed=self.seed, episodes=self.episodes, shard_episodes=128,
+                             perturbed=self.perturbed, slipped=self.slipped,
+                             early_typing=self.early_typing, max_slip_run=self.max_slip_run)
 
 
 def _sha256(path: Path) -> str:
@@ -112,13 +122,7 @@ def train_agents(config: RecipeConfig, out: Path, *,
     engine_config = EngineConfig(n_seq_max=1, n_threads=config.threads)
     progress(f"dataset: {config.episodes} episodes into {data}")
     with Engine(data_init.path, mmproj, engine_config) as engine:
-        manifest = generate(engine, DatasetConfig(seed=config.seed, episodes=config.episodes,
-                                                    shard_episodes=128,
-                                                    perturbed=config.perturbed,
-                                                    slipped=config.slipped,
-                                                    early_typing=config.early_typing,
-                                                    max_slip_run=config.max_slip_run),
-                            data, progress=progress)
+        manifest = generate(engine, config.dataset(), data, progress=progress)
     record: dict[str, Any] = {
         "config": attrs.asdict(config), "mmproj": {"file": MMPROJ_NAME, "sha256": _sha256(mmproj),
                                                    "recogniser": rec_record},

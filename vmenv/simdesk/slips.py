@@ -11,8 +11,9 @@ on screen (a decoy icon, another button, a title bar, the bare desktop...); for 
 wrong word (a truncated or junk one); otherwise a click somewhere else.  With
 ``early_text`` (the task's own text) and a click expected, the mistake is typing that text
 before its field is ready — the trained agents' commonest error, which they then repeat.
-Never the expert's own action.  Randomized kinds have no dead end (any action can be recovered from: the tests
-of ``simdesk`` walk random actions), so the expert solves the task after any slip.
+Never the expert's own action.  Randomized kinds have no dead end (any action can be
+recovered from: the tests of ``simdesk`` walk random actions), so the expert solves the
+task after any slip.
 """
 
 from __future__ import annotations
