@@ -44,6 +44,10 @@ class CachePolicy(abc.ABC):
     #: the policy takes an ``option`` (``parse_option``: kamera's patch rank, the token
     #: evictors' share kept); bench arms name it ``<policy>@<option>``
     takes_option: ClassVar[bool] = False
+    #: the policy lays out a window that may keep the episode's first screenshots
+    #: (``pinned``, ``cachepolicy.layouts.window_of``); the chat layouts (evict, noevict,
+    #: faithful) do not
+    pins: ClassVar[bool] = False
 
     @classmethod
     def parse_option(cls, text: str) -> object:
@@ -52,7 +56,7 @@ class CachePolicy(abc.ABC):
 
     def __init__(self, model: ModelInfo, kit: PromptKit, *, window: int = 3,
                  decode_tokens: int = 16, tail: ReplayBudget | None = None,
-                 measure_drift: bool = False) -> None:
+                 measure_drift: bool = False, pinned: int = 0) -> None:
         if model.kind not in self.manifest.supports:
             supported = ", ".join(sorted(k.value for k in self.manifest.supports))
             raise PolicyRefusedError(
@@ -60,10 +64,19 @@ class CachePolicy(abc.ABC):
                 f"(supports: {supported}); {self.manifest.changes}")
         if window < 1:
             raise PolicyError("window must be >= 1 screenshot")
+        if pinned and not self.pins:
+            raise PolicyError(f"policy {self.name!r} cannot pin screenshots in its window "
+                              "(the terminal layouts can: terminal-slot, terminal-scratch, "
+                              "tail-replay, relocate, kamera, random-evict, recency-evict)")
+        if not 0 <= pinned < window:
+            raise PolicyError(f"{pinned} pinned screenshots leave no room in a window of "
+                              f"{window} for the newest (pinned must be 0..{window - 1})")
         if tail is not None and self.default_tail is None:
             raise PolicyError(f"policy {self.name!r} is exact: it takes no replay budget "
                               "(its approximate variant: with_tail)")
         self.model, self.kit, self.window, self.decode_tokens = model, kit, window, decode_tokens
+        #: the episode's first ``pinned`` screenshots stay in the window to its end
+        self.pinned = pinned
         #: plan by content and replay a tail where no exact restore point reaches
         #: (``cachepolicy.tail``); None: the exact planner only
         self.tail: ReplayBudget | None = tail if tail is not None else self.default_tail

@@ -35,17 +35,29 @@ def _action(a: Segment) -> Piece:
     return text_piece(a.key, a.tokens, (a.key,))
 
 
-def window_of(log: ContextLog, window: int | None) -> tuple[Segment, ...]:
+def window_of(log: ContextLog, window: int | None, pinned: int = 0) -> tuple[Segment, ...]:
+    """The screenshots a window of ``window`` shows: the episode's first ``pinned`` (its
+    starting screens, kept for the whole episode: a look-back), then the newest
+    ``window - pinned``, in step order; every screenshot when ``window`` is None.
+
+    A prefetch lays out ``window - 1`` with the same ``pinned``: the next step's window
+    without its new screenshot, so ``pinned <= window`` here (a policy needs ``pinned <
+    window`` so that a step shows its newest screenshot)."""
     shots = log.screenshots
-    return shots if window is None else shots[-window:] if window > 0 else ()
+    if window is None or len(shots) <= window:
+        return shots
+    if not 0 <= pinned <= window:
+        raise ValueError(f"{pinned} pinned screenshots do not fit a window of {window}")
+    newest = window - pinned
+    return shots[:pinned] + (shots[len(shots) - newest:] if newest else ())
 
 
 def terminal(log: ContextLog, kit: PromptKit, window: int, *,
-             generation_prompt: bool = True) -> tuple[list[Piece], int]:
+             generation_prompt: bool = True, pinned: int = 0) -> tuple[list[Piece], int]:
     """``[head][action…][≤K screenshots][generation prompt]``; returns (pieces, region start)."""
     pieces = _head(log) + [_action(a) for a in log.actions]
     region = len(pieces)
-    for s in window_of(log, window):
+    for s in window_of(log, window, pinned):
         pieces += _shot(s)
     if generation_prompt:
         pieces.append(text_piece("gen", kit.generation_prompt))
@@ -53,7 +65,8 @@ def terminal(log: ContextLog, kit: PromptKit, window: int, *,
 
 
 def terminal_steps(log: ContextLog, kit: PromptKit, window: int, *,
-                   generation_prompt: bool = True) -> tuple[tuple[Piece, ...], int]:
+                   generation_prompt: bool = True, pinned: int = 0,
+                   ) -> tuple[tuple[Piece, ...], int]:
     """``terminal`` with adjacent text merged, except that every history piece (one per step)
     stays its own and the region start is a piece boundary; returns (pieces, region start).
 
@@ -61,7 +74,8 @@ def terminal_steps(log: ContextLog, kit: PromptKit, window: int, *,
     step's prompt); terminal-scratch uses the same ones, so the two prefill identical batches
     and compare bitwise even where a short piece would take another kernel than inside a
     longer one (see ``cachepolicy.engine``)."""
-    raw, region = terminal(log, kit, window, generation_prompt=generation_prompt)
+    raw, region = terminal(log, kit, window, generation_prompt=generation_prompt,
+                           pinned=pinned)
     return merge_text(raw, keep_before=frozenset(range(1, region + 1))), region
 
 
@@ -86,10 +100,11 @@ def interleaved(log: ContextLog, kit: PromptKit, window: int | None) -> list[Pie
     return pieces
 
 
-def chronological(log: ContextLog, kit: PromptKit, window: int) -> list[Piece]:
+def chronological(log: ContextLog, kit: PromptKit, window: int, *,
+                  pinned: int = 0) -> list[Piece]:
     """Relocate's layout: actions in step order, screenshots kept only inside the window,
     each in its own piece so a dropped screenshot's span is a run of the sequence."""
-    shown = {s.step for s in window_of(log, window)}
+    shown = {s.step for s in window_of(log, window, pinned)}
     actions = {a.step: a for a in log.actions}
     pieces = _head(log)
     for s in log.screenshots:

@@ -59,11 +59,12 @@ class Held:
 
 
 def unit_layout(log: ContextLog, kit: PromptKit, window: int, *,
-                generation_prompt: bool = True,
+                generation_prompt: bool = True, pinned: int = 0,
                 ) -> tuple[tuple[Piece, ...], int, tuple[Unit, ...]]:
     """The terminal layout with empty text pieces dropped and nothing merged; returns
     (pieces, region start, the window's units in order)."""
-    raw, region = terminal(log, kit, window, generation_prompt=generation_prompt)
+    raw, region = terminal(log, kit, window, generation_prompt=generation_prompt,
+                           pinned=pinned)
     pieces: list[Piece] = []
     units: list[Unit] = []
     for i, p in enumerate(raw):
@@ -95,10 +96,13 @@ class SplicingPolicy(CachePolicy, abc.ABC):
     #: the policy's ``@<option>`` in bench arms (``kamera@m32``, ``random-evict@50%``)
     option_help: str = ""
     takes_option = True
+    pins = True
 
     def __init__(self, model: ModelInfo, kit: PromptKit, *, window: int = 3,
-                 decode_tokens: int = 16, option: str | None = None) -> None:
-        super().__init__(model, kit, window=window, decode_tokens=decode_tokens)
+                 decode_tokens: int = 16, option: str | None = None,
+                 pinned: int = 0) -> None:
+        super().__init__(model, kit, window=window, decode_tokens=decode_tokens,
+                         pinned=pinned)
         if model.kv_edit_problem is not None:
             raise PolicyRefusedError(f"policy {self.name!r} cannot run on this model: "
                                      f"{model.kv_edit_problem}")
@@ -127,7 +131,7 @@ class SplicingPolicy(CachePolicy, abc.ABC):
 
     def select(self, log: ContextLog, view: CacheView, *,
                new: frozenset[str] = frozenset()) -> Plan:
-        reference, _ = terminal_steps(log, self.kit, self.window)
+        reference, _ = terminal_steps(log, self.kit, self.window, pinned=self.pinned)
         return self._plan(log, view, self.window, decode=True, reference=reference)
 
     def prefetch(self, log: ContextLog, view: CacheView) -> Plan | None:
@@ -140,7 +144,8 @@ class SplicingPolicy(CachePolicy, abc.ABC):
 
     def _plan(self, log: ContextLog, view: CacheView, window: int, *, decode: bool,
               reference: tuple[Piece, ...]) -> Plan:
-        pieces, region, units = unit_layout(log, self.kit, window, generation_prompt=decode)
+        pieces, region, units = unit_layout(log, self.kit, window, generation_prompt=decode,
+                                            pinned=self.pinned)
         held = self._held(view)
         start = best_start(pieces[:region], view, self.model.kind)
         if start[1] == 0 or held is None:

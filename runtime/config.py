@@ -86,6 +86,11 @@ class AgentConfig:
     window: int = attrs.field(
         default=attrs.Factory(lambda self: get(self.profile).layout.window, takes_self=True),
         validator=[attrs.validators.ge(1), attrs.validators.le(MAX_WINDOW)])
+    #: the episode's first ``pinned`` screenshots stay in the window to its end, beside
+    #: the newest ``window - pinned`` (a look-back: the task's starting screen; the terminal
+    #: layouts only — terminal-slot, terminal-scratch, tail-replay, relocate and the
+    #: splicing policies).  The shipped agents were trained without it
+    pinned: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     overlap: bool = True  # prefetch the next step while the env executes the action
     #: with overlap: a screenshot that arrives while the prefetch still runs is encoded at
     #: once, beside the prefetch's last pieces, instead of after it — if the engine's encoder
@@ -138,6 +143,12 @@ class AgentConfig:
     guess: str = attrs.field(default="auto", validator=attrs.validators.in_(GUESS_MODES))
 
     def __attrs_post_init__(self) -> None:
+        if self.pinned and not POLICIES[self.policy].pins:
+            raise ValueError(f"policy {self.policy!r} cannot pin screenshots in its window "
+                             "(the terminal layouts can)")
+        if self.pinned >= self.window:
+            raise ValueError(f"{self.pinned} pinned screenshots leave no room in a window of "
+                             f"{self.window} for the newest (pinned must be below the window)")
         if self.profile != DEFAULT_PROFILE and self.convention is not CoordConvention.ABSOLUTE:
             raise ValueError(f"the coordinate convention is the {DEFAULT_PROFILE} profile's "
                              f"choice; profile {self.profile!r} fixes its own")
@@ -147,6 +158,11 @@ class AgentConfig:
                 raise ValueError(f"policy {self.policy!r} takes no option "
                                  f"(got {self.policy_option!r})")
             cls.parse_option(self.policy_option)
+
+    @property
+    def window_label(self) -> str:
+        """The window for banners: ``3``, or ``3 (first 1 pinned)``."""
+        return f"{self.window} (first {self.pinned} pinned)" if self.pinned else str(self.window)
 
     def make_profile(self) -> Profile:
         """The profile object (an immutable value; one per session is enough)."""
@@ -188,6 +204,8 @@ class AgentConfig:
             {"tail": self.tail(), "measure_drift": self.replay_drift} if approximate else {})
         if POLICIES[name].takes_option:
             options["option"] = self.policy_option
+        if self.pinned:
+            options["pinned"] = self.pinned
         return make_policy(name, model_info(factory.engine), factory.kit, window=self.window,
                            decode_tokens=self.max_tokens(screen), **options)
 

@@ -51,11 +51,13 @@ def downgrades(policy: CachePolicy, kit: PromptKit) -> list[tuple[CachePolicy, s
     k = policy.window
     if policy.name != FALLBACK_POLICY:
         out.append((make_policy(FALLBACK_POLICY, policy.model, kit, window=k,
-                                decode_tokens=policy.decode_tokens),
+                                decode_tokens=policy.decode_tokens, pinned=policy.pinned),
                     f"downgraded {policy.name} to {FALLBACK_POLICY} (window {k})"))
     for smaller in range(k - 1, 0, -1):
+        # a smaller window keeps the pinned screenshots while the newest still fits
         out.append((make_policy(FALLBACK_POLICY, policy.model, kit, window=smaller,
-                                decode_tokens=policy.decode_tokens),
+                                decode_tokens=policy.decode_tokens,
+                                pinned=min(policy.pinned, smaller - 1)),
                     f"downgraded {policy.name} to {FALLBACK_POLICY} with window {smaller} "
                     f"(of {k})"))
     return out

@@ -129,6 +129,26 @@ def test_training_prompts_are_the_runtime_s_prefill(engine: Engine, episode: Epi
         assert diff is None, f"{policy} K={window} prefilled: {diff}"
 
 
+@pytest.mark.parametrize("policy", ["terminal-scratch", "terminal-slot"])
+def test_a_pinned_window_shows_the_first_screen_to_the_end(engine: Engine, episode: Episode,
+                                                          policy: str) -> None:
+    """``pinned=1``, K = 3: the runtime's sequence holds the episode's first screenshot and
+    the newest two at every step (the look-back layout), and the training prompt built for
+    the same config takes the same rows."""
+    config = AgentConfig(policy=policy, window=3, pinned=1, overlap=False)
+    run = run_with_expert(engine, config, episode.task, episode.demo)
+    assert run.status == "done" and run.reward == 1.0
+    examples = training_prompts(PromptBuilder(SegmentFactory(engine), config, SCREEN), episode)
+    ids = episode.image_ids
+    for step, history in enumerate(run.histories):
+        runtime = history_rows(history, ids)
+        shown = [r.content for r in runtime if r.kind is RunKind.EMBEDDINGS]
+        want = list(ids[: step + 1]) if step < 3 else [ids[0], *ids[step - 1: step + 1]]
+        assert shown == want, step
+        diff = first_difference(runtime, piece_rows(engine, examples[step].prompt))
+        assert diff is None, f"{policy} pinned step {step}: {diff}"
+
+
 def test_the_check_catches_a_wrong_window_action_or_layout(engine: Engine,
                                                            episode: Episode) -> None:
     factory = SegmentFactory(engine)

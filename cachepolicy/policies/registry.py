@@ -26,7 +26,7 @@ def register(cls: type[CachePolicy]) -> type[CachePolicy]:
     return cls
 
 
-def make_policy(name: str, model: ModelInfo, kit: PromptKit, **options: int) -> CachePolicy:
+def make_policy(name: str, model: ModelInfo, kit: PromptKit, **options: object) -> CachePolicy:
     """Instantiate a registered policy for a model; unknown names get the list of known ones."""
     if name not in POLICIES:
         raise PolicyError(f"unknown cache policy {name!r}; known: {', '.join(sorted(POLICIES))}")

@@ -1,5 +1,6 @@
-"""``relocate`` (attention-only models): drop the oldest screenshot's span from the KV cache,
-shift the survivors' positions down (seq_rm + seq_add) and prefill only the new content.
+"""``relocate`` (attention-only models): drop the span of the screenshot leaving the window
+(the oldest one not pinned) from the KV cache, shift the survivors' positions down (seq_rm +
+seq_add) and prefill only the new content.
 
 Approximate: the survivors keep what they absorbed from the dropped image, and their cached
 keys were computed at their old positions' context.  Each step measures the drift (next-token
@@ -19,6 +20,7 @@ from cachepolicy.policies.registry import register
 @register
 class RelocatePolicy(CachePolicy):
     name = "relocate"
+    pins = True
     manifest = PolicyManifest(
         changes="removes the oldest screenshot's KV span and shifts later positions",
         evidence="the sequence's runs aligned with the published layout keys",
@@ -27,9 +29,9 @@ class RelocatePolicy(CachePolicy):
         supports=frozenset({ModelKind.ATTENTION}), needs_scratch_sequence=True)
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
-        pieces = tuple(p for p in chronological(log, self.kit, self.window)
+        pieces = tuple(p for p in chronological(log, self.kit, self.window, pinned=self.pinned)
                        if p.is_image or p.tokens)
-        reference, _ = terminal(log, self.kit, self.window)
+        reference, _ = terminal(log, self.kit, self.window, pinned=self.pinned)
         keys = [p.key for p in pieces]
         held = list(view.state.layout_keys)
         hist = view.seq.history

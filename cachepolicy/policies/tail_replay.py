@@ -30,6 +30,7 @@ from cachepolicy.tail import DEFAULT_BUDGET
 @register
 class TailReplayPolicy(CachePolicy):
     name = "tail-replay"
+    pins = True
     default_tail = DEFAULT_BUDGET
     trim_forgets = True
     manifest = PolicyManifest(
@@ -44,13 +45,14 @@ class TailReplayPolicy(CachePolicy):
 
     def select(self, log: ContextLog, view: CacheView, *,
                new: frozenset[str] = frozenset()) -> Plan:
-        pieces, region = terminal_steps(log, self.kit, self.window)
+        pieces, region = terminal_steps(log, self.kit, self.window, pinned=self.pinned)
         return self.plan_reusing(log, view, pieces, trim_after=region)
 
     def prefetch(self, log: ContextLog, view: CacheView) -> Plan | None:
         """terminal-slot's prefetch (the action text, the K-1 retained screenshots) — the
         replay with it, off the critical path."""
-        pieces, region = terminal_steps(log, self.kit, self.window - 1, generation_prompt=False)
+        pieces, region = terminal_steps(log, self.kit, self.window - 1,
+                                        generation_prompt=False, pinned=self.pinned)
         if pieces and not pieces[-1].is_image and len(pieces) > region:
             pieces = pieces[:-1]
         return self.plan_reusing(log, view, pieces, decode=False, trim_after=region)

@@ -18,6 +18,7 @@ from cachepolicy.policies.registry import register
 @register
 class TerminalScratchPolicy(CachePolicy):
     name = "terminal-scratch"
+    pins = True
     manifest = PolicyManifest(
         changes="the whole sequence, rebuilt every step",
         evidence="the log only",
@@ -26,5 +27,5 @@ class TerminalScratchPolicy(CachePolicy):
         supports=frozenset(ModelKind))
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
-        pieces, _ = terminal_steps(log, self.kit, self.window)
+        pieces, _ = terminal_steps(log, self.kit, self.window, pinned=self.pinned)
         return self.plan_reusing(log, view, pieces, reuse=False)

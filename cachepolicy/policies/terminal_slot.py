@@ -21,6 +21,7 @@ GUESS = "guess"
 @register
 class TerminalSlotPolicy(CachePolicy):
     name = "terminal-slot"
+    pins = True
     manifest = PolicyManifest(
         changes="the sequence after the screenshot-region checkpoint; the checkpoint advances",
         evidence="digests of the sequence's runs and of the published checkpoint",
@@ -31,7 +32,8 @@ class TerminalSlotPolicy(CachePolicy):
 
     def _pieces(self, log: ContextLog, window: int,
                 generation_prompt: bool) -> tuple[tuple[Piece, ...], int]:
-        return terminal_steps(log, self.kit, window, generation_prompt=generation_prompt)
+        return terminal_steps(log, self.kit, window, generation_prompt=generation_prompt,
+                              pinned=self.pinned)
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
         pieces, region = self._pieces(log, self.window, True)

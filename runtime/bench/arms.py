@@ -71,7 +71,12 @@ class ArmSpec:
         return cls(policy, overlap, budget)
 
     def agent(self, agent: AgentConfig) -> AgentConfig:
-        """``agent`` running this arm: its policy, overlap and replay budget."""
+        """``agent`` running this arm: its policy, overlap and replay budget.  Raises
+        PolicyRefusedError (the arm is refused, the others run) when ``agent`` pins
+        screenshots and the arm's layout cannot."""
+        if agent.pinned and not POLICIES[self.policy].pins:
+            raise PolicyRefusedError(f"policy {self.policy!r} cannot pin screenshots in its "
+                                     f"window (--pin-first {agent.pinned})")
         return attrs.evolve(agent, policy=self.policy, overlap=self.overlap,
                             **({"replay_budget": self.budget} if self.budget else {}),
                             policy_option=(self.option or agent.policy_option
@@ -113,8 +118,8 @@ async def run_arm(engine: Engine, arm: str, traj: Trajectory, agent: AgentConfig
     spec = ArmSpec.parse(arm)
     policy, overlap = spec.policy, spec.overlap
     engine.image_cache.clear()  # every arm starts cold, as an episode on a fresh host would
-    config = replay_run_config(spec.agent(agent), traj, vm_seconds=vm_seconds)
     try:
+        config = replay_run_config(spec.agent(agent), traj, vm_seconds=vm_seconds)
         run = await run_replay(engine, config, traj, prefix=f"bench-{arm}", on_event=on_event)
     except PolicyRefusedError as exc:
         return ArmResult(arm, policy, overlap, str(exc), None, 0.0, 0)

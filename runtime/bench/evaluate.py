@@ -124,7 +124,11 @@ async def _run_arm(engine: Engine, arm: str, tasks: Sequence[str], agent: AgentC
                    max_steps: int, screen: tuple[int, int], vm_seconds: float,
                    concurrency: int,
                    on_event: Callable[[str, EpisodeEvent], None] | None) -> ArmRun:
-    config = RunConfig(agent=ArmSpec.parse(arm).agent(agent), episodes=len(tasks),
+    try:
+        arm_agent = ArmSpec.parse(arm).agent(agent)
+    except PolicyRefusedError as exc:
+        return ArmRun(arm, str(exc))
+    config = RunConfig(agent=arm_agent, episodes=len(tasks),
                        tasks=tuple(tasks), max_steps=max_steps, screen=screen,
                        vm_seconds=vm_seconds)
     specs = simdesk_specs(config)

@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     with engine:
         print(f"held-out evaluation: {len(args.tasks)} instance(s) ({args.seeds} seeds) x "
               f"{len(arms)} arm(s), up to {args.max_steps} steps, {engine.kind.value} model "
-              f"{files.model.name}, profile {args.agent.profile}, window {args.agent.window}, "
+              f"{files.model.name}, profile {args.agent.profile}, window {args.agent.window_label}, "
               f"screen {w}x{h}", file=sys.stderr, flush=True)
 
         def progress(arm: str, e: EpisodeEvent) -> None:

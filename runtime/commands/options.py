@@ -99,6 +99,10 @@ def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | N
     p.add_argument("--window", type=int, default=None,
                    help=f"screenshots the model sees (K, 1..{MAX_WINDOW}; default: the "
                         "profile's, 3 for kvagent, 5 for qwen3vl and uitars)")
+    p.add_argument("--pin-first", type=int, default=d.pinned, metavar="N", dest="pinned",
+                   help="keep the episode's first N screenshots in the window to its end, "
+                        "beside the newest K-N (a look-back at the starting screen; terminal "
+                        "layouts only; default %(default)s)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=d.overlap,
                    help="prefetch the next step while the VM executes the action")
     p.add_argument("--temperature", type=float, default=d.temperature,
@@ -156,7 +160,7 @@ def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> Agen
               "drafts": args.drafts, "guess": args.guess,
               "replay_budget": args.replay_budget, "replay_base": args.replay_base,
               "replay_rung": args.replay_rung, "replay_drift": args.replay_drift,
-              "policy_option": args.policy_option}
+              "policy_option": args.policy_option, "pinned": args.pinned}
     if args.window is not None:  # else the profile's
         fields["window"] = args.window
     for name in ("window", "temperature", "decode_tokens",  # one at a time: name the culprit
@@ -167,6 +171,12 @@ def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> Agen
             attrs.evolve(AgentConfig(), **{name: fields[name]})
         except (ValueError, TypeError) as exc:
             raise ValueError(f"--{name.replace('_', '-')} {fields[name]}: {exc}") from None
+    if fields["pinned"]:  # checked against the policy and the window: name the option
+        try:
+            AgentConfig(**{k: fields[k] for k in ("profile", "policy", "window", "pinned")
+                           if k in fields})
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"--pin-first {fields['pinned']}: {exc}") from None
     return AgentConfig(**fields)
 
 

@@ -248,7 +248,7 @@ def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any
     with engine:
         print(f"{engine.kind.value} model {files.model.name} ({engine.n_params / 1e6:.1f}M params), "
               f"{len(specs)} episode(s) x {config.max_steps} steps, policy "
-              f"{agent.policy}, profile {agent.profile}, window {agent.window}, overlap "
+              f"{agent.policy}, profile {agent.profile}, window {agent.window_label}, overlap "
               f"{'on' if agent.overlap else 'off'}, screen "
               f"{config.screen[0]}x{config.screen[1]}", flush=True)
         for differs in agent.make_profile().layout.unhonoured:

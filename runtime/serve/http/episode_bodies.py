@@ -51,7 +51,7 @@ from runtime.serve.http.images import PixelBudget, decode_base64, read_image
 from vmenv.actions import TERMINAL_ACTIONS, rescale, to_pyautogui
 
 #: The agent options a client may set per episode (``AgentConfig`` fields).
-EPISODE_OPTIONS = ("profile", "policy", "window", "overlap", "temperature", "seed",
+EPISODE_OPTIONS = ("profile", "policy", "window", "pinned", "overlap", "temperature", "seed",
                    "grammar", "convention", "decode_tokens", "system_prompt")
 MAX_INSTRUCTION_CHARS = 20_000
 #: Seeds are 63-bit: the scheduler mixes them into each step's seed modulo 2**63.
@@ -107,6 +107,9 @@ def _option_problem(name: str, value: Any, limits: Limits) -> str | None:
     if name == "window":
         return None if _int(value) and 1 <= value <= MAX_WINDOW else (
             f"must be an integer 1..{MAX_WINDOW}")
+    if name == "pinned":  # below the window: AgentConfig checks it against the window
+        return None if _int(value) and 0 <= value < MAX_WINDOW else (
+            f"must be an integer 0..{MAX_WINDOW - 1}")
     if name == "seed":
         return None if _int(value) and 0 <= value <= MAX_SEED else (
             "must be an integer 0..2**63-1")
