@@ -10,6 +10,9 @@ terminal-slot, a checkpoint at the start of the recent-screenshot region lets ea
 prefill only the newest action and the window.  ``pinned-first-scratch`` shows the very same
 pieces re-prefilled from scratch every step: the exactness reference.  Both are run on the
 bench trajectory with a forged tiny model (random weights) and compared token for token.
+(The built-in ``--pin-first 1`` keeps the first screenshot in the *window* instead, after the
+history, as the terminal policies lay a window out: exact policies then re-prefill it every
+step, and kamera reuses its rows.)
 
     python examples/custom_policy.py     # ~10 s on 2 cores
 """
