@@ -69,7 +69,7 @@ def test_a_huge_flat_png_is_refused_from_its_header(server) -> None:
             err = _error(r, 413)                       # bound of the server's time
             assert err["code"] == "image_too_large" and "16000x4000" in err["message"]
         print(f"16000x4000 PNG ({len(png)} bytes) refused in {max(seconds):.3f} s")
-        assert max(seconds) < 1.0
+        assert max(seconds) < 3.0  # decoding 64 M pixels would take far longer on a loaded box
         # the request's pixels in all: three 320x240 screenshots fit, a fourth does not
         shots = [{"type": "image_url", "image_url": {"url": _url(screenshot(i, W, H))}}
                  for i in range(4)]
