@@ -117,3 +117,21 @@ def test_kamera_and_relocate_keep_the_pinned_screenshot_s_rows(engines, traj) ->
         assert s["kv_bytes"] == ref["kv_bytes"] == r["kv_bytes"]
         assert s["approximate"] and s["drift_kl"] is not None
         assert r["prefill_tokens"] == r["new_content_tokens"] and r["drift_kl"] is not None
+
+
+def test_the_remote_agent_sends_what_the_server_takes() -> None:
+    """``KvAgent(server=URL, pinned=1)`` asks the server's episode for the pinned window:
+    the client's options are the episode API's, and the server checks the value."""
+    from runtime.osworld.remote import REMOTE_OPTIONS, remote_options
+    from runtime.serve.http.episode_bodies import EPISODE_OPTIONS, episode_config
+    from runtime.serve.http.errors import ApiError
+
+    assert set(REMOTE_OPTIONS) == set(EPISODE_OPTIONS)
+    sent = remote_options(AgentConfig(pinned=1))
+    assert sent["pinned"] == 1
+    assert episode_config(AgentConfig(), sent).pinned == 1
+    for bad in (-1, 99, True, "1"):
+        with pytest.raises(ApiError, match="options.pinned"):
+            episode_config(AgentConfig(), {"pinned": bad})
+    with pytest.raises(ApiError, match="no room"):
+        episode_config(AgentConfig(), {"pinned": 2, "window": 2})

@@ -101,7 +101,8 @@ class KvAgent:
     action language, for any instruction model), ``qwen3vl`` (Qwen3-VL computer_use tool
     calls), ``uitars`` / ``uitars-v1`` (UI-TARS 1.5 / 1.0 Thought/Action); see
     ``runtime.profiles``.  ``policy``: the cache policy (terminal-slot: exact and bounded);
-    ``window``: screenshots kept (default: the profile's); ``overlap``: prefetch the next step
+    ``window``: screenshots kept (default: the profile's); ``pinned``: of those, the episode's
+    first ones kept to its end (``--pin-first``); ``overlap``: prefetch the next step
     while OSWorld executes the action; ``coord_convention``: how the kvagent profile's model
     writes coordinates; ``max_tokens`` per action (None: what the grammar needs);
     ``temperature`` / ``seed`` (0.0: greedy); ``grammar``: constrain outputs to the profile's
@@ -128,7 +129,7 @@ class KvAgent:
     def __init__(self, model_path: str | Path | None = None,
                  mmproj_path: str | Path | None = None, *, profile: str = "kvagent",
                  policy: str = "terminal-slot", window: int | None = None,
-                 overlap: bool = True,
+                 pinned: int = 0, overlap: bool = True,
                  coord_convention: CoordConvention | str = CoordConvention.ABSOLUTE,
                  max_tokens: int | None = None, temperature: float = 0.0, seed: int = 0,
                  grammar: bool = True, system_prompt: str | None = None,
@@ -151,7 +152,7 @@ class KvAgent:
                                  "flags)")
         engine = agent_engine(n_threads=n_threads, n_batch=options.pop("n_batch", 512))
         chosen = {"window": window} if window is not None else {}  # else the profile's
-        agent = AgentConfig(profile=profile, policy=policy, overlap=overlap,
+        agent = AgentConfig(profile=profile, policy=policy, pinned=pinned, overlap=overlap,
                             convention=coord_convention, decode_tokens=max_tokens,
                             temperature=temperature, seed=seed, grammar=grammar,
                             system_prompt=system_prompt, **chosen)

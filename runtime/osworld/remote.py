@@ -36,8 +36,8 @@ from vmenv.actions import ActionError, NoOp
 log = structlog.get_logger("kvagent.osworld")
 
 #: The ``AgentConfig`` fields a client chooses per episode (the server's episode options).
-REMOTE_OPTIONS = ("profile", "policy", "window", "overlap", "temperature", "seed", "grammar",
-                  "convention", "decode_tokens", "system_prompt")
+REMOTE_OPTIONS = ("profile", "policy", "window", "pinned", "overlap", "temperature", "seed",
+                  "grammar", "convention", "decode_tokens", "system_prompt")
 #: Ending an episode at close or reset should not hold a runner up for long.
 END_TIMEOUT_S = 10.0
 
