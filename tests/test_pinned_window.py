@@ -135,3 +135,17 @@ def test_the_remote_agent_sends_what_the_server_takes() -> None:
             episode_config(AgentConfig(), {"pinned": bad})
     with pytest.raises(ApiError, match="no room"):
         episode_config(AgentConfig(), {"pinned": 2, "window": 2})
+
+
+def test_tail_replay_lays_out_the_pinned_window(engines, traj) -> None:
+    """The hybrid's approximate policy with the first screenshot pinned: the same context
+    as the exact reference's every step, and under overlap its prefetch (the action, the
+    retained screenshots, the replay) leaves the critical path only the new screenshot."""
+    scratch, tail = run_arms(engines("qwen35"), ["terminal-scratch", "tail-replay+overlap"],
+                             traj, PINNED)
+    factory = SegmentFactory(engines("qwen35"))
+    for t in range(1, STEPS):
+        new_shot = factory.screenshot(t, traj.frames[t].screenshot).n_tokens
+        s = tail.steps[t]
+        assert s["context_tokens"] == scratch.steps[t]["context_tokens"]
+        assert s["critical_path_prefill_tokens"] <= new_shot + 40
