@@ -87,6 +87,21 @@ def test_relocate_is_measured_where_the_model_allows_it(
     assert "vs terminal-scratch: approximate" in printed
 
 
+def test_a_pinned_window_refuses_the_arms_that_cannot_lay_it_out(
+        forged: Callable[..., object], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--pin-first 1``: the chat layouts' arms are refused with the reason and the others
+    run (the engine is sized for those); the report records the pin."""
+    code, report, printed = _eval(forged, "qwen35", tmp_path, "--instances", "1",
+                                  "--pin-first", "1", "--arms", "terminal-slot,evict,noevict",
+                                  capsys=capsys)
+    assert code == 0 and report["config"]["agent"]["pinned"] == 1
+    arms = {a["arm"]: a for a in report["arms"]}
+    for name in ("evict", "noevict"):
+        assert "cannot pin" in arms[name]["refused"]
+    assert arms["terminal-slot"]["agreement"]["exact_holds"]
+
+
 def test_tail_replay_at_replay_budgets_against_the_exact_reference(
         forged: Callable[..., object], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from cachepolicy.engine import Engine
+    from runtime.config import AgentConfig
     from runtime.engine_setup import ModelFiles
     from runtime.run.agents import EpisodeEvent
 
@@ -109,9 +110,8 @@ def _check(args: argparse.Namespace) -> str | None:
 def _load(args: argparse.Namespace, files: ModelFiles, arms: list[str]) -> Engine:
     """The engine, each sequence sized for the largest arm's prompt (measured with the
     projector on a real first screen)."""
-    import attrs
-
-    from runtime.bench.arms import split_arm
+    from cachepolicy.errors import PolicyRefusedError
+    from runtime.bench.arms import ArmSpec
     from runtime.context_budget import ContextNeed, estimate_image_tokens
     from runtime.engine_setup import engine_config, load_engine
     from runtime.run.agents import RunConfig
@@ -119,10 +119,17 @@ def _load(args: argparse.Namespace, files: ModelFiles, arms: list[str]) -> Engin
     from vmenv.simdesk.render import render_png
     from vmenv.simdesk.tasks import default_tasks
 
+    def arm_agent(arm: str) -> AgentConfig | None:
+        try:
+            return ArmSpec.parse(arm).agent(args.agent)
+        except PolicyRefusedError:
+            return None  # refused when its turn comes (the others run): nothing to size
+
+    agents = [c for c in map(arm_agent, arms) if c is not None] or [args.agent]
+
     def need(image_tokens: int) -> ContextNeed:
-        return max((RunConfig(agent=attrs.evolve(args.agent, policy=split_arm(a)[0]),
-                              max_steps=args.max_steps, screen=args.screen_wh)
-                    .context_need(image_tokens) for a in arms), key=lambda c: c.tokens)
+        return max((RunConfig(agent=agent, max_steps=args.max_steps, screen=args.screen_wh)
+                    .context_need(image_tokens) for agent in agents), key=lambda c: c.tokens)
 
     w, h = args.screen_wh
     probe = render_png(resolve_task(args.tasks[0], default_tasks()).setup(DeskState.empty(w, h)))
