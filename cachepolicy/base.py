@@ -119,6 +119,12 @@ class CachePolicy(abc.ABC):
 
     # ---------------------------------------------------------------- shared helpers
 
+    def requires_spare_sequence(self) -> bool:
+        """The policy cannot plan its steps without the scheduler's spare sequence (kamera's
+        canonical forwards).  One that only measures drift there (relocate, the token
+        evictors, ``measure_drift``) runs without it, unmeasured."""
+        return False
+
     def checkpoint_kind(self) -> CheckpointKind:
         return (CheckpointKind.PARTIAL_ONLY if self.model.kind.has_recurrent_state
                 else CheckpointKind.FULL)

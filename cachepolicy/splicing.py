@@ -127,6 +127,9 @@ class SplicingPolicy(CachePolicy, abc.ABC):
         """Whether new units get a store entry (canonical KV + patch)."""
         return False
 
+    def requires_spare_sequence(self) -> bool:
+        return self.stores()  # a store entry's canonical forward runs there
+
     rank = 0
 
     def select(self, log: ContextLog, view: CacheView, *,

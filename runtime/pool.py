@@ -24,12 +24,13 @@ import anyio.abc
 import attrs
 import structlog
 
+from cachepolicy.base import CachePolicy
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.driver import DriverStep, EpisodeDriver
 from runtime.metrics import StepMetrics
 from runtime.session import Teacher
-from scheduler.errors import NoFreeSequenceError
+from scheduler.errors import NoFreeSequenceError, NoSpareSequenceError
 from scheduler.ledger import MemoryLedger
 from scheduler.scheduler import Scheduler
 from scheduler.transaction import StepOptions
@@ -96,6 +97,12 @@ class EpisodePool:
     def episodes(self) -> Mapping[str, PooledEpisode]:
         """The open episodes by id (a read-only view)."""
         return MappingProxyType(self._episodes)
+
+    def check_policy(self, policy: CachePolicy) -> None:
+        """Refuse, before an episode opens, a policy the pool's scheduler cannot run: one
+        that needs the spare sequence (kamera), which the pool does not keep."""
+        if policy.requires_spare_sequence():
+            raise NoSpareSequenceError(policy.name)
 
     def summary(self) -> str:
         """One line for logs and tests: ``Episodes: 2 open (1 busy, 1 idle) of 4``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from cachepolicy.errors import PolicyRefusedError
+
 
 class SchedulerError(Exception):
     """Base class for scheduler errors."""
@@ -51,3 +53,14 @@ class IntegrityError(AssertionError):
     """The ledger's accounts and the engine's own report disagree: an internal invariant is
     broken (a bug, not bad input or memory pressure), so it is not a ``SchedulerError`` that
     the episode loop would record as a failed step."""
+
+
+class NoSpareSequenceError(PolicyRefusedError):
+    """The policy cannot run without the scheduler's spare sequence, and this scheduler keeps
+    none (``Scheduler(spare_sequence=False)``): refused when the episode opens."""
+
+    def __init__(self, policy_name: str) -> None:
+        super().__init__(
+            f"policy {policy_name!r} needs a spare sequence for its store's canonical "
+            "forwards, and this host keeps none (kvagent run, bench and bench-eval keep one; "
+            "kvagent serve and KvAgent do not)")

@@ -36,7 +36,9 @@ from cachepolicy.engine.images import EmbeddingCache
 from cachepolicy.errors import ContextFullError, DecodeError, Preempted, RestoreError
 from cachepolicy.segments import SegmentFactory
 from scheduler.admission import Admission
-from scheduler.errors import AdmissionError, EpisodeClosedError, NoFreeSequenceError
+from scheduler.errors import (
+    AdmissionError, EpisodeClosedError, NoFreeSequenceError, NoSpareSequenceError,
+)
 from scheduler.gate import EngineGate
 from scheduler.integrity import check_integrity
 from scheduler.ledger import MemoryLedger
@@ -127,6 +129,8 @@ class Scheduler:
         tail-replay variant) plans its steps once the rung struck it."""
         if episode_id in self._slots:
             raise ValueError(f"episode {episode_id} is already open")
+        if policy.requires_spare_sequence() and self._spare_seq is None:
+            raise NoSpareSequenceError(policy.name)
         if not self._free_seqs:
             raise NoFreeSequenceError(
                 f"all {self.engine.config.n_seq_max} sequences are in use; raise n_seq_max")

@@ -190,3 +190,33 @@ async def test_a_stopped_prefetch_leaves_its_entry_for_the_next_step(engines) ->
         for ep in (a, b):
             await sched.close_episode(ep)
     assert ledger.snapshot().held == 0
+
+
+async def test_kamera_is_refused_where_no_spare_sequence_is_kept(engines) -> None:
+    """kamera's canonical forwards run on the scheduler's spare sequence: a scheduler (or an
+    episode pool: ``kvagent serve``, ``KvAgent``) without one refuses it when the episode
+    opens — a clear error, a 400 through the HTTP API — instead of failing its second step;
+    relocate (drift measured there, if any) still opens."""
+    from runtime.pool import EpisodePool
+    from runtime.serve.http.errors import api_error
+    from scheduler.errors import NoSpareSequenceError
+    from scheduler.ledger import MemoryLedger
+    from scheduler.scheduler import Scheduler
+
+    engine = engines("llama")
+    factory = SegmentFactory(engine)
+    kit, info = factory.kit, model_info(engine)
+    kamera = make_policy("kamera", info, kit, window=WINDOW, option="m8")
+    assert kamera.requires_spare_sequence()
+    own = make_policy("kamera", info, kit, window=WINDOW, option="own")
+    assert not own.requires_spare_sequence()
+    async with Scheduler(engine, MemoryLedger(1 << 30), factory) as sched:
+        with pytest.raises(NoSpareSequenceError, match="needs a spare sequence"):
+            sched.open_episode("a", kamera)
+        ep = sched.open_episode("b", make_policy("relocate", info, kit, window=WINDOW))
+        await sched.close_episode(ep)
+    pool = EpisodePool(factory, MemoryLedger(1 << 30), max_episodes=1)
+    with pytest.raises(PolicyRefusedError) as refused:
+        pool.check_policy(kamera)
+    error = api_error(refused.value)
+    assert error.status == 400 and "spare sequence" in error.body()["error"]["message"]

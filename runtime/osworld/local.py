@@ -140,10 +140,11 @@ class _Running:
         self._lock = threading.Lock()
         try:
             self.factory = SegmentFactory(self.engine)
-            config.agent.make_policy(self.factory, config.screen_size)  # refuse it now
+            policy = config.agent.make_policy(self.factory, config.screen_size)
             self.ledger = MemoryLedger(config.memory_budget or UNLIMITED_BYTES)
             self.pool = EpisodePool(self.factory, self.ledger, max_episodes=1,
                                     options=config.agent.step_options(config.screen_size))
+            self.pool.check_policy(policy)  # refuse it now, not at the first predict
             self._portal_cm: AbstractContextManager[anyio.from_thread.BlockingPortal] = (
                 anyio.from_thread.start_blocking_portal(
                     name=f"{PORTAL_THREAD_PREFIX}-{config.name}"))

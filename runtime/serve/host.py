@@ -73,7 +73,8 @@ class ModelHost:
         engine, name = await anyio.to_thread.run_sync(functools.partial(_load, config))
         try:
             host = cls(config, engine, name)
-            config.agent.make_policy(host.factory, config.screen)  # refuse what it cannot run
+            # refuse what it cannot run
+            host.pool.check_policy(config.agent.make_policy(host.factory, config.screen))
             async with anyio.create_task_group() as tg:
                 await tg.start(host.pool.run)
                 await tg.start(host.leases.run)
@@ -93,7 +94,7 @@ class ModelHost:
         model cannot take (``PolicyRefusedError``), a profile's grammar or sampling that does
         not build (``ValueError``)."""
         screen = screen or self.config.screen
-        agent.make_policy(self.factory, screen)
+        self.pool.check_policy(agent.make_policy(self.factory, screen))
         agent.step_options(screen)
 
     def status(self) -> dict[str, Any]:
