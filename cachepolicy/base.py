@@ -69,8 +69,8 @@ class CachePolicy(abc.ABC):
                               "(the terminal layouts can: terminal-slot, terminal-scratch, "
                               "tail-replay, relocate, kamera, random-evict, recency-evict)")
         if not 0 <= pinned < window:
-            raise PolicyError(f"{pinned} pinned screenshots leave no room in a window of "
-                              f"{window} for the newest (pinned must be 0..{window - 1})")
+            raise PolicyError(f"a window of {window} has no room for the newest screenshot "
+                              f"beside {pinned} pinned (pinned must be 0..{window - 1})")
         if tail is not None and self.default_tail is None:
             raise PolicyError(f"policy {self.name!r} is exact: it takes no replay budget "
                               "(its approximate variant: with_tail)")

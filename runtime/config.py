@@ -69,6 +69,20 @@ def _finite_temperature(_: object, attribute: attrs.Attribute, value: float) -> 
                          f"(0 = greedy), got {value}")
 
 
+def _check_pinned(value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"pinned screenshots must be a whole number from 0, got {value!r}")
+
+
+def pinning_policies() -> str:
+    """The policies whose layout can pin screenshots, for messages."""
+    return ", ".join(sorted(name for name, cls in POLICIES.items() if cls.pins))
+
+
+def pinned_text(n: int) -> str:
+    return f"{n} pinned screenshot{'' if n == 1 else 's'}"
+
+
 #: ``AgentConfig.guess``
 GUESS_MODES = ("auto", "always", "off")
 
@@ -90,7 +104,7 @@ class AgentConfig:
     #: the newest ``window - pinned`` (a look-back: the task's starting screen; the terminal
     #: layouts only — terminal-slot, terminal-scratch, tail-replay, relocate and the
     #: splicing policies).  The shipped agents were trained without it
-    pinned: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    pinned: int = attrs.field(default=0, validator=lambda _s, _a, v: _check_pinned(v))
     overlap: bool = True  # prefetch the next step while the env executes the action
     #: with overlap: a screenshot that arrives while the prefetch still runs is encoded at
     #: once, beside the prefetch's last pieces, instead of after it — if the engine's encoder
@@ -145,10 +159,11 @@ class AgentConfig:
     def __attrs_post_init__(self) -> None:
         if self.pinned and not POLICIES[self.policy].pins:
             raise ValueError(f"policy {self.policy!r} cannot pin screenshots in its window "
-                             "(the terminal layouts can)")
+                             f"(these can: {pinning_policies()})")
         if self.pinned >= self.window:
-            raise ValueError(f"{self.pinned} pinned screenshots leave no room in a window of "
-                             f"{self.window} for the newest (pinned must be below the window)")
+            raise ValueError(f"a window of {self.window} has no room for the newest screenshot "
+                             f"beside {pinned_text(self.pinned)} (pinned must be below the "
+                             "window)")
         if self.profile != DEFAULT_PROFILE and self.convention is not CoordConvention.ABSOLUTE:
             raise ValueError(f"the coordinate convention is the {DEFAULT_PROFILE} profile's "
                              f"choice; profile {self.profile!r} fixes its own")

@@ -149,3 +149,15 @@ def test_tail_replay_lays_out_the_pinned_window(engines, traj) -> None:
         s = tail.steps[t]
         assert s["context_tokens"] == scratch.steps[t]["context_tokens"]
         assert s["critical_path_prefill_tokens"] <= new_shot + 40
+
+
+def test_a_server_s_default_pin_is_named_when_it_refuses() -> None:
+    from runtime.serve.http.episode_bodies import episode_config
+    from runtime.serve.http.errors import ApiError
+
+    base = AgentConfig(pinned=1)
+    with pytest.raises(ApiError, match="server pins the first 1 screenshot"):
+        episode_config(base, {"policy": "evict"})
+    assert episode_config(base, {"policy": "evict", "pinned": 0}).pinned == 0
+    with pytest.raises(ValueError, match="whole number from 0, got True"):
+        AgentConfig(pinned=True)

@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
             tokens = engine.image_tokens(traj.frames[0].screenshot)[0]
         print(f"{engine.kind.value} model {model.name}, {engine.n_params / 1e6:.1f}M params; "
               f"screenshots {w}x{h} = {tokens} tokens (target {args.image_tokens}); "
-              f"{steps} steps, window {args.agent.window}", file=sys.stderr)
+              f"{steps} steps, window {args.agent.window_label}", file=sys.stderr)
         # Room for one window of screenshots plus the new one: retained screenshots are
         # re-prefilled from the cache instead of re-running the vision encoder.
         per_image = engine.encode_image(traj.frames[0].screenshot).nbytes
@@ -239,7 +239,8 @@ def run(args: argparse.Namespace) -> int:
                                  "screenshot_size": [w, h], "vm_seconds": args.vm_seconds,
                                  "unchanged_every": args.unchanged_every,
                                  "threads": args.threads, "grammar": args.agent.grammar,
-                                 "decode_tokens": decode, "window": args.agent.window})
+                                 "decode_tokens": decode, "window": args.agent.window,
+                                 "pinned": args.agent.pinned})
         results = run_arms(engine, args.arm_list, traj, args.agent,
                            vm_seconds=args.vm_seconds, on_event=progress)
         for res in results:
@@ -254,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         report = {"config": {
             "model": str(model), "mmproj": str(mmproj), "model_kind": engine.kind.value,
             "n_params": engine.n_params, "steps": steps, "window": args.agent.window,
+            "pinned": args.agent.pinned,
             "trajectory": str(args.trajectory) if args.trajectory else None,
             "image_tokens_target": args.image_tokens, "image_tokens": tokens,
             "screenshot_size": [w, h], "vm_seconds": args.vm_seconds,
@@ -299,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
         report["plot"] = str(plot_bench(
             arms, report["bound"], plot,
             title=f"kvagent bench: {model.parent.name}/{model.name}, {steps} steps, "
-                  f"{tokens}-token screenshots, window {args.agent.window}, "
+                  f"{tokens}-token screenshots, window {args.agent.window_label}, "
                   f"VM {args.vm_seconds:g} s"))
         print(f"wrote {plot}")
     if args.json_out is not None:

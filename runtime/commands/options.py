@@ -101,8 +101,8 @@ def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | N
                         "profile's, 3 for kvagent, 5 for qwen3vl and uitars)")
     p.add_argument("--pin-first", type=int, default=d.pinned, metavar="N", dest="pinned",
                    help="keep the episode's first N screenshots in the window to its end, "
-                        "beside the newest K-N (a look-back at the starting screen; terminal "
-                        "layouts only; default %(default)s)")
+                        "beside the newest K-N (a look-back at the starting screen; the "
+                        "terminal layouts: not evict, noevict, faithful; default %(default)s)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=d.overlap,
                    help="prefetch the next step while the VM executes the action")
     p.add_argument("--temperature", type=float, default=d.temperature,

@@ -150,7 +150,11 @@ def episode_config(base: AgentConfig, options: Any, limits: Limits = Limits()) -
     try:
         return AgentConfig(**{**fields, **options})
     except (ValueError, TypeError) as exc:
-        raise bad_request(f"options: {exc}", param="options") from None
+        message = f"options: {exc}"
+        if base.pinned and "pinned" not in options and "pin" in str(exc):
+            message += (f" (the server pins the first {base.pinned} screenshot(s) by default, "
+                        "--pin-first; send options.pinned 0 to choose no pin)")
+        raise bad_request(message, param="options") from None
 
 
 async def read_screenshot(body: Mapping[str, Any], limits: Limits) -> tuple[bytes, Screen]:
