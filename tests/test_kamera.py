@@ -220,3 +220,22 @@ async def test_kamera_is_refused_where_no_spare_sequence_is_kept(engines) -> Non
         pool.check_policy(kamera)
     error = api_error(refused.value)
     assert error.status == 400 and "spare sequence" in error.body()["error"]["message"]
+
+
+def test_kvagent_serve_refuses_kamera_at_startup_in_one_line(forged) -> None:
+    """``kvagent serve --policy kamera``: on an attention model the host keeps no spare
+    sequence, on a hybrid the model refuses the policy — either way one clear line and exit
+    status 2 before serving, no traceback."""
+    import subprocess
+    import sys
+
+    for arch, says in (("llama", "needs a spare sequence"),
+                       ("qwen35", "does not support hybrid models")):
+        m = forged(arch)
+        res = subprocess.run(
+            [sys.executable, "-m", "runtime.cli", "serve", "--port", "0", "--threads", "1",
+             "--ctx", "2048", "--model", str(m.model_path), "--mmproj", str(m.mmproj_path),
+             "--policy", "kamera"], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2, res.stderr[-2000:]
+        assert f"kvagent serve: error: policy 'kamera' {says}" in res.stderr
+        assert "Traceback" not in res.stderr, res.stderr[-2000:]

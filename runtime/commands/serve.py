@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         from runtime.commands.cluster import run_cluster
 
         return run_cluster(args, config, keys)
-    from runtime.serve.http.app import create_app, shutdown_error
+    from runtime.serve.http.app import create_app, shutdown_error, startup_refusal
     from runtime.serve.http.server import uvicorn_server
 
     try:
@@ -204,7 +204,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         sock.close()
     if not server.started:
-        return 2  # the model did not load (logged)
+        if (refusal := startup_refusal(app)) is not None:
+            print(f"kvagent serve: error: {refusal}", file=sys.stderr)
+        return 2  # the model did not load, or refused the configuration
     if (error := shutdown_error(app)) is not None:
         print(f"kvagent serve: error: the shutdown failed: {error}", file=sys.stderr)
         return 1
@@ -223,5 +225,10 @@ async def _serve(server: object, sock: socket.socket) -> None:
                     server.should_exit = True  # type: ignore[attr-defined]
 
         tg.start_soon(on_signals)
-        await server.serve(sockets=[sock])  # type: ignore[attr-defined]
+        try:
+            await server.serve(sockets=[sock])  # type: ignore[attr-defined]
+        except SystemExit:
+            # uvicorn's way of saying the startup failed (``sys.exit`` in ``startup``): the
+            # cause is logged or kept in the app's state, and ``server.started`` is False
+            pass
         tg.cancel_scope.cancel()

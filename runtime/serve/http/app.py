@@ -18,7 +18,10 @@ when it knows it).
 A host that fails while shutting down (an episode that does not close, the final integrity
 check, the engine's release) says so: ``app.state.shutdown_error`` holds the cause
 (``shutdown_error(app)``), so ``kvagent serve`` exits non-zero naming it — uvicorn alone
-logs the failure and exits 0.
+logs the failure and exits 0.  A host that refuses its configuration at startup (a policy
+the model cannot run) raises ``StartupRefusedError``: ``startup_refusal(app)`` holds the
+reason, which ``kvagent serve`` prints as one line, and uvicorn's traceback of it is dropped
+(``server.quiet_refusals``).
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
+from cachepolicy.errors import KvagentCacheError
 from runtime.errors import describe_error
 from runtime.serve.config import ServeConfig
 from runtime.serve.host import ModelHost
 from runtime.serve.http.auth import ApiKeys, RequireKey
-from runtime.serve.http.errors import api_error, error_response
+from runtime.serve.http.errors import StartupRefusedError, api_error, error_response
 from runtime.serve.http.handlers import HostHandlers
 from runtime.serve.http.routes import Endpoint, bind, unknown_route_handlers
 
@@ -52,6 +56,7 @@ def create_app(config: ServeConfig, *, keys: ApiKeys = ApiKeys(),
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         app.state.shutdown_error = None
+        app.state.startup_refusal = None
         started = False
         try:
             async with ModelHost.running(config) as host:
@@ -60,6 +65,11 @@ def create_app(config: ServeConfig, *, keys: ApiKeys = ApiKeys(),
                     on_ready(host)
                 started = True
                 yield
+        except KvagentCacheError as exc:  # a policy the model or the host cannot run
+            if started:
+                raise
+            app.state.startup_refusal = str(exc)
+            raise StartupRefusedError(str(exc)) from exc
         except Exception as exc:
             if started:  # (a failed startup is the server not starting: told otherwise)
                 app.state.shutdown_error = describe_error(exc)
@@ -88,6 +98,11 @@ def create_app(config: ServeConfig, *, keys: ApiKeys = ApiKeys(),
                     exception_handlers=unknown_route_handlers())
     app.state.shutdown_error = None
     return app
+
+
+def startup_refusal(app: Starlette) -> str | None:
+    """Why ``app``'s host refused to start (its configuration), or None."""
+    return getattr(app.state, "startup_refusal", None)
 
 
 def shutdown_error(app: Starlette) -> str | None:

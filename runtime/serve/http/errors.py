@@ -60,6 +60,10 @@ def unavailable(message: str, *, retry_after: float = 5.0) -> ApiError:
     return ApiError(503, message, "server_error", None, "unavailable", retry_after=retry_after)
 
 
+class StartupRefusedError(Exception):
+    """The host refused its configuration at startup (the message is the reason)."""
+
+
 def api_error(exc: BaseException) -> ApiError:
     """The HTTP error a failure maps to (an ``ApiError`` as is; anything unknown: 500)."""
     if isinstance(exc, ApiError):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from runtime.serve.config import Limits
+from runtime.serve.http.errors import StartupRefusedError
 
 log = structlog.get_logger("kvagent.serve")
 
@@ -122,4 +124,22 @@ def uvicorn_server(app: Any, limits: Limits, *, grace_s: float, lifespan: str) -
         http=guarded_protocol(limits), timeout_keep_alive=int(max(1, limits.keep_alive_s)),
         h11_max_incomplete_event_size=16 * 1024))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+    _quiet_refusals()
     return server
+
+
+class _DropRefusalTraceback(logging.Filter):
+    """uvicorn logs a failed lifespan startup as the traceback's text (Starlette's
+    ``lifespan.startup.failed`` message); a refused configuration (``StartupRefusedError``)
+    is told as one line by ``kvagent serve`` instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, StartupRefusedError)
+                    or StartupRefusedError.__name__ in record.getMessage())
+
+
+def _quiet_refusals() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _DropRefusalTraceback) for f in logger.filters):
+        logger.addFilter(_DropRefusalTraceback())
