@@ -195,7 +195,7 @@ def test_rerun_keeps_finished_refuses_other_options_and_overwrites(cache_dir: Pa
     assert len(_episode_dirs(out)) == 2
     res = kvagent_run(cache_dir, *one, "--episodes", "2", "--window", "2", "--result-dir",
                       str(out))
-    assert res.returncode == 2 and "differs in: agent" in res.stderr
+    assert res.returncode == 2 and "differs in: agent.window)" in res.stderr
     assert "params)" not in res.stdout  # refused before the model loaded
     assert {p.name: p.read_bytes() for p in first.iterdir()} == {
         k: v[0] for k, v in before.items()}

@@ -149,7 +149,17 @@ def read_manifest(domain: Path) -> dict[str, dict[str, Any]] | None:
 
 
 def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    """The keys whose values differ, nested ones by their path (``agent.pinned``)."""
+    out: list[str] = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if a == b:
+            continue
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += [f"{k}.{sub}" for sub in _differences(a, b)]
+        else:
+            out.append(k)
+    return out
 
 
 def plan_resume(layout: ResultLayout, run_manifest: dict[str, Any], task_ids: Sequence[str],
