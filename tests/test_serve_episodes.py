@@ -58,6 +58,9 @@ def test_an_episode_over_http_with_server_side_overlap(server) -> None:
         for s in steps[1:]:
             assert s["info"]["prefetch_prefill_tokens"] > 0
             assert s["info"]["critical_path_prefill_tokens"] < s["info"]["prefill_tokens"]
+        view = c.get(f"/v1/episodes/{ep}").json()
+        assert (view["policy"], view["window"], view["pinned"]) == ("terminal-slot", 3, 0)
+        assert len(view["steps"]) == 3
         metrics = c.get("/metrics").text
         assert 'kvagent_steps_total{api="episode",status="ok"} 3' in metrics
         assert 'kvagent_prefill_tokens_total{path="prefetch"}' in metrics

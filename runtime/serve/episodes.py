@@ -63,6 +63,8 @@ class EpisodeView:
     profile: str
     busy: bool
     recent: tuple[StepMetrics, ...]
+    window: int = 0  # screenshots the prompt shows
+    pinned: int = 0  # of those, the episode's first ones kept to its end
 
 
 class EpisodeService:
@@ -162,4 +164,5 @@ class EpisodeService:
     def _view(self, pooled: PooledEpisode) -> EpisodeView:
         kind = "chat" if pooled.episode_id in self._conversations else "episode"
         return EpisodeView(pooled.episode_id, kind, pooled.config.policy,
-                           pooled.config.profile, pooled.busy, tuple(pooled.recent))
+                           pooled.config.profile, pooled.busy, tuple(pooled.recent),
+                           window=pooled.config.window, pinned=pooled.config.pinned)

@@ -189,7 +189,8 @@ def step_body(out: EpisodeStep) -> dict[str, Any]:
 
 def view_body(view: EpisodeView) -> dict[str, Any]:
     return {"episode_id": view.episode_id, "kind": view.kind, "policy": view.policy,
-            "profile": view.profile, "busy": view.busy,
+            "profile": view.profile, "window": view.window, "pinned": view.pinned,
+            "busy": view.busy,
             "steps": [_measurements(m) for m in view.recent]}
 
 
