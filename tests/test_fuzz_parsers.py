@@ -169,3 +169,19 @@ def test_huge_numbers_in_profile_formats() -> None:
         assert isinstance(action, NoOp) and not action.reason.startswith("parser error")
     tars = f"Thought: t\nAction: click(start_box='({HUGE},5)')"
     assert isinstance(get("uitars").parse(tars, S).action, NoOp)
+
+
+def test_a_coordinate_that_overflows_when_scaled_is_an_action_error() -> None:
+    """1e308 is finite, but a relative coordinate times the screen's width is not (found by
+    the fuzz above: an OverflowError escaped the strict parser)."""
+    from runtime.actions import CoordConvention
+    from runtime.actions.parser import parse_action_strict
+    from vmenv.actions.errors import InvalidActionError
+
+    with pytest.raises(InvalidActionError, match="too large"):
+        parse_action_strict("right_click(1e308, 5)", convention=CoordConvention.RELATIVE_1,
+                            screen=(1280, 720))
+    # where it stays finite it is clamped to the screen's edge, as any far point is
+    edge = parse_action_strict("right_click(1e308, 5)", convention=CoordConvention.ABSOLUTE,
+                               screen=(1280, 720))
+    assert (edge.x, edge.y) == (1279, 5)

@@ -88,8 +88,12 @@ def _pixel(value: float, size: int, units: int | None, convention: CoordConventi
         raise InvalidActionError(f"coordinate {value!r} is not a finite number")
     scale = convention.scale
     if scale is None:
-        return v if units is None else v / units * size
-    return v / scale * size
+        pixel = v if units is None else v / units * size
+    else:
+        pixel = v / scale * size
+    if not math.isfinite(pixel):  # a finite number scaled past the largest float
+        raise InvalidActionError(f"coordinate {value!r} is too large")
+    return pixel
 
 
 def _axis(value: float, size: int, units: int | None, convention: CoordConvention,
