@@ -54,6 +54,18 @@ class CachePolicy(abc.ABC):
         """The value of the policy's option ``text``; ValueError when it is not one."""
         raise ValueError(f"policy {cls.name!r} takes no option")
 
+    @classmethod
+    def pinning_problem(cls, window: int, pinned: int) -> str | None:
+        """What is wrong with pinning the first ``pinned`` screenshots in a window of
+        ``window`` under this policy, or None (the one statement of the rule: the policy,
+        its configuration and the bench's arms all ask here)."""
+        if pinned and not cls.pins:
+            return f"policy {cls.name!r} cannot pin screenshots in its window"
+        if not 0 <= pinned < window:
+            return (f"a window of {window} has no room for the newest screenshot beside "
+                    f"{pinned} pinned (pinned must be 0..{window - 1})")
+        return None
+
     def __init__(self, model: ModelInfo, kit: PromptKit, *, window: int = 3,
                  decode_tokens: int = 16, tail: ReplayBudget | None = None,
                  measure_drift: bool = False, pinned: int = 0) -> None:
@@ -64,13 +76,8 @@ class CachePolicy(abc.ABC):
                 f"(supports: {supported}); {self.manifest.changes}")
         if window < 1:
             raise PolicyError("window must be >= 1 screenshot")
-        if pinned and not self.pins:
-            raise PolicyError(f"policy {self.name!r} cannot pin screenshots in its window "
-                              "(the terminal layouts can: terminal-slot, terminal-scratch, "
-                              "tail-replay, relocate, kamera, random-evict, recency-evict)")
-        if not 0 <= pinned < window:
-            raise PolicyError(f"a window of {window} has no room for the newest screenshot "
-                              f"beside {pinned} pinned (pinned must be 0..{window - 1})")
+        if (problem := self.pinning_problem(window, pinned)) is not None:
+            raise PolicyError(problem)
         if tail is not None and self.default_tail is None:
             raise PolicyError(f"policy {self.name!r} is exact: it takes no replay budget "
                               "(its approximate variant: with_tail)")

@@ -22,7 +22,7 @@ import attrs
 from cachepolicy.base import CachePolicy
 from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import MAX_TEMPERATURE, SamplingParams
-from cachepolicy.policies import POLICIES, make_policy
+from cachepolicy.policies import POLICIES, make_policy, pinning_policies
 from cachepolicy.policies import names as policy_names
 from cachepolicy.segments import SegmentFactory, model_info
 from cachepolicy.tail import BASES, DEFAULT_BUDGET, ReplayBudget
@@ -69,18 +69,14 @@ def _finite_temperature(_: object, attribute: attrs.Attribute, value: float) -> 
                          f"(0 = greedy), got {value}")
 
 
+class PinningError(ValueError):
+    """``AgentConfig.pinned`` is not a count of screenshots, or not one the policy and the
+    window can pin (callers that took it from an option name that option)."""
+
+
 def _check_pinned(value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"pinned screenshots must be a whole number from 0, got {value!r}")
-
-
-def pinning_policies() -> str:
-    """The policies whose layout can pin screenshots, for messages."""
-    return ", ".join(sorted(name for name, cls in POLICIES.items() if cls.pins))
-
-
-def pinned_text(n: int) -> str:
-    return f"{n} pinned screenshot{'' if n == 1 else 's'}"
+        raise PinningError(f"pinned screenshots must be a whole number from 0, got {value!r}")
 
 
 #: ``AgentConfig.guess``
@@ -157,13 +153,10 @@ class AgentConfig:
     guess: str = attrs.field(default="auto", validator=attrs.validators.in_(GUESS_MODES))
 
     def __attrs_post_init__(self) -> None:
-        if self.pinned and not POLICIES[self.policy].pins:
-            raise ValueError(f"policy {self.policy!r} cannot pin screenshots in its window "
-                             f"(these can: {pinning_policies()})")
-        if self.pinned >= self.window:
-            raise ValueError(f"a window of {self.window} has no room for the newest screenshot "
-                             f"beside {pinned_text(self.pinned)} (pinned must be below the "
-                             "window)")
+        policy = POLICIES[self.policy]
+        if (problem := policy.pinning_problem(self.window, self.pinned)) is not None:
+            which = "" if policy.pins else f" (these can pin: {pinning_policies()})"
+            raise PinningError(problem + which)
         if self.profile != DEFAULT_PROFILE and self.convention is not CoordConvention.ABSOLUTE:
             raise ValueError(f"the coordinate convention is the {DEFAULT_PROFILE} profile's "
                              f"choice; profile {self.profile!r} fixes its own")

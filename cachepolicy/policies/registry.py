@@ -26,6 +26,11 @@ def register(cls: type[CachePolicy]) -> type[CachePolicy]:
     return cls
 
 
+def pinning_policies() -> str:
+    """The policies whose layout can pin screenshots, for messages."""
+    return ", ".join(sorted(name for name, cls in POLICIES.items() if cls.pins))
+
+
 def make_policy(name: str, model: ModelInfo, kit: PromptKit, **options: object) -> CachePolicy:
     """Instantiate a registered policy for a model; unknown names get the list of known ones."""
     if name not in POLICIES:

@@ -74,9 +74,9 @@ class ArmSpec:
         """``agent`` running this arm: its policy, overlap and replay budget.  Raises
         PolicyRefusedError (the arm is refused, the others run) when ``agent`` pins
         screenshots and the arm's layout cannot."""
-        if agent.pinned and not POLICIES[self.policy].pins:
-            raise PolicyRefusedError(f"policy {self.policy!r} cannot pin screenshots in its "
-                                     f"window (--pin-first {agent.pinned})")
+        problem = POLICIES[self.policy].pinning_problem(agent.window, agent.pinned)
+        if problem is not None:
+            raise PolicyRefusedError(f"{problem} (--pin-first {agent.pinned})")
         return attrs.evolve(agent, policy=self.policy, overlap=self.overlap,
                             **({"replay_budget": self.budget} if self.budget else {}),
                             policy_option=(self.option or agent.policy_option

@@ -21,7 +21,7 @@ from cachepolicy.engine.records import MAX_DECODE_ROWS, MAX_N_BATCH, default_thr
 from cachepolicy.policies import names
 from cachepolicy.tail import BASES
 from runtime.arg_parsers import check_decode_rows, check_threads
-from runtime.config import GUESS_MODES, MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig
+from runtime.config import GUESS_MODES, MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig, PinningError
 from runtime.engine_setup import DefaultModel, ModelFiles, resolve_model
 from runtime.profiles import names as profile_names
 
@@ -171,13 +171,10 @@ def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> Agen
             attrs.evolve(AgentConfig(), **{name: fields[name]})
         except (ValueError, TypeError) as exc:
             raise ValueError(f"--{name.replace('_', '-')} {fields[name]}: {exc}") from None
-    if fields["pinned"]:  # checked against the policy and the window: name the option
-        try:
-            AgentConfig(**{k: fields[k] for k in ("profile", "policy", "window", "pinned")
-                           if k in fields})
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"--pin-first {fields['pinned']}: {exc}") from None
-    return AgentConfig(**fields)
+    try:
+        return AgentConfig(**fields)
+    except PinningError as exc:  # checked against the policy and the window: name the option
+        raise ValueError(f"--pin-first {fields['pinned']}: {exc}") from None
 
 
 def bench_agent_defaults() -> AgentConfig:

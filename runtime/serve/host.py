@@ -73,8 +73,7 @@ class ModelHost:
         engine, name = await anyio.to_thread.run_sync(functools.partial(_load, config))
         try:
             host = cls(config, engine, name)
-            # refuse what it cannot run
-            host.pool.check_policy(config.agent.make_policy(host.factory, config.screen))
+            host.check_episode_config(config.agent, config.screen)  # refuse what it cannot run
             async with anyio.create_task_group() as tg:
                 await tg.start(host.pool.run)
                 await tg.start(host.leases.run)

@@ -41,7 +41,7 @@ import attrs
 from cachepolicy.engine.sampling import MAX_TEMPERATURE
 from cachepolicy.policies import names as policy_names
 from runtime.actions import CoordConvention, Screen
-from runtime.config import MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig
+from runtime.config import MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig, PinningError
 from runtime.metrics import StepMetrics
 from runtime.profiles import names as profile_names
 from runtime.serve.config import Limits
@@ -151,7 +151,7 @@ def episode_config(base: AgentConfig, options: Any, limits: Limits = Limits()) -
         return AgentConfig(**{**fields, **options})
     except (ValueError, TypeError) as exc:
         message = f"options: {exc}"
-        if base.pinned and "pinned" not in options and "pin" in str(exc):
+        if base.pinned and "pinned" not in options and isinstance(exc, PinningError):
             message += (f" (the server pins the first {base.pinned} screenshot(s) by default, "
                         "--pin-first; send options.pinned 0 to choose no pin)")
         raise bad_request(message, param="options") from None
