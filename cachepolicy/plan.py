@@ -57,6 +57,10 @@ class StoredEntry:
 
     label: str  # the screenshot segment's key
     kv: StoredKv = attrs.field(eq=False)
+    #: the screenshot's pixels (``Piece.image_id``) and where its image piece lies in the
+    #: entry: (offset from the entry's first position, positions) — what a recall places
+    image_id: str | None = None
+    image_part: tuple[int, int] | None = None
 
     @property
     def nbytes(self) -> int:

@@ -23,14 +23,20 @@ newest screenshot's canonical forward runs in the *next* plan, which under overl
 prefetch, off the critical path.  An entry lives until its unit is placed (normally in the
 plan that made it; one a stopped prefetch did not reach waits in the episode's state for the
 next plan): with a sliding window no screenshot comes back once it has left, so nothing is
-kept longer — see ``cachepolicy.splice_exec``.
+kept longer — unless the policy *recalls* (``Splice.retain``): then the entries of the
+screenshots most recently used stay, and a new screenshot whose pixels equal one of theirs
+(the screen came back to an earlier state) has its image placed from that entry instead of
+prefilled — see ``cachepolicy.splice_exec``.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import attrs
+
+from cachepolicy.pieces import Piece
 
 
 class Source(enum.Enum):
@@ -57,6 +63,17 @@ class PlaceUnit:
     keep: int | None = None
     drop: Drop = Drop.RANDOM
     seed: int = 0  # the random choice of dropped cells (a pure function of the plan)
+    #: STORE: the entry read (None: the unit's own ``label``) — a *recall* reads the entry
+    #: of an earlier screenshot with the same pixels
+    entry: str | None = None
+    #: STORE: only the entry's cells at offsets [part[0], part[0] + part[1]) from its first
+    #: position (a recall places the image piece alone: its intro and outro name another
+    #: step and are prefilled in context)
+    part: tuple[int, int] | None = None
+
+    @property
+    def entry_label(self) -> str:
+        return self.label if self.entry is None else self.entry
 
 
 @attrs.frozen
@@ -84,3 +101,17 @@ class Splice:
     #: labels of the units whose rows the plan leaves store-written (canonical + patch):
     #: the next plan re-rotates them where the sequence holds them
     placed: tuple[str, ...] = ()
+    #: labels of store entries kept after their unit is placed, oldest use first: the
+    #: screenshots a later step may recall (``kamera``'s ``recall<N>``); an entry not
+    #: listed lives only until it is placed
+    retain: tuple[str, ...] = ()
+
+
+def image_part(pieces: Sequence[Piece]) -> tuple[int, int] | None:
+    """(offset from the unit's first position, positions) of a unit's image piece."""
+    off = 0
+    for piece in pieces:
+        if piece.is_image:
+            return off, piece.n_pos
+        off += piece.n_pos
+    return None

@@ -24,7 +24,7 @@ from cachepolicy.engine.kv_patch import StoredKv, make_patch, place, relocate
 from cachepolicy.errors import PolicyError
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import Plan, StoredEntry
-from cachepolicy.splice import Drop, PlaceUnit, Source, StoreUnit
+from cachepolicy.splice import Drop, PlaceUnit, Source, StoreUnit, image_part
 
 from typing import TYPE_CHECKING
 
@@ -77,9 +77,12 @@ def _unit_rows(engine: Engine, unit: PlaceUnit, pieces: tuple[Piece, ...], pos0:
                held: KvRows | None, stored: dict[str, StoredKv]) -> KvRows:
     n_pos = sum(p.n_pos for p in pieces)
     if unit.source is Source.STORE:
-        if unit.label not in stored:
-            raise PolicyError(f"no store entry for {unit.label}")
-        rows = place(engine.rope, stored[unit.label], pos0)
+        entry = stored.get(unit.entry_label)
+        if entry is None:
+            raise PolicyError(f"no store entry for {unit.entry_label}")
+        if unit.part is not None:
+            entry = entry.part(*unit.part)
+        rows = place(engine.rope, entry, pos0)
     else:
         assert held is not None
         old = held.between(unit.held_pos0, unit.held_pos0 + n_pos)
@@ -173,7 +176,11 @@ def _store(engine: Engine, seq: int, scratch: int | None, plan: Plan, rows: KvRo
                 tokens += piece.n_tokens
             canon = engine.kv_read(scratch).between(base, engine.seq_info(scratch).next_pos)
             patch = make_patch(engine.rope, own, canon, plan.splice.rank)
-            out.append(StoredEntry(unit.label, engine.kv_keep(canon, patch)))
+            pieces = plan.pieces[unit.first: unit.first + unit.n_pieces]
+            out.append(StoredEntry(unit.label, engine.kv_keep(canon, patch),
+                                   image_id=next((p.image_id for p in pieces if p.is_image),
+                                                 None),
+                                   image_part=image_part(pieces)))
     finally:
         engine.clear(scratch)
     return tuple(out), tokens

@@ -35,7 +35,7 @@ from cachepolicy.layouts import PromptKit, terminal, terminal_steps
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import CacheView, ModelInfo, Plan
 from cachepolicy.reuse import best_start
-from cachepolicy.splice import PlaceUnit, Source, Splice, StoreUnit
+from cachepolicy.splice import PlaceUnit, Source, Splice, StoreUnit, image_part
 
 ATTENTION_ONLY = frozenset({ModelKind.ATTENTION})
 
@@ -131,6 +131,9 @@ class SplicingPolicy(CachePolicy, abc.ABC):
         return self.stores()  # a store entry's canonical forward runs there
 
     rank = 0
+    #: how many store entries stay for recall after their unit is placed (0: none; a
+    #: screenshot is then never placed from the store once it has left the window)
+    recall = 0
 
     def select(self, log: ContextLog, view: CacheView, *,
                new: frozenset[str] = frozenset()) -> Plan:
@@ -156,14 +159,23 @@ class SplicingPolicy(CachePolicy, abc.ABC):
         # the newest screenshot of a step's window is new; a prefetch's window has none
         newest = units[-1].label if units and decode else None
         stored = {s.label: s for s in view.state.stored}
+        known = {s.label: (s.image_id, s.image_part) for s in view.state.stored}
         placed_before = set(view.state.placed) if held else set()
         place: list[PlaceUnit] = []
         store: list[StoreUnit] = []
         placed: list[str] = []
+        recalled: list[str] = []
         for u in units:
             h = held.get(u.label)
             if u.label == newest and h is None:
-                continue  # new: prefilled in context, stored from the sequence next plan
+                # new: prefilled in context (stored from the sequence next plan) — or, when
+                # an entry holds its pixels, its image placed from there
+                how = self._recall(u, pieces, known) if self.recall else None
+                if how is not None:
+                    place.append(how)
+                    placed.append(u.label)
+                    recalled.append(how.entry_label)
+                continue
             if self.stores() and h is not None and u.label in placed_before:
                 # store-written last step: a survivor, its rows re-rotated
                 place.append(PlaceUnit(u.first, u.n_pieces, u.label, Source.SEQUENCE,
@@ -173,6 +185,9 @@ class SplicingPolicy(CachePolicy, abc.ABC):
             from_held = self.stores() and u.label not in stored and h is not None
             if from_held:
                 store.append(StoreUnit(u.first, u.n_pieces, u.label, held_pos0=h.pos0))
+                unit_pieces = pieces[u.first:u.first + u.n_pieces]
+                known[u.label] = (next((p.image_id for p in unit_pieces if p.is_image), None),
+                                  image_part(unit_pieces))
             how = self.place(u, h, from_held or u.label in stored, units, log.generation)
             if how is None:
                 continue  # prefilled in context (stored from the sequence next plan)
@@ -183,10 +198,36 @@ class SplicingPolicy(CachePolicy, abc.ABC):
         splice = Splice(place=tuple(place), store=tuple(store),
                         canonical_prefix=1, rank=max(0, self.rank),
                         keep_stored=tuple(s for s in stored if s in window),
-                        placed=tuple(placed))
+                        placed=tuple(placed),
+                        retain=self._retained(list(known), recalled))
         plan = self.plan_reusing(log, view, pieces, start=start, decode=decode,
                                  drift_reference=reference, trim_after=region)
         return self._with_splice(plan, view, splice, units)
+
+    def _recall(self, unit: Unit, pieces: tuple[Piece, ...],
+                known: dict[str, tuple[str | None, tuple[int, int] | None]],
+                ) -> PlaceUnit | None:
+        """The new unit's image placed from the entry of the most recently used screenshot
+        with the same pixels (and as many image positions), or None: prefill it."""
+        image = next(((j, p) for j, p in enumerate(pieces[unit.first:unit.first +
+                                                          unit.n_pieces], start=unit.first)
+                      if p.is_image), None)
+        if image is None or image[1].image_id is None:
+            return None
+        for label, (image_id, part) in reversed(list(known.items())):
+            if image_id == image[1].image_id and part is not None \
+                    and part[1] == image[1].n_pos:
+                return PlaceUnit(image[0], 1, unit.label, Source.STORE, entry=label,
+                                 part=part)
+        return None
+
+    def _retained(self, labels: list[str], recalled: list[str]) -> tuple[str, ...]:
+        """The ``recall`` entries most recently made or used, oldest first (a recalled
+        entry counts as used now)."""
+        if not self.recall:
+            return ()
+        order = [x for x in labels if x not in recalled] + list(dict.fromkeys(recalled))
+        return tuple(order[-self.recall:])
 
     def _held(self, view: CacheView) -> dict[str, Held] | None:
         """The units the sequence holds as the episode published them (one run per piece
@@ -218,5 +259,7 @@ class SplicingPolicy(CachePolicy, abc.ABC):
             plan.forecast,
             new_checkpoint_bytes=plan.forecast.new_checkpoint_bytes + store_bytes,
             workspace_bytes=plan.forecast.workspace_bytes + workspace)
-        kept = tuple(s for s in view.state.stored if s.label in splice.keep_stored)
+        reads = set(splice.keep_stored) | set(splice.retain) | {
+            u.entry_label for u in splice.place if u.source is Source.STORE}
+        kept = tuple(s for s in view.state.stored if s.label in reads)
         return attrs.evolve(plan, splice=splice, splice_from=kept, forecast=forecast)

@@ -30,6 +30,7 @@ from cachepolicy.engine.checkpoint import is_approximate
 from cachepolicy.errors import StalePublishError
 from cachepolicy.executor import Execution, decode, prefill
 from cachepolicy.plan import CacheState, CacheView, Plan
+from cachepolicy.splice import Source
 from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import SamplingParams
 from scheduler.ledger import MemoryLedger, Reservation
@@ -333,15 +334,22 @@ def _successor(engine: Engine, episode: EpisodeCache, plan: Plan, exe: Execution
 def _store_after(plan: Plan, exe: Execution, parent: CacheState, done: int,
                  ) -> dict[str, tuple]:
     """The store entries and placed screenshots after ``plan`` ran its first ``done``
-    pieces: an entry lives until its unit is placed (``cachepolicy.splice``)."""
+    pieces: an entry lives until its unit is placed, unless the plan retains it for a
+    later recall (``cachepolicy.splice``); retained entries come in the plan's order,
+    oldest use first."""
     if plan.splice is None:
         return {"stored": (), "placed": ()}
-    reached = {u.label for u in plan.splice.place if u.first < done}
-    placed = tuple(x for x in plan.splice.placed if x in reached)
+    reached = [u for u in plan.splice.place if u.first < done]
+    placed = tuple(x for x in plan.splice.placed if x in {u.label for u in reached})
+    used = {u.label for u in reached} | {u.entry_label for u in reached
+                                         if u.source is Source.STORE}
+    retain = plan.splice.retain
     offered = tuple(s for s in parent.stored if s.label in plan.splice.keep_stored
-                    or done < len(plan.pieces)) + exe.new_stored
-    return {"stored": tuple(s for s in offered if s.label not in reached),
-            "placed": placed}
+                    or s.label in retain or done < len(plan.pieces)) + exe.new_stored
+    kept = [s for s in offered if s.label not in used or s.label in retain]
+    order = {label: i for i, label in enumerate(retain)}
+    kept.sort(key=lambda s: order.get(s.label, -1))  # stable: unretained ones first
+    return {"stored": tuple(kept), "placed": placed}
 
 
 def _end_of(plan: Plan, history: tuple, n_pieces: int) -> int:

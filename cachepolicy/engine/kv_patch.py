@@ -65,6 +65,23 @@ class StoredKv:
     def n_cells(self) -> int:
         return self.rows.n_cells
 
+    def part(self, offset: int, n_pos: int) -> StoredKv:
+        """The cells at offsets [offset, offset + n_pos) from the chunk's first position,
+        with their rows of the patch (a patch's ``a`` factors hold one row per cell, in the
+        rows' order)."""
+        if self.rows.n_cells == 0:
+            raise KvBlobError("an empty chunk has no part")
+        p0 = int(self.rows.pos[0]) + offset
+        sel = np.nonzero((self.rows.pos >= p0) & (self.rows.pos < p0 + n_pos))[0]
+        if sel.size == 0:
+            raise KvBlobError(f"the chunk holds no cell at offsets [{offset}, "
+                              f"{offset + n_pos})")
+        patch = self.patch
+        if patch is not None:
+            patch = attrs.evolve(patch, k_a=tuple(np.ascontiguousarray(a[sel]) for a in patch.k_a),
+                                 v_a=tuple(np.ascontiguousarray(a[sel]) for a in patch.v_a))
+        return StoredKv(self.rows.take(sel), patch)
+
 
 def relocate(spec: RopeSpec, rows: KvRows, delta: int) -> KvRows:
     """The cells moved by ``delta`` positions: keys re-rotated, values as they are."""

@@ -21,6 +21,14 @@ rounding), which is what re-rotating a survivor's own cached KV gives.
 ``kamera@own`` is the slide alone, without a store: a survivor keeps the KV the sequence
 holds for it, re-rotated to its new position; a screenshot the sequence does not hold is
 prefilled.
+
+``+recall<N>`` (``kamera@m8+recall4``) is recall by content: the store keeps the N entries
+last made or used (counted by the ledger: N units' canonical KV and patches beside the
+window), and a new screenshot whose pixels equal one of theirs — the screen came back to an
+earlier state, or did not change — has its image placed from that entry (re-rotated, with
+its patch: conditioned on the context it first had) instead of prefilled; its intro and
+outro, which name this step, are prefilled in context.  Without it, nothing is kept once
+placed.
 """
 
 from __future__ import annotations
@@ -41,7 +49,9 @@ OWN = -1
 class KameraPolicy(SplicingPolicy):
     name = "kamera"
     option_help = ("m<rank> (m0, m8, m32, m64) or full: the conditioning patch's rank; own: "
-                   "survivors' own KV re-rotated, no store")
+                   "survivors' own KV re-rotated, no store; +recall<N> (m8+recall4): keep "
+                   "the N entries last made or used, and place a new screenshot's image "
+                   "from the entry with its pixels")
     manifest = PolicyManifest(
         changes="the sequence after the action history: retained screenshots' KV written "
                 "once from the store (canonical KV + rank-m patch), then re-rotated",
@@ -53,18 +63,31 @@ class KameraPolicy(SplicingPolicy):
         supports=ATTENTION_ONLY, needs_scratch_sequence=True)
 
     def configure(self, option: str | None) -> None:
-        self.rank = self.parse_option(option) if option else DEFAULT_RANK
+        self.rank, self.recall = self.parse_option(option) if option else (DEFAULT_RANK, 0)
 
     @classmethod
-    def parse_option(cls, text: str) -> int:
-        t = text.strip().lower()
+    def parse_option(cls, text: str) -> tuple[int, int]:
+        """(rank, recall entries) from ``m8``, ``full``, ``own``, ``m8+recall4``."""
+        rank_text, _, recall_text = text.strip().lower().partition("+")
+        t = rank_text.strip()
         if t == "full":
-            return FULL_RANK
-        if t == "own":
-            return OWN
-        if t.startswith("m") and t[1:].isdigit() and int(t[1:]) <= 4096:
-            return int(t[1:])
-        raise ValueError(f"kamera takes m<rank> (m0..m4096), full or own, not {text!r}")
+            rank = FULL_RANK
+        elif t == "own":
+            rank = OWN
+        elif t.startswith("m") and t[1:].isdigit() and int(t[1:]) <= 4096:
+            rank = int(t[1:])
+        else:
+            raise ValueError(f"kamera takes m<rank> (m0..m4096), full or own, optionally "
+                             f"+recall<N>, not {text!r}")
+        if not recall_text:
+            return rank, 0
+        r = recall_text.strip()
+        if not (r.startswith("recall") and r[6:].isdigit() and 1 <= int(r[6:]) <= 64):
+            raise ValueError(f"kamera's recall is +recall<N> with N in 1..64, not {text!r}")
+        if rank == OWN:
+            raise ValueError("kamera@own keeps no store, so it cannot recall: use m<rank>"
+                             "+recall<N>")
+        return rank, int(r[6:])
 
     def stores(self) -> bool:
         return self.rank != OWN
