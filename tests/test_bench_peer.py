@@ -9,32 +9,46 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from runtime.bench.chat_layout import bounded_messages, history_line, sliding_window_messages
 from runtime.bench.peer import PeerStep, parse_answer, percentile, summary
+from runtime.cli import main
 from runtime.commands import bench_peer
 
 
-def kvagent(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runtime.cli", "bench-peer", *args],
-                          capture_output=True, text=True, timeout=120, check=False)
+@attrs.frozen
+class Ran:
+    returncode: int
+    stderr: str
 
 
-def test_arguments_are_checked_before_anything_starts(tmp_path: Path) -> None:
-    missing = kvagent("--llama-server", str(tmp_path / "nope"))
+def kvagent(capsys: pytest.CaptureFixture[str], *args: str) -> Ran:
+    """``kvagent bench-peer ARGS`` in this process (argparse's refusals exit with 2)."""
+    capsys.readouterr()
+    try:
+        code = main(["bench-peer", *args])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return Ran(code, capsys.readouterr().err)
+
+
+def test_arguments_are_checked_before_anything_starts(tmp_path: Path, capsys) -> None:
+    missing = kvagent(capsys, "--llama-server", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "no such file" in missing.stderr
     plain = tmp_path / "llama-server"
     plain.write_text("#!/bin/sh\n")
-    not_exec = kvagent("--llama-server", str(plain))
+    not_exec = kvagent(capsys, "--llama-server", str(plain))
     assert not_exec.returncode == 2 and "not executable" in not_exec.stderr
     plain.chmod(plain.stat().st_mode | stat.S_IXUSR)
     for extra, culprit in ((["--parts", "both"], "--parts"), (["--steps", "1"], "--steps"),
                            (["--clients", "0"], "--clients"), (["--screen", "big"], "--screen"),
                            (["--model", str(plain)], "--mmproj"),
                            (["--vm-seconds", "-1"], "--vm-seconds")):
-        res = kvagent("--llama-server", str(plain), *extra)
+        res = kvagent(capsys, "--llama-server", str(plain), *extra)
         assert res.returncode == 2 and culprit in res.stderr, (extra, res.stderr)
+    # the command line itself, once: no binary named
     no_binary = subprocess.run([sys.executable, "-m", "runtime.cli", "bench-peer"],
                                capture_output=True, text=True, timeout=120, check=False)
     assert no_binary.returncode == 2 and "--llama-server" in no_binary.stderr
