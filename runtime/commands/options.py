@@ -136,7 +136,9 @@ def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | N
                         "per step")
     p.add_argument("--policy-option", default=d.policy_option, metavar="OPTION",
                    help="the option of a policy that takes one: kamera's patch rank (m0, "
-                        "m32, full; default m32), random-evict's / recency-evict's share of "
+                        "m32, full; default m32; +recall<N>, as m8+recall4: keep the N store "
+                        "entries last used and place a new screenshot's image from the one "
+                        "with its pixels), random-evict's / recency-evict's share of "
                         "the retained screenshots' tokens kept (50%%, the default)")
     p.add_argument("--jump-forward", action=argparse.BooleanOptionalAction,
                    default=d.jump_forward,
