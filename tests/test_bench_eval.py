@@ -69,6 +69,11 @@ def test_every_policy_on_held_out_instances(forged: Callable[..., object], tmp_p
             assert ep["success"] == (ep["reward"] >= 1.0)
     assert "task success (95% CI)" in printed and "vs terminal-scratch: exact" in printed
     assert "open-terminal" in printed.split("kind", 2)[-1]  # the per-kind table
+    assert report["config"]["clock_step_s"] == 7  # simdesk's moving clock, the default
+    cost = arms["terminal-scratch"]["cost"]  # no overlap, so no guess of the next screen
+    assert cost["guess_hits"] == cost["guess_misses"] == 0
+    cost = arms["terminal-slot+overlap"]["cost"]
+    assert cost["guess_hits"] + cost["guess_misses"] <= cost["steps"] - 3  # not at a first step
 
 
 def test_relocate_is_measured_where_the_model_allows_it(
@@ -140,7 +145,7 @@ def test_tail_replay_at_replay_budgets_against_the_exact_reference(
     (("--arms", "tail-replay@lots"), "replay budget"),
     (("--replay-budget", "-3"), "--replay-budget"), (("--instances", "0"), "--instances"),
     (("--seeds", "classic"), "sampled"), (("--task", "click-ok@3"), "takes a kind"),
-    (("--screen", "10x10"), "--screen")])
+    (("--screen", "10x10"), "--screen"), (("--clock-step", "-1"), "--clock-step")])
 def test_bad_arguments(args: tuple[str, ...], message: str,
                        capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench-eval", *args]) == 2

@@ -53,6 +53,27 @@ async def test_consecutive_screens_differ_even_when_nothing_changes() -> None:
     assert env.state.windows == () and [o.observation.step for o in outs] == [1, 2, 3]
 
 
+async def test_a_still_clock_repeats_the_screen_of_a_step_that_changed_nothing() -> None:
+    """``clock_step_s=0`` (``kvagent bench-eval --clock-step 0``): on a sampled layout, a
+    step that changed nothing shows the previous screen's pixels; one that changed
+    something does not — and the run's config carries the clock to each episode's desk."""
+    from runtime.run.agents import RunConfig, simdesk_env
+
+    for env in (SimDesk(SimDeskConfig(width=640, height=384, clock_step_s=0)),
+                simdesk_env(RunConfig(screen=(640, 384), vm_seconds=0.0, clock_step_s=0))(
+                    None)):  # type: ignore[arg-type]
+        first = await env.reset("dialog-button@56")
+        outs = [await env.step(a) for a in (Click(5, 5), Click(5, 5), Wait(1.0),
+                                            Click(304, 80))]
+        shots = [first.screenshot, *(o.observation.screenshot for o in outs)]
+        assert shots[1] == shots[2] == shots[3]  # the pointer moved once, then nothing
+        assert len({shots[0], shots[1], shots[4]}) == 3
+    moving = SimDesk(SimDeskConfig(width=640, height=384))
+    await moving.reset("dialog-button@56")
+    a, b = [(await moving.step(Click(5, 5))).observation.screenshot for _ in range(2)]
+    assert a != b
+
+
 async def test_observation_record() -> None:
     env = SimDesk(SimDeskConfig(width=800, height=600))
     assert isinstance(env, Env)

@@ -52,6 +52,7 @@ from runtime.metrics import EpisodeResult
 from runtime.run.agents import EpisodeEvent, RunConfig, run_agents, simdesk_specs
 from runtime.run.instances import kind_of
 from runtime.run.success import PairedDifference, SuccessRate, succeeded
+from vmenv.simdesk.render import SECONDS_PER_STEP
 
 #: The arms evaluated when none are given (relocate is refused on hybrid models).
 DEFAULT_ARMS = ("terminal-scratch", "terminal-slot", "terminal-slot+overlap", "evict",
@@ -107,22 +108,24 @@ class ArmRun:
 
 def run_arms(engine: Engine, arms: Sequence[str], tasks: Sequence[str], agent: AgentConfig, *,
              max_steps: int, screen: tuple[int, int], vm_seconds: float = 0.0,
-             concurrency: int = 4,
+             concurrency: int = 4, clock_step_s: int = SECONDS_PER_STEP,
              on_event: Callable[[str, EpisodeEvent], None] | None = None) -> list[ArmRun]:
     """Every arm over every task (blocking: runs its own event loop); ``concurrency``
     episodes at once through one scheduler (the engine needs ``concurrency + 1``
-    sequences: relocate's drift is measured on the last)."""
+    sequences: relocate's drift is measured on the last); simdesk's clock advances
+    ``clock_step_s`` a step."""
     async def main() -> list[ArmRun]:
         return [await _run_arm(engine, arm, tasks, agent, max_steps=max_steps, screen=screen,
                                vm_seconds=vm_seconds, concurrency=concurrency,
-                               on_event=on_event) for arm in arms]
+                               clock_step_s=clock_step_s, on_event=on_event)
+                for arm in arms]
 
     return anyio.run(main)
 
 
 async def _run_arm(engine: Engine, arm: str, tasks: Sequence[str], agent: AgentConfig, *,
                    max_steps: int, screen: tuple[int, int], vm_seconds: float,
-                   concurrency: int,
+                   concurrency: int, clock_step_s: int,
                    on_event: Callable[[str, EpisodeEvent], None] | None) -> ArmRun:
     try:
         arm_agent = ArmSpec.parse(arm).agent(agent)
@@ -130,7 +133,7 @@ async def _run_arm(engine: Engine, arm: str, tasks: Sequence[str], agent: AgentC
         return ArmRun(arm, str(exc))
     config = RunConfig(agent=arm_agent, episodes=len(tasks),
                        tasks=tuple(tasks), max_steps=max_steps, screen=screen,
-                       vm_seconds=vm_seconds)
+                       vm_seconds=vm_seconds, clock_step_s=clock_step_s)
     specs = simdesk_specs(config)
     episodes: list[EpisodeResult] = []
     wall = 0.0
@@ -220,6 +223,9 @@ def _cost(episodes: Sequence[EpisodeResult]) -> dict[str, Any]:
             "critical_path_store_tokens_per_step": sum(
                 s.critical_store_tokens for s in steps) / n,
             "splice_s_per_step": sum(s.splice_s for s in steps) / n,
+            # the unchanged-screenshot guess (``--guess``): steps that took its work / not
+            "guess_hits": sum(s.guess == "hit" for s in steps),
+            "guess_misses": sum(s.guess == "miss" for s in steps),
             "store_s_per_step": sum(s.store_s for s in steps) / n}
 
 

@@ -35,6 +35,7 @@ MAX_INSTANCES = 10_000
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from runtime.bench.evaluate import DEFAULT_ARMS
+    from vmenv.simdesk.render import SECONDS_PER_STEP
     from runtime.commands.options import (
         add_agent_arguments, add_engine_arguments, add_model_arguments,
     )
@@ -58,6 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="simdesk screen WxH (min 320x240; the shipped agents know 640x384)")
     p.add_argument("--vm-seconds", type=float, default=0.0,
                    help="simulated VM time per action (0: as fast as the model)")
+    p.add_argument("--clock-step", type=int, default=SECONDS_PER_STEP, metavar="SECONDS",
+                   help="simulated seconds simdesk's clock advances a step (default "
+                        f"{SECONDS_PER_STEP}: every screenshot differs; 0: the clock stands "
+                        "still, so a step that changed nothing shows the same pixels — what "
+                        "the unchanged-screenshot guess and kamera's +recall can reuse)")
     p.add_argument("--concurrency", type=int, default=4,
                    help="episodes at once through the scheduler (outputs do not depend on it)")
     add_engine_arguments(p)
@@ -97,6 +103,7 @@ def _check(args: argparse.Namespace) -> str | None:
         args.screen_wh = parse_wxh(args.screen, option="--screen", low=(320, 240),
                                    high=(7680, 4320))
         check_range(args.vm_seconds, option="--vm-seconds", low=0, high=3600)
+        check_range(args.clock_step, option="--clock-step", low=0, high=86400)
         args.engine_fields = engine_fields(args)
         args.agent = agent_config(args)
     except ValueError as exc:
@@ -177,12 +184,14 @@ def run(args: argparse.Namespace) -> int:
 
         runs = run_arms(engine, arms, args.tasks, args.agent, max_steps=args.max_steps,
                         screen=args.screen_wh, vm_seconds=args.vm_seconds,
+                        clock_step_s=args.clock_step,
                         concurrency=args.concurrency, on_event=progress)
         judged = judge(runs, args.tasks, args.agent.window)
         report = {"config": {
             "model": str(files.model), "mmproj": str(files.mmproj),
             "model_kind": engine.kind.value, "instances": len(args.tasks), "seeds": args.seeds,
             "max_steps": args.max_steps, "screen": [w, h], "vm_seconds": args.vm_seconds,
+            "clock_step_s": args.clock_step,
             "concurrency": args.concurrency, "agent": _agent_dict(args.agent)},
             "tasks": list(args.tasks), "arms": judged}
     print(success_table(judged))

@@ -49,6 +49,7 @@ from vmenv.actions import to_pyautogui
 from vmenv.base import Env, Observation, StepOutcome
 from vmenv.simdesk.env import SimDesk, SimDeskConfig
 from vmenv.simdesk.lookup import resolve_task
+from vmenv.simdesk.render import SECONDS_PER_STEP
 from vmenv.simdesk.tasks import default_tasks
 
 log = structlog.get_logger("kvagent.run")
@@ -66,6 +67,8 @@ class RunConfig:
     max_steps: int = attrs.field(default=8, validator=_pos)
     screen: tuple[int, int] = (640, 384)  # the shipped agents' screen (20 x 12 cells of 32 px)
     vm_seconds: float = attrs.field(default=0.3, validator=attrs.validators.ge(0.0))
+    #: simdesk's clock: simulated seconds a step (0: still, so unchanged screens repeat)
+    clock_step_s: int = attrs.field(default=SECONDS_PER_STEP, validator=attrs.validators.ge(0))
     memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=_pos)
     wait_s: float = 2.0  # bound of the scheduler's wait-for-memory rung
     #: bound of one env step (None: unbounded); see ``runtime.env_loop``
@@ -104,7 +107,8 @@ def simdesk_env(config: RunConfig) -> Callable[[EpisodeSpec], Env]:
     """A fresh simulated desktop per episode, ``vm_seconds`` per action."""
     w, h = config.screen
     return lambda spec: SimDesk(SimDeskConfig(width=w, height=h,
-                                              action_latency_s=config.vm_seconds))
+                                              action_latency_s=config.vm_seconds,
+                                              clock_step_s=config.clock_step_s))
 
 
 @attrs.frozen

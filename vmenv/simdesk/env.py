@@ -14,6 +14,7 @@ leaves the desktop as it was before that step.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Self
 
@@ -29,7 +30,7 @@ from vmenv.errors import (
 )
 from vmenv.simdesk.apply import apply_action
 from vmenv.simdesk.lookup import resolve_task
-from vmenv.simdesk.render import render_png
+from vmenv.simdesk.render import SECONDS_PER_STEP, render_png
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.tasks import Task, default_tasks
 from vmenv.simdesk.widgets import locate
@@ -50,6 +51,9 @@ class SimDeskConfig:
     max_steps: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     default_task: str = "open-terminal"
+    #: simulated seconds the taskbar clock advances a step (0: it stands still, so a step
+    #: that changed nothing shows the previous screenshot's pixels)
+    clock_step_s: int = attrs.field(default=SECONDS_PER_STEP, validator=attrs.validators.ge(0))
 
 
 class SimDesk:
@@ -165,7 +169,9 @@ class SimDesk:
     async def _render(self, state: DeskState) -> bytes:
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(1)
-        return await anyio.to_thread.run_sync(render_png, state, limiter=self._limiter)
+        return await anyio.to_thread.run_sync(
+            functools.partial(render_png, state, clock_step_s=self.config.clock_step_s),
+            limiter=self._limiter)
 
     def _observe(self, state: DeskState, png: bytes) -> Observation:
         assert self._task is not None

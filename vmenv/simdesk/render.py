@@ -3,7 +3,10 @@
 Deterministic: the picture is a pure function of the state (no clock, no randomness, fixed
 PNG settings), so equal states give byte-identical PNGs on one Pillow build.  The taskbar
 shows a clock derived from ``state.step`` (and, in the classic layout, the step counter), so
-consecutive screenshots differ even when an action changed nothing else.
+consecutive screenshots differ even when an action changed nothing else — unless the clock
+stands still (``clock_step_s=0``, a desktop whose clock does not visibly move during an
+episode, as an hours-and-minutes clock): then a step that changed nothing shows the same
+pixels (on the random layouts; the classic layout's step counter still advances).
 
 Layers, bottom to top (the reverse of ``widgets``' hit order): desktop icons, windows, the
 taskbar, the notification of a dismissed dialog, the launcher menu, the dialog, the pointer.
@@ -55,13 +58,13 @@ def _launcher(p: Painter, state: DeskState, x: Launcher) -> None:
         p.d.rectangle((cx - 4, r.y1 + 1, cx + 4, r.y1 + 2), fill=WHITE)
 
 
-def _clock_text(state: DeskState) -> str:
-    secs = 9 * 3600 + state.step * SECONDS_PER_STEP
+def _clock_text(state: DeskState, clock_step_s: int) -> str:
+    secs = 9 * 3600 + state.step * clock_step_s
     hms = f"{secs // 3600 % 24:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}"
     return hms if state.layout.short_clock else f"step {state.step}   {hms}"
 
 
-def _taskbar(p: Painter, state: DeskState) -> None:
+def _taskbar(p: Painter, state: DeskState, clock_step_s: int) -> None:
     lay, sz = state.layout, p.sz
     p.rect(lay.taskbar, lay.theme.taskbar)
     for x in lay.launchers:
@@ -74,9 +77,10 @@ def _taskbar(p: Painter, state: DeskState) -> None:
         p.centered(b, lay.menu.label, lay.theme.primary_text if state.menu_open else WHITE)
     c = lay.clock
     if lay.short_clock:
-        p.centered(c, _clock_text(state), lay.theme.taskbar_text)
+        p.centered(c, _clock_text(state, clock_step_s), lay.theme.taskbar_text)
     else:
-        p.text(c.x0, c.y0 + (c.height - sz.font_px) // 2, _clock_text(state), WHITE)
+        p.text(c.x0, c.y0 + (c.height - sz.font_px) // 2, _clock_text(state, clock_step_s),
+               WHITE)
 
 
 def _window(p: Painter, state: DeskState, win: Window) -> None:
@@ -208,8 +212,8 @@ def _pointer(p: Painter, x: int, y: int) -> None:
     p.d.polygon(arrow, fill=WHITE, outline=BLACK)
 
 
-def render(state: DeskState) -> Image.Image:
-    """The screen as an RGB image."""
+def render(state: DeskState, *, clock_step_s: int = SECONDS_PER_STEP) -> Image.Image:
+    """The screen as an RGB image; the clock advances ``clock_step_s`` a step."""
     lay = state.layout
     img = Image.new("RGB", (lay.width, lay.height), lay.theme.desktop)
     p = Painter(img, lay.sizes)
@@ -218,7 +222,7 @@ def render(state: DeskState) -> Image.Image:
             _launcher(p, state, x)
     for win in state.windows:
         _window(p, state, win)
-    _taskbar(p, state)
+    _taskbar(p, state, clock_step_s)
     if state.recall is not None and lay.recall is not None:
         _recall(p, state)
     if state.menu_open and lay.menu is not None:
@@ -229,8 +233,8 @@ def render(state: DeskState) -> Image.Image:
     return img
 
 
-def render_png(state: DeskState) -> bytes:
+def render_png(state: DeskState, *, clock_step_s: int = SECONDS_PER_STEP) -> bytes:
     """The screen as PNG bytes (fixed encoder settings: same state, same bytes)."""
     buf = io.BytesIO()
-    render(state).save(buf, format="PNG", compress_level=1)
+    render(state, clock_step_s=clock_step_s).save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
