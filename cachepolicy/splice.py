@@ -115,3 +115,10 @@ def image_part(pieces: Sequence[Piece]) -> tuple[int, int] | None:
             return off, piece.n_pos
         off += piece.n_pos
     return None
+
+
+def image_identity(pieces: Sequence[Piece]) -> tuple[str | None, tuple[int, int] | None]:
+    """A unit's pixels (its image piece's ``image_id``) and where the image lies in it
+    (``image_part``): what a store entry records and a recall matches."""
+    image_id = next((p.image_id for p in pieces if p.is_image), None)
+    return image_id, image_part(pieces)

@@ -24,7 +24,7 @@ from cachepolicy.engine.kv_patch import StoredKv, make_patch, place, relocate
 from cachepolicy.errors import PolicyError
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import Plan, StoredEntry
-from cachepolicy.splice import Drop, PlaceUnit, Source, StoreUnit, image_part
+from cachepolicy.splice import Drop, PlaceUnit, Source, StoreUnit, image_identity
 
 from typing import TYPE_CHECKING
 
@@ -176,11 +176,9 @@ def _store(engine: Engine, seq: int, scratch: int | None, plan: Plan, rows: KvRo
                 tokens += piece.n_tokens
             canon = engine.kv_read(scratch).between(base, engine.seq_info(scratch).next_pos)
             patch = make_patch(engine.rope, own, canon, plan.splice.rank)
-            pieces = plan.pieces[unit.first: unit.first + unit.n_pieces]
+            image_id, part = image_identity(plan.pieces[unit.first: unit.first + unit.n_pieces])
             out.append(StoredEntry(unit.label, engine.kv_keep(canon, patch),
-                                   image_id=next((p.image_id for p in pieces if p.is_image),
-                                                 None),
-                                   image_part=image_part(pieces)))
+                                   image_id=image_id, image_part=part))
     finally:
         engine.clear(scratch)
     return tuple(out), tokens

@@ -35,7 +35,7 @@ from cachepolicy.layouts import PromptKit, terminal, terminal_steps
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import CacheView, ModelInfo, Plan
 from cachepolicy.reuse import best_start
-from cachepolicy.splice import PlaceUnit, Source, Splice, StoreUnit, image_part
+from cachepolicy.splice import PlaceUnit, Source, Splice, StoreUnit, image_identity
 
 ATTENTION_ONLY = frozenset({ModelKind.ATTENTION})
 
@@ -185,9 +185,7 @@ class SplicingPolicy(CachePolicy, abc.ABC):
             from_held = self.stores() and u.label not in stored and h is not None
             if from_held:
                 store.append(StoreUnit(u.first, u.n_pieces, u.label, held_pos0=h.pos0))
-                unit_pieces = pieces[u.first:u.first + u.n_pieces]
-                known[u.label] = (next((p.image_id for p in unit_pieces if p.is_image), None),
-                                  image_part(unit_pieces))
+                known[u.label] = image_identity(pieces[u.first:u.first + u.n_pieces])
             how = self.place(u, h, from_held or u.label in stored, units, log.generation)
             if how is None:
                 continue  # prefilled in context (stored from the sequence next plan)
@@ -199,7 +197,7 @@ class SplicingPolicy(CachePolicy, abc.ABC):
                         canonical_prefix=1, rank=max(0, self.rank),
                         keep_stored=tuple(s for s in stored if s in window),
                         placed=tuple(placed),
-                        retain=self._retained(list(known), recalled))
+                        retain=self._retained(known, recalled))
         plan = self.plan_reusing(log, view, pieces, start=start, decode=decode,
                                  drift_reference=reference, trim_after=region)
         return self._with_splice(plan, view, splice, units)
@@ -209,25 +207,36 @@ class SplicingPolicy(CachePolicy, abc.ABC):
                 ) -> PlaceUnit | None:
         """The new unit's image placed from the entry of the most recently used screenshot
         with the same pixels (and as many image positions), or None: prefill it."""
-        image = next(((j, p) for j, p in enumerate(pieces[unit.first:unit.first +
-                                                          unit.n_pieces], start=unit.first)
-                      if p.is_image), None)
-        if image is None or image[1].image_id is None:
+        unit_pieces = pieces[unit.first:unit.first + unit.n_pieces]
+        at = next((unit.first + i for i, p in enumerate(unit_pieces) if p.is_image), None)
+        if at is None or pieces[at].image_id is None:
             return None
+        image = pieces[at]
         for label, (image_id, part) in reversed(list(known.items())):
-            if image_id == image[1].image_id and part is not None \
-                    and part[1] == image[1].n_pos:
-                return PlaceUnit(image[0], 1, unit.label, Source.STORE, entry=label,
-                                 part=part)
+            if image_id == image.image_id and part is not None and part[1] == image.n_pos:
+                return PlaceUnit(at, 1, unit.label, Source.STORE, entry=label, part=part)
         return None
 
-    def _retained(self, labels: list[str], recalled: list[str]) -> tuple[str, ...]:
+    def _retained(self, known: dict[str, tuple[str | None, tuple[int, int] | None]],
+                  recalled: list[str]) -> tuple[str, ...]:
         """The ``recall`` entries most recently made or used, oldest first (a recalled
-        entry counts as used now)."""
+        entry counts as used now); of two entries with the same pixels only the newer stays,
+        so duplicates never crowd out other screens."""
         if not self.recall:
             return ()
-        order = [x for x in labels if x not in recalled] + list(dict.fromkeys(recalled))
-        return tuple(order[-self.recall:])
+        order = [x for x in known if x not in recalled] + list(dict.fromkeys(recalled))
+        kept: list[str] = []
+        pixels: set[str] = set()
+        for label in reversed(order):
+            image_id = known[label][0]
+            if image_id is not None and image_id in pixels:
+                continue
+            if image_id is not None:
+                pixels.add(image_id)
+            kept.append(label)
+            if len(kept) == self.recall:
+                break
+        return tuple(reversed(kept))
 
     def _held(self, view: CacheView) -> dict[str, Held] | None:
         """The units the sequence holds as the episode published them (one run per piece

@@ -156,9 +156,11 @@ class Scheduler:
                 async with slot.job_lock:
                     await self._engine_call(functools.partial(self.engine.clear, episode.seq),
                                             Priority.CRITICAL)
-                    with episode.publish_lock:  # its checkpoints die with it, whoever holds it
+                    with episode.publish_lock:  # its checkpoints and screenshot store die
+                        # with it, whoever holds it
                         episode.state = attrs.evolve(episode.state, checkpoints=(),
-                                                     seq_bytes=0, layout_keys=(), trim_pos=0)
+                                                     seq_bytes=0, layout_keys=(), trim_pos=0,
+                                                     stored=(), placed=())
                         self.ledger.drop(episode.episode_id)
                     del self._slots[episode.episode_id]
                     self._free_seqs.append(episode.seq)

@@ -12,6 +12,7 @@ import pytest
 
 from cachepolicy.engine.kv_blob import KvRows
 from cachepolicy.engine.kv_patch import StoredKv, make_patch, place
+from cachepolicy.segments import SegmentFactory
 from replay_helpers import AGENT
 from runtime.bench.arms import ArmSpec, run_arms
 from runtime.bench.trajectory import INSTRUCTION, screenshot
@@ -31,8 +32,11 @@ def revisits() -> Trajectory:
 
 
 def _arms(engines, names, traj):
-    return run_arms(engines("llama"), names, traj,
-                    attrs.evolve(AGENT, window=WINDOW, decode_tokens=6))
+    out = run_arms(engines("llama"), names, traj,
+                   attrs.evolve(AGENT, window=WINDOW, decode_tokens=6))
+    for res in out:  # an episode that ends in error (an integrity check at close) fails
+        assert res.episode is not None and res.episode.status != "error", res.episode
+    return out
 
 
 def test_a_revisited_screen_is_placed_from_the_store(engines, revisits) -> None:
@@ -80,7 +84,8 @@ def test_recall_options_parse() -> None:
     assert ArmSpec.parse("kamera@m8+recall4+overlap") == ArmSpec("kamera", True,
                                                                  option="m8+recall4")
     for bad in ("kamera@own+recall2", "kamera@m8+recall0", "kamera@m8+recall", "kamera@m8+r4",
-                "kamera@m8+recall65"):
+                "kamera@m8+recall65", "kamera@m8+", "kamera@own+", "kamera@m8+recall\u0664",
+                "kamera@m4097"):
         with pytest.raises(ValueError):
             ArmSpec.parse(bad)
 
@@ -122,3 +127,54 @@ def test_recall_under_overlap_computes_the_same(engines, revisits) -> None:
         s = over.steps[t]
         assert s["critical_store_tokens"] == 0
         assert s["critical_path_prefill_tokens"] == s["new_content_tokens"] - image_cells
+
+
+async def test_closing_or_evicting_a_recall_episode_frees_its_store(engines, revisits) -> None:
+    """The store outlives each step with ``+recall``, so closing the episode (while its
+    caller still holds it) and evicting it while idle must drop the entries with the rest
+    of its state: the ledger's count and the engine's live entries agree after each."""
+    from cachepolicy.policies import make_policy
+    from cachepolicy.segments import model_info
+    from replay_helpers import OPTIONS, step_segments
+    from scheduler.ledger import MemoryLedger
+    from scheduler.pressure import Evict
+    from scheduler.scheduler import Scheduler
+
+    engine = engines("llama")
+    factory = SegmentFactory(engine)
+    ledger = MemoryLedger(1 << 30)
+
+    def kamera():
+        return make_policy("kamera", model_info(engine), factory.kit, window=WINDOW,
+                           decode_tokens=4, option="m8+recall4")
+
+    async with Scheduler(engine, ledger, factory, options=OPTIONS,
+                         spare_sequence=True) as sched:
+        a, b = sched.open_episode("a", kamera()), sched.open_episode("b", kamera())
+        for i in range(3):
+            for ep in (a, b):
+                await sched.step(ep, lambda i=i: step_segments(factory, revisits, i))
+        assert a.state.stored and ledger.held_by("a") >= a.state.stored_bytes > 0
+        await sched.pressure.carry_out(Evict(sched._slots["a"]))
+        assert a.state.stored == () and ledger.held_by("a") == 0
+        sched.check_integrity()
+        await sched.close_episode(b)  # ``b`` is still referenced here, as a driver holds it
+        assert b.state.stored == ()
+        sched.check_integrity()
+        await sched.close_episode(a)
+    assert ledger.snapshot().held == 0
+
+
+def test_the_retained_entries_are_the_last_used_and_never_two_of_one_screen(engines) -> None:
+    from cachepolicy.policies import make_policy
+    from cachepolicy.segments import model_info
+
+    engine = engines("llama")
+    policy = make_policy("kamera", model_info(engine), SegmentFactory(engine).kit,
+                         window=WINDOW, option="m0+recall2")
+    part = (4, 16)
+    known = {"s@0": ("A", part), "s@1": ("B", part), "s@2": ("C", part), "s@3": ("B", part)}
+    assert policy._retained(known, []) == ("s@2", "s@3")
+    assert policy._retained(known, ["s@0"]) == ("s@3", "s@0")  # a recall counts as a use
+    # a newer entry with the same pixels replaces the older one in the LRU's slots
+    assert policy._retained({**known, "s@4": ("C", part)}, []) == ("s@3", "s@4")

@@ -33,6 +33,8 @@ placed.
 
 from __future__ import annotations
 
+import re
+
 from cachepolicy.plan import PolicyManifest
 from cachepolicy.policies.registry import register
 from cachepolicy.splice import PlaceUnit, Source
@@ -43,6 +45,8 @@ FULL_RANK = 1 << 20
 DEFAULT_RANK = 32
 #: ``own``: no store; survivors keep their own cached KV, re-rotated
 OWN = -1
+_OPTION = re.compile(r"(?:m(?P<rank>\d{1,4})|(?P<full>full)|(?P<own>own))"
+                     r"(?:\+recall(?P<recall>\d{1,2}))?", re.ASCII)
 
 
 @register
@@ -68,26 +72,18 @@ class KameraPolicy(SplicingPolicy):
     @classmethod
     def parse_option(cls, text: str) -> tuple[int, int]:
         """(rank, recall entries) from ``m8``, ``full``, ``own``, ``m8+recall4``."""
-        rank_text, _, recall_text = text.strip().lower().partition("+")
-        t = rank_text.strip()
-        if t == "full":
-            rank = FULL_RANK
-        elif t == "own":
-            rank = OWN
-        elif t.startswith("m") and t[1:].isdigit() and int(t[1:]) <= 4096:
-            rank = int(t[1:])
-        else:
+        m = _OPTION.fullmatch(text.strip().lower())
+        if m is None or (m["rank"] is not None and int(m["rank"]) > 4096):
             raise ValueError(f"kamera takes m<rank> (m0..m4096), full or own, optionally "
-                             f"+recall<N>, not {text!r}")
-        if not recall_text:
-            return rank, 0
-        r = recall_text.strip()
-        if not (r.startswith("recall") and r[6:].isdigit() and 1 <= int(r[6:]) <= 64):
+                             f"+recall<N> (N in 1..64), not {text!r}")
+        rank = FULL_RANK if m["full"] else OWN if m["own"] else int(m["rank"])
+        recall = int(m["recall"]) if m["recall"] is not None else 0
+        if m["recall"] is not None and not 1 <= recall <= 64:
             raise ValueError(f"kamera's recall is +recall<N> with N in 1..64, not {text!r}")
-        if rank == OWN:
+        if recall and rank == OWN:
             raise ValueError("kamera@own keeps no store, so it cannot recall: use m<rank>"
                              "+recall<N>")
-        return rank, int(r[6:])
+        return rank, recall
 
     def stores(self) -> bool:
         return self.rank != OWN
