@@ -84,7 +84,8 @@ class CacheState:
     #: the memory ladder's replay rung dropped this state's checkpoints or recurrent state:
     #: the next step is planned by the episode's tail-replay variant of its policy
     replay_next: bool = False
-    #: the screenshot store (kamera): entries made and not yet placed (a stopped prefetch's)
+    #: the screenshot store (kamera): entries made and not yet placed (a stopped prefetch's),
+    #: and with ``+recall`` the entries retained for a later recall
     stored: tuple[StoredEntry, ...] = ()
     #: kamera: the screenshots whose rows in the sequence are store-written (canonical +
     #: patch), re-rotated from there at the next slide
@@ -101,6 +102,13 @@ class CacheState:
     @property
     def held_bytes(self) -> int:
         return self.seq_bytes + self.checkpoint_bytes + self.stored_bytes
+
+    def emptied(self) -> CacheState:
+        """This state once its sequence is cleared (an episode closed or evicted): nothing
+        held — no checkpoints, no sequence bytes, no screenshot store — so ``held_bytes``
+        is 0 and the ledger's 0 is true; the generation and flags stay."""
+        return attrs.evolve(self, checkpoints=(), seq_bytes=0, layout_keys=(), trim_pos=0,
+                            stored=(), placed=())
 
 
 @attrs.frozen

@@ -296,10 +296,8 @@ class MemoryPressure:
         freed = ep.state.held_bytes
         with self._claimed(victim):
             await self._engine_call(functools.partial(self.engine.clear, ep.seq))
-            with ep.publish_lock:  # a smaller published state: nothing but the log (the
-                # screenshot store too: the ledger is told 0)
-                ep.state = attrs.evolve(ep.state, checkpoints=(), seq_bytes=0,
-                                        layout_keys=(), trim_pos=0, stored=(), placed=())
+            with ep.publish_lock:  # a smaller published state: nothing but the log
+                ep.state = ep.state.emptied()
                 self.ledger.publish(ep.episode_id, 0, None)
         self.counters["evicted_episodes"] += 1
         self._log.info("evict", episode_id=ep.episode_id, seq_id=ep.seq, freed=freed)

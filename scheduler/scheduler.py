@@ -26,7 +26,6 @@ from typing import TypeVar
 
 import anyio
 import anyio.lowlevel
-import attrs
 import structlog
 
 from cachepolicy.base import CachePolicy
@@ -158,9 +157,7 @@ class Scheduler:
                                             Priority.CRITICAL)
                     with episode.publish_lock:  # its checkpoints and screenshot store die
                         # with it, whoever holds it
-                        episode.state = attrs.evolve(episode.state, checkpoints=(),
-                                                     seq_bytes=0, layout_keys=(), trim_pos=0,
-                                                     stored=(), placed=())
+                        episode.state = episode.state.emptied()
                         self.ledger.drop(episode.episode_id)
                     del self._slots[episode.episode_id]
                     self._free_seqs.append(episode.seq)
