@@ -7,16 +7,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
+
+import jax
+import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
 from runtime.cli import main
+from runtime.train.environment import ONE_THREAD_XLA_FLAGS, pin_xla_threads
 
 ARGS = ["train", "--arch", "qwen35", "--episodes", "8", "--steps", "1", "--threads", "2",
         "--recogniser-episodes", "8", "--recogniser-updates", "5"]
 
 
-def test_train_writes_loadable_reproducible_agent(tmp_path: Path, capsys) -> None:
+def test_train_writes_loadable_reproducible_agent(tmp_path: Path, capsys,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XLA_FLAGS", raising=False)  # the command pins XLA; undone after
     out = tmp_path / "agents"
     assert main([*ARGS, "--out", str(out)]) == 0
     record = json.loads((out / "recipe.json").read_text())
@@ -25,6 +32,9 @@ def test_train_writes_loadable_reproducible_agent(tmp_path: Path, capsys) -> Non
     assert record["models"]["qwen35"]["sha256"] == digest
     assert record["models"]["qwen35"]["steps"] == 1
     assert record["dataset"]["examples"] > 8  # several steps and layouts per episode
+    env = record["environment"]  # what the bytes depend on besides the seed
+    assert env["jax"] == jax.__version__ and env["xla_flags"] == ONE_THREAD_XLA_FLAGS
+    assert env["cpus"] >= 1 and env["machine"]
     printed = capsys.readouterr().out
     assert "qwen35: training 1 steps" in printed and "kvagent bench-eval" in printed
 
@@ -49,3 +59,11 @@ def test_train_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
         assert main(["train", *bad, "--out", str(tmp_path)]) == 2
         assert "--" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_xla_is_pinned_to_one_thread_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch,
+                                                          ) -> None:
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    assert pin_xla_threads() and os.environ["XLA_FLAGS"] == ONE_THREAD_XLA_FLAGS
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    assert not pin_xla_threads() and os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"

@@ -7,10 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
-HELP = ("train the tiny simdesk agents (hybrid qwen35 and llama) that kvagent ships; about 6 "
-        "min for the projector's recogniser, 7 for the dataset and 40 per model on one core "
-        "(measured with the two models side by side on 2 cores; needs pip install "
-        "'kvagent[train]')")
+HELP = ("train the tiny simdesk agents (hybrid qwen35 and llama) that kvagent ships; on one "
+        "core about 3-5 min for the projector's recogniser, 1.5-7 for the dataset and 20-35 "
+        "per model (measured with the two models side by side on 2 cores, quiet to loaded; "
+        "needs pip install 'kvagent[train]')")
 
 DEFAULT_OUT = Path("kvagent-agents")
 
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learning-rate", type=float, default=f.learning_rate)
     p.add_argument("--seed", type=int, default=d.seed,
                    help="seeds the initial weights, the dataset and the example order "
-                        "(same seed, same files)")
+                        "(same seed, same files, with the same JAX build and CPU kind)")
     p.add_argument("--threads", type=int, default=d.threads,
                    help="llama.cpp threads while generating the dataset")
     p.add_argument("--recogniser-episodes", type=int, default=d.recogniser_episodes,
@@ -56,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from runtime.train.environment import pin_xla_threads
+
+    pin_xla_threads()  # before JAX's first computation: the same seed, the same bytes
     try:
         import jax  # noqa: F401  - the train extra
     except ImportError:

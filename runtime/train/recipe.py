@@ -37,6 +37,7 @@ from runtime.train.agents import (AGENT_ARCHES, TYPED_WORDS, X_PIECES, Y_PIECES,
                                   agent_vocab)
 from runtime.train.cell_vision import KEY_DIMS, row_layout, write_cell_mmproj
 from runtime.train.dataset import DatasetConfig, generate
+from runtime.train.environment import environment
 from runtime.train.fit import FitConfig, FitReport, fit
 from runtime.train.gguf_io import export_gguf
 from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
@@ -129,6 +130,7 @@ def train_agents(config: RecipeConfig, out: Path, *,
         "dataset": {"dir": "data", "examples": manifest["totals"]["examples"],
                     "seconds": round(time.perf_counter() - t0, 1)},
         "models": {},
+        "environment": environment(),  # what the bytes depend on besides the seed
     }
     for arch in config.arches:
         shape = agent_shape(arch)

@@ -1,0 +1,55 @@
+"""What a trained file's bytes depend on besides the seed, and how ``kvagent train`` holds it.
+
+JAX's CPU backend (XLA) splits a reduction over its intra-op threads, and the split changes
+the float sums: the recogniser trained with two XLA threads on this 2-core machine gives a
+projector other than the one-thread run (the loss differs by update 250; the held-out lookup
+ends 0.825 against 0.833), while one core and one XLA thread give the same bytes as each
+other.  So ``kvagent train`` runs XLA on one intra-op thread unless the user set
+``XLA_FLAGS`` (the models train one example per update: small matrices, little to gain
+from more threads), and ``recipe.json`` records the rest the bytes depend on — the JAX
+build, the flags, the CPU.  Across JAX builds or CPU kinds the files are not expected to be
+byte-identical (docs/training.md states the tolerance measured).
+
+XLA reads ``XLA_FLAGS`` when its CPU client starts (the first computation), not at
+``import jax``: ``pin_xla_threads`` must run before any JAX computation in the process, and
+has no effect after one (it says so).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+__all__ = ["ONE_THREAD_XLA_FLAGS", "environment", "pin_xla_threads"]
+
+ONE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def pin_xla_threads() -> bool:
+    """Set one-thread XLA flags unless ``XLA_FLAGS`` is set; True if they were set here."""
+    if "XLA_FLAGS" in os.environ:
+        return False
+    os.environ["XLA_FLAGS"] = ONE_THREAD_XLA_FLAGS
+    return True
+
+
+def environment() -> dict[str, Any]:
+    """The JAX build, XLA flags and CPU a training run used (for ``recipe.json``)."""
+    import jax
+    import jaxlib
+
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "xla_flags": os.environ.get("XLA_FLAGS", ""), "machine": platform.machine(),
+            "processor": _cpu_model(), "cpus": len(os.sched_getaffinity(0))}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
