@@ -10,12 +10,15 @@
 3. Each agent starts from the seed's initial weights with the designed lookup
    (``grounding.design``) and word copy (``word_copy.design_copy``), trains (``fit.py``,
    with the query scaffold) with those designed slices kept fixed (``frozen_lookup``,
-   ``frozen_copy``) and is exported next to the projector; a ``recipe.json`` records the configuration, the recogniser's held-out
-   lookup, the files' sha256 and the time each part took.
+   ``frozen_copy``) and is exported next to the projector; a ``recipe.json`` records the
+   configuration, the recogniser's held-out lookup, the files' sha256, the time each part took
+   and the environment the bytes depend on (``environment.py``).
 
-Deterministic from ``RecipeConfig.seed``: the same config writes the same files (XLA's CPU
-kernels are deterministic for a fixed program on a fixed machine; across CPUs with other SIMD
-widths the floating-point sums may differ, see docs/training.md).
+Deterministic from ``RecipeConfig.seed``: the same config writes the same files with the same
+JAX build, XLA threading and CPU kind (XLA splits reductions over its intra-op threads, which
+changes the sums: ``kvagent train`` pins it to one; across JAX builds or CPUs with other SIMD
+widths the files differ — docs/training.md, "Reproducing the shipped files", states the
+tolerance measured).
 """
 
 from __future__ import annotations
