@@ -34,7 +34,7 @@ def test_train_writes_loadable_reproducible_agent(tmp_path: Path, capsys,
     assert record["dataset"]["examples"] > 8  # several steps and layouts per episode
     env = record["environment"]  # what the bytes depend on besides the seed
     assert env["jax"] == jax.__version__ and env["xla_flags"] == ONE_THREAD_XLA_FLAGS
-    assert env["cpus"] >= 1 and env["machine"]
+    assert env["cpus"] >= 1 and env["machine"] and env["cpu"]
     printed = capsys.readouterr().out
     assert "qwen35: training 1 steps" in printed and "kvagent bench-eval" in printed
 

@@ -11,8 +11,8 @@ build, the flags, the CPU.  Across JAX builds or CPU kinds the files are not exp
 byte-identical (docs/training.md states the tolerance measured).
 
 XLA reads ``XLA_FLAGS`` when its CPU client starts (the first computation), not at
-``import jax``: ``pin_xla_threads`` must run before any JAX computation in the process, and
-has no effect after one (it says so).
+``import jax``: ``pin_xla_threads`` must run before any JAX computation in the process; after
+one it changes only the environment variable (and so what ``environment`` records), not XLA.
 """
 
 from __future__ import annotations
@@ -35,21 +35,16 @@ def pin_xla_threads() -> bool:
 
 
 def environment() -> dict[str, Any]:
-    """The JAX build, XLA flags and CPU a training run used (for ``recipe.json``)."""
+    """The JAX build, XLA flags and CPU a training run used (for ``recipe.json``); the CPU
+    as the engine's row-class cache names it (model name and feature flags:
+    ``row_probe.cpu_signature``), since SIMD widths change float sums here too."""
     import jax
     import jaxlib
 
+    from cachepolicy.engine.row_probe import cpu_signature
+
+    cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1)
     return {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
             "xla_flags": os.environ.get("XLA_FLAGS", ""), "machine": platform.machine(),
-            "processor": _cpu_model(), "cpus": len(os.sched_getaffinity(0))}
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+            "cpu": cpu_signature(), "cpus": cpus}
