@@ -21,6 +21,8 @@ import os
 import platform
 from typing import Any
 
+from cachepolicy.engine.row_probe import cpu_signature
+
 __all__ = ["ONE_THREAD_XLA_FLAGS", "environment", "pin_xla_threads"]
 
 ONE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -40,8 +42,6 @@ def environment() -> dict[str, Any]:
     ``row_probe.cpu_signature``), since SIMD widths change float sums here too."""
     import jax
     import jaxlib
-
-    from cachepolicy.engine.row_probe import cpu_signature
 
     cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 1)
