@@ -57,9 +57,18 @@ Y_PIECES = tuple(f", {CELL // 2 + CELL * r}" for r in range(AGENT_SCREEN[1] // C
 #: space: the action writes ``type("word")`` and the instruction quotes ``"word"``.
 TYPED_WORDS: tuple[str, ...] = tuple(dict.fromkeys(TRAIN_WORDS + EVAL_ONLY_WORDS))
 
+#: The system prompt's own spellings of the keyboard verbs (``…, type("text"), …``), pieces of
+#: their own and ranked first, so ``,▁`` merges before ``▁t`` and the prompt's list tokenizes
+#: apart from an action: ``▁type("`` then occurs in a prompt only where a history line shows a
+#: typed step (what ``typed_flag`` detects).  Then words that start a line (no "▁" before
+#: them) and the one key the expert presses, so the history is not spelled letter by letter.
+_PROMPT_VERBS = (', type("', ', press("')
+_LINE_WORDS = ("Step", "Screenshot", "Previous", "Task", "backspace")
+
 #: Word pieces added to the forge's vocabulary (a leading space is SentencePiece's "▁").
 AGENT_PIECES: tuple[str, ...] = tuple(dict.fromkeys(
-    [f" {w}" for w in f"{_PROMPT} {_INSTRUCTIONS} {_WIDGETS}".split()]
+    list(_PROMPT_VERBS) + list(_LINE_WORDS)
+    + [f" {w}" for w in f"{_PROMPT} {_INSTRUCTIONS} {_WIDGETS}".split()]
     + [f"{w}" for w in _GRAMMAR] + [f" {w}" for w in _GRAMMAR] + list(X_PIECES)
     + list(Y_PIECES) + list(TYPED_WORDS)
 ))

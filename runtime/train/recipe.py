@@ -47,6 +47,7 @@ from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
 from runtime.train.model import Params
 from runtime.train.optim import merge_masks
 from runtime.train.params import init_params
+from runtime.train.typed_flag import TypedFlag, design_typed, frozen_typed
 from runtime.train.word_copy import ASK_PIECES, WordCopy, design_copy, frozen_copy
 from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
                                       train_recogniser)
@@ -118,6 +119,9 @@ def train_agents(config: RecipeConfig, out: Path, *,
                           weight=config.scaffold_weight)
     words = WordCopy(grounding.layout, piece_ids(vocab.tokens, TYPED_WORDS),
                      piece_ids(vocab.tokens, ASK_PIECES), seed=config.seed)
+    typed = TypedFlag(grounding.layout, words.ask_flag,
+                      piece_ids(vocab.tokens, ("click(", " click(")),
+                      piece_ids(vocab.tokens, ASK_PIECES), seed=config.seed)
     init_dir = out / "init"
     data = out / "data"
     t0 = time.perf_counter()
@@ -145,9 +149,10 @@ def train_agents(config: RecipeConfig, out: Path, *,
 
         start = design(init_params(shape.spec, seed=config.seed), shape.spec, grounding,
                        seed=config.seed)
-        start = design_copy(start, shape.spec, words)
+        start = design_typed(design_copy(start, shape.spec, words), shape.spec, typed)
         frozen = merge_masks(frozen_lookup(start, shape.spec, grounding),
-                             frozen_copy(start, shape.spec, words))
+                             frozen_copy(start, shape.spec, words),
+                             frozen_typed(start, shape.spec, typed))
         params, report = fit(shape.spec, start, data, config.fit,
                              progress=lambda s, a=arch: progress(f"{a}: {s}"),
                              checkpoint=keep, grounding=grounding, frozen=frozen)

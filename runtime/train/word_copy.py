@@ -36,7 +36,7 @@ from runtime.train.agents import TYPED_WORDS
 from runtime.train.cell_vision import POS_SCALE, RowLayout
 
 __all__ = ["ASK_PIECES", "TYPED_WORDS", "WordCopy", "copy_layer", "design_copy",
-           "frozen_copy", "word_codes"]
+           "frozen_copy", "head_parts", "word_codes"]
 
 #: the pieces whose row asks for the word (the next token is the word)
 ASK_PIECES = ('type("', ' type("')
@@ -91,8 +91,9 @@ def word_codes(n: int, width: int, seed: int) -> np.ndarray:
     return c.astype(np.float32)
 
 
-def _head_parts(spec: TextSpec) -> tuple[slice, slice, int]:
-    """Head dims of the copy head: the query's projection, the key's projection, the flag."""
+def head_parts(spec: TextSpec) -> tuple[slice, slice, int]:
+    """Head dims of a flag-matching head (the copy head, ``typed_flag``'s): the query's
+    projection, the key's projection, the flag."""
     hd = spec.head_dim
     half = (hd - 1) // 2
     return slice(0, half), slice(half, hd - 1), hd - 1
@@ -121,7 +122,7 @@ def design_copy(params: Mapping[str, np.ndarray], spec: TextSpec, w: WordCopy,
     hd, gated = spec.head_dim, spec.is_hybrid
     q_rows = 2 * hd if gated else hd
     q[:q_rows], k[:hd], v[:hd], o[:, :hd] = 0.0, 0.0, 0.0, 0.0
-    q_proj, k_proj, flag = _head_parts(spec)
+    q_proj, k_proj, flag = head_parts(spec)
     if gated:  # fixed projections give the q/k norms the whole row to measure against
         basis = np.linalg.qr(rng.normal(size=(spec.n_embd, spec.n_embd)))[0]
         n_q, n_k = q_proj.stop - q_proj.start, k_proj.stop - k_proj.start

@@ -1,0 +1,129 @@
+"""The designed *typed* flag: every row of a prompt knows whether a history line already typed.
+
+What an agent does next after typing its word is a click (save-note's Save, switch-window's
+next step), never typing again; trained alone, the agents did not learn that from the history
+(docs/training.md: the verb after a typed step was wrong on every training example, whatever
+the cue).  The history says it in one token: with the agents' vocabulary the system prompt's
+own ``, type("`` is a piece of its own, so ``▁type("`` occurs only where a ``Step i:`` line
+shows a typed step.  Its row carries the word copy's *ask* flag (``word_copy``).
+
+Designed (ordinary weights, kept fixed in training, ``frozen_typed``):
+
+* every token's embedding carries a *text* flag (``text_flag`` dim, zero in no text row);
+* the first attention layer's second KV head (its first query head): the query reads the
+  text flag, the key the ask flag, in one position-free head dim, so every text row attends
+  to the ``type("`` rows before it; the value reads the ask flag, the output writes it into
+  the ``typed`` dim.  Rows without an ask flag have value 0 there, so the output is the
+  attention *mass* on typed rows: ≈ 0 before any typing, ≈ 1 · gain after (a presence
+  detector, no sink needed); qwen35's q/k norms get the word copy's fixed projections
+  (same head-dim parts, same norm weights: the norms are shared by the heads);
+* the verb pieces' embeddings at the ``typed`` dim start at ``click(`` positive, ``type("``
+  negative, so the tied head reads the flag as "click, do not type again" — a start, not a
+  rule: that column and the output norm are trained (a wrong word typed is retyped, and
+  with the read-out fixed the agent could never type again after an early, lost ``type(``;
+  measured in docs/training.md).
+
+The response's own ``type("`` row sees itself, but that is after its verb was chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import numpy as np
+
+from cachepolicy.forge import TextSpec
+from runtime.train.cell_vision import POS_SCALE, RowLayout
+from runtime.train.word_copy import NORM_GAIN, copy_layer, head_parts
+
+__all__ = ["TypedFlag", "design_typed", "frozen_typed"]
+
+FLAG_GAIN = 1.0  # the text-flag query's scale (llama; qwen35's q/k norms set the sharpness)
+TYPED_GAIN = 0.3  # value -> output: the flag's size in the residual (x2 under qwen35's gate)
+VERB_READ = 1.5  # the verb pieces' embedding at the typed dim (+click, -type)
+
+
+@attrs.frozen(eq=False)
+class TypedFlag:
+    """The design's inputs: the row layout (two content dims past the word codes hold the
+    text and typed flags), the ask flag's dim (``WordCopy.ask_flag``), the pieces read as
+    "click" and as "type" after a typed step."""
+
+    layout: RowLayout
+    ask_flag: int
+    click_ids: tuple[int, ...]
+    type_ids: tuple[int, ...]
+    seed: int = 0
+
+    @property
+    def text_flag(self) -> int:
+        return self.layout.content.stop - 1
+
+    @property
+    def typed(self) -> int:
+        return self.layout.content.stop - 2
+
+
+def _head(spec: TextSpec) -> tuple[int, slice, slice]:
+    """The designed head's query rows' start, its KV head's k/v rows (KV head 1)."""
+    hd = spec.head_dim
+    q_rows = 2 * hd if spec.is_hybrid else hd
+    qh = spec.n_head // spec.n_head_kv  # the first query head of KV head 1
+    return q_rows * qh, slice(hd, 2 * hd), slice(hd * qh, hd * (qh + 1))
+
+
+def design_typed(params: Mapping[str, np.ndarray], spec: TextSpec, t: TypedFlag,
+                 ) -> dict[str, np.ndarray]:
+    """``params`` with the designed typed flag (module docstring); ValueError for a model
+    with one KV head."""
+    if spec.n_head_kv < 2:
+        raise ValueError("the typed flag needs a second KV head in the copy layer")
+    p = {k: np.array(v, np.float32) for k, v in params.items()}
+    rng = np.random.default_rng(t.seed + 2)
+    e = p["token_embd.weight"]
+    e[:, t.text_flag] = POS_SCALE
+    e[:, t.typed] = 0.0
+    e[list(t.click_ids), t.typed] = VERB_READ
+    e[list(t.type_ids), t.typed] = -VERB_READ
+    pre = f"blk.{copy_layer(spec)}"
+    q, k = p[f"{pre}.attn_q.weight"], p[f"{pre}.attn_k.weight"]
+    v, o = p[f"{pre}.attn_v.weight"], p[f"{pre}.attn_output.weight"]
+    hd, gated = spec.head_dim, spec.is_hybrid
+    q0, kv, out = _head(spec)
+    q[q0:q0 + (2 * hd if gated else hd)], k[kv], v[kv], o[:, out] = 0.0, 0.0, 0.0, 0.0
+    q_proj, k_proj, flag = head_parts(spec)
+    if gated:  # the word copy's construction: the norms measure the flag against the row
+        basis = np.linalg.qr(rng.normal(size=(spec.n_embd, spec.n_embd)))[0]
+        n_q, n_k = q_proj.stop - q_proj.start, k_proj.stop - k_proj.start
+        q[q0 + q_proj.start:q0 + q_proj.stop] = basis[:n_q]
+        k[kv.start + k_proj.start:kv.start + k_proj.stop] = basis[n_q:n_q + n_k]
+        p[f"{pre}.attn_q_norm.weight"][flag] = NORM_GAIN
+        p[f"{pre}.attn_k_norm.weight"][flag] = NORM_GAIN
+    q[q0 + flag, t.text_flag] = FLAG_GAIN
+    k[kv.start + flag, t.ask_flag] = 1.0
+    v[kv.start, t.ask_flag] = 1.0
+    o[t.typed, out.start] = (2.0 if gated else 1.0) * TYPED_GAIN  # x2: the gate's 0.5
+    return p
+
+
+def frozen_typed(params: Mapping[str, np.ndarray], spec: TextSpec, t: TypedFlag,
+                 ) -> dict[str, np.ndarray]:
+    """Masks (1 = kept fixed) of the designed slices: the head's q (with qwen35's gate rows),
+    its KV head's k and v, its output columns, the layer's q/k norms and its input norm at
+    the two flags, and every embedding's text flag (the typed column is the read-out:
+    trained)."""
+    masks = {name: np.zeros(np.shape(a), np.float32) for name, a in params.items()}
+    hd = spec.head_dim
+    pre = f"blk.{copy_layer(spec)}"
+    q0, kv, out = _head(spec)
+    masks[f"{pre}.attn_q.weight"][q0:q0 + (2 * hd if spec.is_hybrid else hd)] = 1.0
+    masks[f"{pre}.attn_k.weight"][kv] = 1.0
+    masks[f"{pre}.attn_v.weight"][kv] = 1.0
+    masks[f"{pre}.attn_output.weight"][:, out] = 1.0
+    for norm in ("attn_q_norm", "attn_k_norm"):
+        if f"{pre}.{norm}.weight" in masks:
+            masks[f"{pre}.{norm}.weight"][:] = 1.0
+    masks[f"{pre}.attn_norm.weight"][[t.text_flag, t.ask_flag]] = 1.0
+    masks["token_embd.weight"][:, t.text_flag] = 1.0
+    return masks
