@@ -48,7 +48,7 @@ QK_NORM = 2.5  # the q/k norm weights of the lookup dims: how sharp the match st
 COPY_GAIN = 4.0  # value -> output: the copied one-hot's size (x2 under qwen35's gate)
 LLAMA_Q_GAIN = 3.0  # llama: the query's scale (no q/k norm sets the match's sharpness)
 LLAMA_FAST_DIMS = 12  # llama: the head dims that carry position (as qwen35's rope_dims)
-BUMP = (0.5, 0.15)  # a coordinate code's value one and two cells away (``coordinate_code``)
+BUMP = (0.0, 0.0)  # a coordinate code's value one and two cells away (``coordinate_code``)
 
 
 @attrs.frozen(eq=False)

@@ -121,7 +121,9 @@ def train_agents(config: RecipeConfig, out: Path, *,
                      piece_ids(vocab.tokens, ASK_PIECES), seed=config.seed)
     typed = TypedFlag(grounding.layout, words.ask_flag,
                       piece_ids(vocab.tokens, ("click(", " click(")),
-                      piece_ids(vocab.tokens, ASK_PIECES), seed=config.seed)
+                      piece_ids(vocab.tokens, ASK_PIECES),
+                      query_ids=piece_ids(vocab.tokens, ("<0x0A>", "click(", " click(",
+                                                         *X_PIECES)), seed=config.seed)
     init_dir = out / "init"
     data = out / "data"
     t0 = time.perf_counter()

@@ -54,6 +54,7 @@ class TypedFlag:
     ask_flag: int
     click_ids: tuple[int, ...]
     type_ids: tuple[int, ...]
+    query_ids: tuple[int, ...] = ()  # the pieces that carry the text flag; () = every piece
     seed: int = 0
 
     @property
@@ -82,7 +83,8 @@ def design_typed(params: Mapping[str, np.ndarray], spec: TextSpec, t: TypedFlag,
     p = {k: np.array(v, np.float32) for k, v in params.items()}
     rng = np.random.default_rng(t.seed + 2)
     e = p["token_embd.weight"]
-    e[:, t.text_flag] = POS_SCALE
+    e[:, t.text_flag] = 0.0 if t.query_ids else POS_SCALE
+    e[list(t.query_ids), t.text_flag] = POS_SCALE
     e[:, t.typed] = 0.0
     e[list(t.click_ids), t.typed] = VERB_READ
     e[list(t.type_ids), t.typed] = -VERB_READ
