@@ -7,9 +7,8 @@ Three pieces of the text model are then *initialised* (ordinary weights, trained
 rest afterwards; measured in docs/training.md "Designed keys"):
 
 * the coordinate pieces' embeddings (``agents.X_PIECES`` / ``Y_PIECES``) are the column /
-  row one-hots (x3) in the same dims, widened by a bump (``coordinate_code``), so a copied
-  one-hot is read by the tied LM head as that coordinate's logit and an average over a wide
-  widget's cells as its middle cell's;
+  row one-hots (x3) in the same dims, so a copied one-hot is read by the tied LM head as
+  that coordinate's logit;
 * the last attention layer's first query head looks up and copies the column: its query
   reads the row's ``query`` dims, its key the ``key`` dims, both into the head's
   position-free dims (``static_dims``: qwen35's unrotated ones, llama's slowest pairs under
@@ -41,14 +40,13 @@ from runtime.train.cell_labels import OTHER
 from runtime.train.cell_vision import POS_SCALE, RowLayout, width
 from runtime.train.model import lookup_layer
 
-__all__ = ["Grounding", "coordinate_code", "design", "frozen_lookup", "piece_ids", "query_targets", "static_dims"]
+__all__ = ["Grounding", "design", "frozen_lookup", "piece_ids", "query_targets", "static_dims"]
 
 Y_CODE = 16  # the class code's projection the row head matches (its other dims: the column)
 QK_NORM = 2.5  # the q/k norm weights of the lookup dims: how sharp the match starts
 COPY_GAIN = 4.0  # value -> output: the copied one-hot's size (x2 under qwen35's gate)
 LLAMA_Q_GAIN = 3.0  # llama: the query's scale (no q/k norm sets the match's sharpness)
 LLAMA_FAST_DIMS = 12  # llama: the head dims that carry position (as qwen35's rope_dims)
-BUMP = (0.0, 0.0)  # a coordinate code's value one and two cells away (``coordinate_code``)
 
 
 @attrs.frozen(eq=False)
@@ -62,21 +60,6 @@ class Grounding:
     x_ids: tuple[int, ...]
     y_ids: tuple[int, ...]
     weight: float = 10.0
-
-
-def coordinate_code(i: int, n: int) -> np.ndarray:
-    """The ``i``-th of ``n`` coordinate pieces' embedding in the column (row) dims: 1 at its
-    own cell and ``BUMP`` at the next ones.  The lookup copies the *average* one-hot of the
-    cells it attends to — all the cells of a wide widget, which carry the same key — and the
-    tied head reads it against these codes: with a bump a span's middle cell outscores its
-    edges (a one-hot code gives each of a k-cell widget's columns 1/k and leaves the choice
-    to the learned prior)."""
-    code = np.zeros(n, np.float32)
-    for d, b in enumerate((1.0, *BUMP)):
-        for j in {i - d, i + d}:
-            if 0 <= j < n:
-                code[j] = b
-    return code
 
 
 def static_dims(spec: TextSpec) -> int:
@@ -110,7 +93,7 @@ def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
     for pieces, dims in ((g.x_ids, lay.column), (g.y_ids, lay.row)):
         for i, tok in enumerate(pieces):
             e[tok] = 0.05 * rng.normal(size=spec.n_embd)
-            e[tok, dims] = POS_SCALE * coordinate_code(i, len(pieces))
+            e[tok, dims.start + i] = POS_SCALE
     pre = f"blk.{lookup_layer(spec)}"
     q, k = p[f"{pre}.attn_q.weight"], p[f"{pre}.attn_k.weight"]
     v, o = p[f"{pre}.attn_v.weight"], p[f"{pre}.attn_output.weight"]

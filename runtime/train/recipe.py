@@ -47,7 +47,7 @@ from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
 from runtime.train.model import Params
 from runtime.train.optim import merge_masks
 from runtime.train.params import init_params
-from runtime.train.typed_flag import TypedFlag, design_typed, frozen_typed
+from runtime.train.typed_flag import design_typed, frozen_typed, typed_flag
 from runtime.train.word_copy import ASK_PIECES, WordCopy, design_copy, frozen_copy
 from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
                                       train_recogniser)
@@ -119,11 +119,7 @@ def train_agents(config: RecipeConfig, out: Path, *,
                           weight=config.scaffold_weight)
     words = WordCopy(grounding.layout, piece_ids(vocab.tokens, TYPED_WORDS),
                      piece_ids(vocab.tokens, ASK_PIECES), seed=config.seed)
-    typed = TypedFlag(grounding.layout, words.ask_flag,
-                      piece_ids(vocab.tokens, ("click(", " click(")),
-                      piece_ids(vocab.tokens, ASK_PIECES),
-                      query_ids=piece_ids(vocab.tokens, ("<0x0A>", "click(", " click(",
-                                                         *X_PIECES)), seed=config.seed)
+    typed = typed_flag(vocab.tokens, words, seed=config.seed)
     init_dir = out / "init"
     data = out / "data"
     t0 = time.perf_counter()

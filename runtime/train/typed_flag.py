@@ -9,10 +9,14 @@ shows a typed step.  Its row carries the word copy's *ask* flag (``word_copy``).
 
 Designed (ordinary weights, kept fixed in training, ``frozen_typed``):
 
-* every token's embedding carries a *text* flag (``text_flag`` dim, zero in no text row);
+* the pieces at the rows that choose an action's verb and coordinates (``QUERY_PIECES``:
+  the newline that ends the assistant header, ``click(``, the x pieces) carry a *text* flag
+  (``text_flag`` dim; every other piece holds 0 there).  Measured: the flag on *every*
+  piece gave every text row a shared constant and the agents lost the single-step kinds
+  (docs/training.md "The typed flag");
 * the first attention layer's second KV head (its first query head): the query reads the
-  text flag, the key the ask flag, in one position-free head dim, so every text row attends
-  to the ``type("`` rows before it; the value reads the ask flag, the output writes it into
+  text flag, the key the ask flag, in one position-free head dim, so those rows attend to
+  the ``type("`` rows before them; the value reads the ask flag, the output writes it into
   the ``typed`` dim.  Rows without an ask flag have value 0 there, so the output is the
   attention *mass* on typed rows: ≈ 0 before any typing, ≈ 1 · gain after (a presence
   detector, no sink needed); qwen35's q/k norms get the word copy's fixed projections
@@ -28,16 +32,25 @@ The response's own ``type("`` row sees itself, but that is after its verb was ch
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
 
 from cachepolicy.forge import TextSpec
+from runtime.train.agents import X_PIECES
 from runtime.train.cell_vision import POS_SCALE, RowLayout
-from runtime.train.word_copy import NORM_GAIN, copy_layer, head_parts
+from runtime.train.grounding import piece_ids
+from runtime.train.word_copy import ASK_PIECES, NORM_GAIN, WordCopy, copy_layer, head_parts
 
-__all__ = ["TypedFlag", "design_typed", "frozen_typed"]
+__all__ = ["CLICK_PIECES", "QUERY_PIECES", "TypedFlag", "design_typed", "frozen_typed",
+           "typed_flag"]
+
+#: the pieces the flag reads as "click next" (``ASK_PIECES``, ``type("``, as "not type")
+CLICK_PIECES = ("click(", " click(")
+#: the pieces whose rows ask whether a line typed: the assistant header's closing newline
+#: (the verb's row), ``click(`` (x's row), the x pieces (y's row)
+QUERY_PIECES = ("<0x0A>", *CLICK_PIECES, *X_PIECES)
 
 FLAG_GAIN = 1.0  # the text-flag query's scale (llama; qwen35's q/k norms set the sharpness)
 TYPED_GAIN = 0.3  # value -> output: the flag's size in the residual (x2 under qwen35's gate)
@@ -46,15 +59,15 @@ VERB_READ = 1.5  # the verb pieces' embedding at the typed dim (+click, -type)
 
 @attrs.frozen(eq=False)
 class TypedFlag:
-    """The design's inputs: the row layout (two content dims past the word codes hold the
-    text and typed flags), the ask flag's dim (``WordCopy.ask_flag``), the pieces read as
-    "click" and as "type" after a typed step."""
+    """The design's inputs: the row layout (the last two content dims, past the word codes,
+    hold the typed and text flags), the ask flag's dim (``WordCopy.ask_flag``), the pieces
+    read as "click" and as "type" after a typed step, the pieces that carry the text flag."""
 
     layout: RowLayout
     ask_flag: int
     click_ids: tuple[int, ...]
     type_ids: tuple[int, ...]
-    query_ids: tuple[int, ...] = ()  # the pieces that carry the text flag; () = every piece
+    query_ids: tuple[int, ...]
     seed: int = 0
 
     @property
@@ -64,6 +77,12 @@ class TypedFlag:
     @property
     def typed(self) -> int:
         return self.layout.content.stop - 2
+
+
+def typed_flag(tokens: Sequence[str], words: WordCopy, seed: int = 0) -> TypedFlag:
+    """The agents' typed flag for a vocabulary's ``tokens`` and their word copy."""
+    return TypedFlag(words.layout, words.ask_flag, piece_ids(tokens, CLICK_PIECES),
+                     piece_ids(tokens, ASK_PIECES), piece_ids(tokens, QUERY_PIECES), seed=seed)
 
 
 def _head(spec: TextSpec) -> tuple[int, slice, slice]:
@@ -83,7 +102,7 @@ def design_typed(params: Mapping[str, np.ndarray], spec: TextSpec, t: TypedFlag,
     p = {k: np.array(v, np.float32) for k, v in params.items()}
     rng = np.random.default_rng(t.seed + 2)
     e = p["token_embd.weight"]
-    e[:, t.text_flag] = 0.0 if t.query_ids else POS_SCALE
+    e[:, t.text_flag] = 0.0
     e[list(t.query_ids), t.text_flag] = POS_SCALE
     e[:, t.typed] = 0.0
     e[list(t.click_ids), t.typed] = VERB_READ
@@ -113,8 +132,7 @@ def frozen_typed(params: Mapping[str, np.ndarray], spec: TextSpec, t: TypedFlag,
                  ) -> dict[str, np.ndarray]:
     """Masks (1 = kept fixed) of the designed slices: the head's q (with qwen35's gate rows),
     its KV head's k and v, its output columns, the layer's q/k norms and its input norm at
-    the two flags, and every embedding's text flag (the typed column is the read-out:
-    trained)."""
+    the two flags, and every piece's text flag (the typed column is the read-out: trained)."""
     masks = {name: np.zeros(np.shape(a), np.float32) for name, a in params.items()}
     hd = spec.head_dim
     pre = f"blk.{copy_layer(spec)}"
