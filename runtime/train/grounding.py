@@ -93,6 +93,7 @@ def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
     for pieces, dims in ((g.x_ids, lay.column), (g.y_ids, lay.row)):
         for i, tok in enumerate(pieces):
             e[tok] = 0.05 * rng.normal(size=spec.n_embd)
+            e[tok, dims] = 0.0  # exactly the one-hot there: the dims the mask keeps fixed
             e[tok, dims.start + i] = POS_SCALE
     pre = f"blk.{lookup_layer(spec)}"
     q, k = p[f"{pre}.attn_q.weight"], p[f"{pre}.attn_k.weight"]
