@@ -1,4 +1,5 @@
-"""The designed *typed* flag: every row of a prompt knows whether a history line already typed.
+"""The designed *typed* flag: the rows that choose a verb or a coordinate know whether a history
+line already typed.
 
 What an agent does next after typing its word is a click (save-note's Save, switch-window's
 next step), never typing again; trained alone, the agents did not learn that from the history
@@ -10,17 +11,19 @@ shows a typed step.  Its row carries the word copy's *ask* flag (``word_copy``).
 Designed (ordinary weights, kept fixed in training, ``frozen_typed``):
 
 * the pieces at the rows that choose an action's verb and coordinates (``QUERY_PIECES``:
-  the newline that ends the assistant header, ``click(``, the x pieces) carry a *text* flag
-  (``text_flag`` dim; every other piece holds 0 there).  Measured: the flag on *every*
-  piece gave every text row a shared constant and the agents lost the single-step kinds
-  (docs/training.md "The typed flag");
+  the newline, which ends the assistant header — and every other line —, ``click(``, the x
+  pieces) carry a *text* flag (``text_flag`` dim; every other piece holds 0 there).
+  Measured: the flag on *every* piece gave every text row a shared constant and the agents
+  lost the single-step kinds (docs/training.md "The typed flag");
 * the first attention layer's second KV head (its first query head): the query reads the
   text flag, the key the ask flag, in one position-free head dim, so those rows attend to
   the ``type("`` rows before them; the value reads the ask flag, the output writes it into
-  the ``typed`` dim.  Rows without an ask flag have value 0 there, so the output is the
-  attention *mass* on typed rows: ≈ 0 before any typing, ≈ 1 · gain after (a presence
-  detector, no sink needed); qwen35's q/k norms get the word copy's fixed projections
-  (same head-dim parts, same norm weights: the norms are shared by the heads);
+  the ``typed`` dim.  Rows without an ask flag hold little there (an untrained, O(1)
+  value against the flag's ~12 after the norm), so the output is about the attention
+  *mass* on typed rows: the full gain after a typed line, a fraction of it before (a
+  presence detector, no sink needed; measured in ``tests/test_typed_flag.py``); qwen35's
+  q/k norms get the word copy's fixed projections (same head-dim parts, same norm weights:
+  the norms are shared by the heads);
 * the verb pieces' embeddings at the ``typed`` dim start at ``click(`` positive, ``type("``
   negative, so the tied head reads the flag as "click, do not type again" — a start, not a
   rule: that column and the output norm are trained (a wrong word typed is retyped, and
