@@ -69,7 +69,7 @@ def _prompt(typed: bool, filler: int, rng: np.random.Generator) -> list[int]:
 def _typed_at_last_row(arch: str, designed: bool, tokens: list[int]) -> float:
     """The copy layer's attention output at the typed dim, last row (what the head adds)."""
     spec = agent_shape(arch).spec
-    params = design_copy(init_params(spec, seed=0), spec, WORDS)  # the ask flag is its
+    params = design_copy(init_params(spec, seed=0), spec, WORDS)  # gives type(" its ask flag
     if designed:
         params = design_typed(params, spec, _flag())
     p = {k: jnp.asarray(v) for k, v in params.items()}

@@ -21,9 +21,8 @@ Designed (ordinary weights, kept fixed in training, ``frozen_typed``):
   the ``typed`` dim.  Rows without an ask flag hold little there (an untrained, O(1)
   value against the flag's ~12 after the norm), so the output is about the attention
   *mass* on typed rows: the full gain after a typed line, a fraction of it before (a
-  presence detector, no sink needed; measured in ``tests/test_typed_flag.py``); qwen35's
-  q/k norms get the word copy's fixed projections (same head-dim parts, same norm weights:
-  the norms are shared by the heads);
+  presence detector, no sink needed; measured in ``tests/test_typed_flag.py``); the match
+  is the word copy's (``word_copy.match_flags``);
 * the verb pieces' embeddings at the ``typed`` dim start at ``click(`` positive, ``type("``
   negative, so the tied head reads the flag as "click, do not type again" — a start, not a
   rule: that column and the output norm are trained (a wrong word typed is retyped, and
@@ -44,7 +43,7 @@ from cachepolicy.forge import TextSpec
 from runtime.train.agents import X_PIECES
 from runtime.train.cell_vision import POS_SCALE, RowLayout
 from runtime.train.grounding import piece_ids
-from runtime.train.word_copy import ASK_PIECES, NORM_GAIN, WordCopy, copy_layer, head_parts
+from runtime.train.word_copy import ASK_PIECES, WordCopy, copy_layer, match_flags
 
 __all__ = ["CLICK_PIECES", "QUERY_PIECES", "TypedFlag", "design_typed", "frozen_typed",
            "typed_flag"]
@@ -88,12 +87,14 @@ def typed_flag(tokens: Sequence[str], words: WordCopy, seed: int = 0) -> TypedFl
                      piece_ids(tokens, ASK_PIECES), piece_ids(tokens, QUERY_PIECES), seed=seed)
 
 
-def _head(spec: TextSpec) -> tuple[int, slice, slice]:
-    """The designed head's query rows' start, its KV head's k/v rows (KV head 1)."""
+def _head(spec: TextSpec) -> tuple[slice, slice, slice]:
+    """The designed head's q rows (with qwen35's gate rows), its KV head's k/v rows (KV head
+    1) and its output columns."""
     hd = spec.head_dim
     q_rows = 2 * hd if spec.is_hybrid else hd
     qh = spec.n_head // spec.n_head_kv  # the first query head of KV head 1
-    return q_rows * qh, slice(hd, 2 * hd), slice(hd * qh, hd * (qh + 1))
+    return (slice(q_rows * qh, q_rows * (qh + 1)), slice(hd, 2 * hd),
+            slice(hd * qh, hd * (qh + 1)))
 
 
 def design_typed(params: Mapping[str, np.ndarray], spec: TextSpec, t: TypedFlag,
@@ -110,24 +111,15 @@ def design_typed(params: Mapping[str, np.ndarray], spec: TextSpec, t: TypedFlag,
     e[:, t.typed] = 0.0
     e[list(t.click_ids), t.typed] = VERB_READ
     e[list(t.type_ids), t.typed] = -VERB_READ
-    pre = f"blk.{copy_layer(spec)}"
+    layer = copy_layer(spec)
+    pre = f"blk.{layer}"
     q, k = p[f"{pre}.attn_q.weight"], p[f"{pre}.attn_k.weight"]
     v, o = p[f"{pre}.attn_v.weight"], p[f"{pre}.attn_output.weight"]
-    hd, gated = spec.head_dim, spec.is_hybrid
-    q0, kv, out = _head(spec)
-    q[q0:q0 + (2 * hd if gated else hd)], k[kv], v[kv], o[:, out] = 0.0, 0.0, 0.0, 0.0
-    q_proj, k_proj, flag = head_parts(spec)
-    if gated:  # the word copy's construction: the norms measure the flag against the row
-        basis = np.linalg.qr(rng.normal(size=(spec.n_embd, spec.n_embd)))[0]
-        n_q, n_k = q_proj.stop - q_proj.start, k_proj.stop - k_proj.start
-        q[q0 + q_proj.start:q0 + q_proj.stop] = basis[:n_q]
-        k[kv.start + k_proj.start:kv.start + k_proj.stop] = basis[n_q:n_q + n_k]
-        p[f"{pre}.attn_q_norm.weight"][flag] = NORM_GAIN
-        p[f"{pre}.attn_k_norm.weight"][flag] = NORM_GAIN
-    q[q0 + flag, t.text_flag] = FLAG_GAIN
-    k[kv.start + flag, t.ask_flag] = 1.0
+    qs, kv, out = _head(spec)
+    q[qs], k[kv], v[kv], o[:, out] = 0.0, 0.0, 0.0, 0.0
+    match_flags(p, spec, layer, qs.start, kv.start, t.text_flag, t.ask_flag, FLAG_GAIN, rng)
     v[kv.start, t.ask_flag] = 1.0
-    o[t.typed, out.start] = (2.0 if gated else 1.0) * TYPED_GAIN  # x2: the gate's 0.5
+    o[t.typed, out.start] = (2.0 if spec.is_hybrid else 1.0) * TYPED_GAIN  # x2: gate's 0.5
     return p
 
 
@@ -137,10 +129,9 @@ def frozen_typed(params: Mapping[str, np.ndarray], spec: TextSpec, t: TypedFlag,
     its KV head's k and v, its output columns, the layer's q/k norms and its input norm at
     the two flags, and every piece's text flag (the typed column is the read-out: trained)."""
     masks = {name: np.zeros(np.shape(a), np.float32) for name, a in params.items()}
-    hd = spec.head_dim
     pre = f"blk.{copy_layer(spec)}"
-    q0, kv, out = _head(spec)
-    masks[f"{pre}.attn_q.weight"][q0:q0 + (2 * hd if spec.is_hybrid else hd)] = 1.0
+    qs, kv, out = _head(spec)
+    masks[f"{pre}.attn_q.weight"][qs] = 1.0
     masks[f"{pre}.attn_k.weight"][kv] = 1.0
     masks[f"{pre}.attn_v.weight"][kv] = 1.0
     masks[f"{pre}.attn_output.weight"][:, out] = 1.0

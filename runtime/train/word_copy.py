@@ -36,7 +36,7 @@ from runtime.train.agents import TYPED_WORDS
 from runtime.train.cell_vision import POS_SCALE, RowLayout
 
 __all__ = ["ASK_PIECES", "TYPED_WORDS", "WordCopy", "copy_layer", "design_copy",
-           "frozen_copy", "head_parts", "word_codes"]
+           "frozen_copy", "match_flags", "word_codes"]
 
 #: the pieces whose row asks for the word (the next token is the word)
 ASK_PIECES = ('type("', ' type("')
@@ -91,12 +91,32 @@ def word_codes(n: int, width: int, seed: int) -> np.ndarray:
     return c.astype(np.float32)
 
 
-def head_parts(spec: TextSpec) -> tuple[slice, slice, int]:
-    """Head dims of a flag-matching head (the copy head, ``typed_flag``'s): the query's
-    projection, the key's projection, the flag."""
+def _head_parts(spec: TextSpec) -> tuple[slice, slice, int]:
+    """Head dims of a flag-matching head: the query's projection, the key's projection, the
+    flag."""
     hd = spec.head_dim
     half = (hd - 1) // 2
     return slice(0, half), slice(half, hd - 1), hd - 1
+
+
+def match_flags(p: dict[str, np.ndarray], spec: TextSpec, layer: int, q0: int, k0: int,
+                query_flag: int, key_flag: int, gain: float, rng: np.random.Generator) -> None:
+    """Make the (zeroed) head whose query rows start at ``q0`` and key rows at ``k0`` in
+    ``layer`` match ``query_flag`` against ``key_flag`` in its last, position-free head dim
+    (the copy head; ``typed_flag``'s head); on qwen35 with the fixed projections the module
+    docstring explains (one draw of ``rng``)."""
+    pre = f"blk.{layer}"
+    q, k = p[f"{pre}.attn_q.weight"], p[f"{pre}.attn_k.weight"]
+    q_proj, k_proj, flag = _head_parts(spec)
+    if spec.is_hybrid:
+        basis = np.linalg.qr(rng.normal(size=(spec.n_embd, spec.n_embd)))[0]
+        n_q, n_k = q_proj.stop - q_proj.start, k_proj.stop - k_proj.start
+        q[q0 + q_proj.start:q0 + q_proj.stop] = basis[:n_q]
+        k[k0 + k_proj.start:k0 + k_proj.stop] = basis[n_q:n_q + n_k]
+        p[f"{pre}.attn_q_norm.weight"][flag] = NORM_GAIN  # the norms are shared by the heads
+        p[f"{pre}.attn_k_norm.weight"][flag] = NORM_GAIN
+    q[q0 + flag, query_flag] = gain
+    k[k0 + flag, key_flag] = 1.0
 
 
 def design_copy(params: Mapping[str, np.ndarray], spec: TextSpec, w: WordCopy,
@@ -116,22 +136,14 @@ def design_copy(params: Mapping[str, np.ndarray], spec: TextSpec, w: WordCopy,
         e[tok, w.word_flag] = POS_SCALE
     for tok in w.ask_ids:
         e[tok, w.ask_flag] = POS_SCALE
-    pre = f"blk.{copy_layer(spec)}"
+    layer = copy_layer(spec)
+    pre = f"blk.{layer}"
     q, k = p[f"{pre}.attn_q.weight"], p[f"{pre}.attn_k.weight"]
     v, o = p[f"{pre}.attn_v.weight"], p[f"{pre}.attn_output.weight"]
     hd, gated = spec.head_dim, spec.is_hybrid
     q_rows = 2 * hd if gated else hd
     q[:q_rows], k[:hd], v[:hd], o[:, :hd] = 0.0, 0.0, 0.0, 0.0
-    q_proj, k_proj, flag = head_parts(spec)
-    if gated:  # fixed projections give the q/k norms the whole row to measure against
-        basis = np.linalg.qr(rng.normal(size=(spec.n_embd, spec.n_embd)))[0]
-        n_q, n_k = q_proj.stop - q_proj.start, k_proj.stop - k_proj.start
-        q[q_proj] = basis[:n_q]
-        k[k_proj] = basis[n_q:n_q + n_k]
-        p[f"{pre}.attn_q_norm.weight"][flag] = NORM_GAIN
-        p[f"{pre}.attn_k_norm.weight"][flag] = NORM_GAIN
-    q[flag, w.ask_flag] = FLAG_GAIN
-    k[flag, w.word_flag] = 1.0
+    match_flags(p, spec, layer, 0, 0, w.ask_flag, w.word_flag, FLAG_GAIN, rng)
     v[:CODE_WIDTH, w.code_dims] = np.eye(CODE_WIDTH)
     copy = 2.0 * COPY_GAIN if gated else COPY_GAIN  # x2: the gate's sigmoid(0) = 0.5
     o[w.code_dims, :CODE_WIDTH] = copy * np.eye(CODE_WIDTH)
