@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learning-rate", type=float, default=f.learning_rate)
     p.add_argument("--seed", type=int, default=d.seed,
                    help="seeds the initial weights, the dataset and the example order "
-                        "(same seed, same files, with the same JAX build and CPU kind)")
+                        "(same seed, same files, with the same JAX build, CPU kind and "
+                        "number of available cores)")
     p.add_argument("--threads", type=int, default=d.threads,
                    help="llama.cpp threads while generating the dataset")
     p.add_argument("--recogniser-episodes", type=int, default=d.recogniser_episodes,

@@ -7,8 +7,10 @@ ends 0.825 against 0.833), while one core and one XLA thread give the same bytes
 other.  So ``kvagent train`` runs XLA on one intra-op thread unless the user set
 ``XLA_FLAGS`` (the models train one example per update: small matrices, little to gain
 from more threads), and ``recipe.json`` records the rest the bytes depend on — the JAX
-build, the flags, the CPU.  Across JAX builds or CPU kinds the files are not expected to be
-byte-identical (docs/training.md states the tolerance measured).
+build, the flags, the CPU and the cores available.  The pin does not make the core count
+irrelevant (measured: one core and two give different bytes under the same flags, the cause
+is not found yet); across JAX builds, CPU kinds or core counts the files are not expected to
+be byte-identical (docs/training.md states the tolerance measured).
 
 XLA reads ``XLA_FLAGS`` when its CPU client starts (the first computation), not at
 ``import jax``: ``pin_xla_threads`` must run before any JAX computation in the process; after

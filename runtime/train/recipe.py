@@ -15,9 +15,10 @@
    and the environment the bytes depend on (``environment.py``).
 
 Deterministic from ``RecipeConfig.seed``: the same config writes the same files with the same
-JAX build, XLA threading and CPU kind (XLA splits reductions over its intra-op threads, which
-changes the sums: ``kvagent train`` pins it to one; across JAX builds or CPUs with other SIMD
-widths the files differ — docs/training.md, "Reproducing the shipped files", states the
+JAX build, XLA threading, CPU kind and number of available cores (XLA splits reductions over
+its intra-op threads, which changes the sums: ``kvagent train`` pins it to one, yet one core
+and two still differ, cause not found; across JAX builds or CPUs with other SIMD widths the
+files differ — docs/training.md, "Reproducing the shipped files", states the
 tolerance measured).
 """
 
