@@ -48,7 +48,6 @@ from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
 from runtime.train.model import Params
 from runtime.train.optim import merge_masks
 from runtime.train.params import init_params
-from runtime.train.readout import Readout, design_readout, frozen_readout
 from runtime.train.typed_flag import design_typed, frozen_typed, typed_flag
 from runtime.train.word_copy import ASK_PIECES, WordCopy, design_copy, frozen_copy
 from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
@@ -122,7 +121,6 @@ def train_agents(config: RecipeConfig, out: Path, *,
     words = WordCopy(grounding.layout, piece_ids(vocab.tokens, TYPED_WORDS),
                      piece_ids(vocab.tokens, ASK_PIECES), seed=config.seed)
     typed = typed_flag(vocab.tokens, words, seed=config.seed)
-    readout = Readout(grounding.layout, grounding.x_ids, grounding.y_ids)
     init_dir = out / "init"
     data = out / "data"
     t0 = time.perf_counter()
@@ -150,10 +148,8 @@ def train_agents(config: RecipeConfig, out: Path, *,
 
         start = design(init_params(shape.spec, seed=config.seed), shape.spec, grounding,
                        seed=config.seed)
-        start = design_readout(start, shape.spec, readout)
         start = design_typed(design_copy(start, shape.spec, words), shape.spec, typed)
         frozen = merge_masks(frozen_lookup(start, shape.spec, grounding),
-                             frozen_readout(start, shape.spec, readout),
                              frozen_copy(start, shape.spec, words),
                              frozen_typed(start, shape.spec, typed))
         params, report = fit(shape.spec, start, data, config.fit,
