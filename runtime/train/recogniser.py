@@ -13,13 +13,14 @@ what the text model's query must carry. Two terms, over whole screens (16 per up
 * per screen and class on it, the *lookup*: a softmax over the screen's cells of
   ``LOOKUP_SHARPNESS · cos(key, code)`` (what the hybrid's q/k-normed attention computes)
   must put its mass on that class's cells. The per-cell term alone let a cell of another
-  class outscore every right one (held-out lookup 0.86 by dot product; 0.95 with this term,
-  the codes pushed apart and unit keys — docs/training.md "The pure read-out");
+  class outscore every right one (held-out lookup 0.90 by cosine; 0.97 with this term, the
+  codes pushed apart and near-unit keys — docs/training.md "The recogniser trained as the
+  lookup uses it");
 * the keys' norms are held near 1 (exported at ``KEY_NORM``), so a dot product (llama's
   un-normed attention) ranks cells nearly as the cosine does.
 
 Only the luminance and colour features are read: positions are random per seed and must not
-be memorised. Deterministic from ``seed``; ~5 minutes for 1500 updates on one core.
+be memorised. Deterministic from ``seed``; ~3 minutes for 1500 updates on one core.
 """
 
 from __future__ import annotations
