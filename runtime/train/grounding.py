@@ -40,7 +40,8 @@ from runtime.train.cell_labels import OTHER
 from runtime.train.cell_vision import POS_SCALE, RowLayout, width
 from runtime.train.model import lookup_layer
 
-__all__ = ["Grounding", "design", "frozen_lookup", "piece_ids", "query_targets", "static_dims"]
+__all__ = ["Grounding", "HeadSlices", "design", "first_head_of", "frozen_lookup", "piece_ids",
+           "query_targets", "static_dims"]
 
 Y_CODE = 16  # the class code's projection the row head matches (its other dims: the column)
 QK_NORM = 2.5  # the q/k norm weights of the lookup dims: how sharp the match starts
@@ -60,6 +61,25 @@ class Grounding:
     x_ids: tuple[int, ...]
     y_ids: tuple[int, ...]
     weight: float = 10.0
+
+
+@attrs.frozen
+class HeadSlices:
+    """Where one query head lives in an attention layer's matrices (numpy order [out, in])."""
+
+    q: slice  # its rows of attn_q (qwen35's per-head rows are [query | gate]: both)
+    kv: slice  # its KV head's rows of attn_k and attn_v
+    out: slice  # its columns of attn_output
+
+
+def first_head_of(spec: TextSpec, kv_head: int) -> HeadSlices:
+    """The first query head that reads KV head ``kv_head`` (grouped-query attention maps
+    query head h to KV head ``h // (n_head / n_head_kv)``): the designed heads' slices."""
+    hd = spec.head_dim
+    q_rows = 2 * hd if spec.is_hybrid else hd
+    head = kv_head * (spec.n_head // spec.n_head_kv)
+    return HeadSlices(slice(q_rows * head, q_rows * (head + 1)),
+                      slice(hd * kv_head, hd * (kv_head + 1)), slice(hd * head, hd * (head + 1)))
 
 
 def static_dims(spec: TextSpec) -> int:
@@ -98,31 +118,28 @@ def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
     pre = f"blk.{lookup_layer(spec)}"
     q, k = p[f"{pre}.attn_q.weight"], p[f"{pre}.attn_k.weight"]
     v, o = p[f"{pre}.attn_v.weight"], p[f"{pre}.attn_output.weight"]
-    # numpy order [out, in]; qwen35's q rows are per head [query | gate], llama's [query]
     gated = spec.is_hybrid
-    q_rows = 2 * hd if gated else hd
     gain = 1.0 if gated else LLAMA_Q_GAIN  # llama has no q/k norm to sharpen the match
     copy = 2.0 * COPY_GAIN if gated else COPY_GAIN  # x2: the gate's sigmoid(0) = 0.5
-    # query head 0 on KV head 0: the column
-    q[:q_rows], k[:hd], v[:hd], o[:, :hd] = 0.0, 0.0, 0.0, 0.0
-    q[rot:rot + key_w, lay.query] = gain * np.eye(key_w)
-    k[rot:rot + key_w, lay.key] = np.eye(key_w)
-    v[:lay.cols, lay.column] = np.eye(lay.cols)
-    o[lay.column, :lay.cols] = copy * np.eye(lay.cols)
+    # the first query head of KV head 0: the column
+    h0 = first_head_of(spec, 0)
+    q[h0.q], k[h0.kv], v[h0.kv], o[:, h0.out] = 0.0, 0.0, 0.0, 0.0
+    q[h0.q.start + rot:h0.q.start + rot + key_w, lay.query] = gain * np.eye(key_w)
+    k[h0.kv.start + rot:h0.kv.start + rot + key_w, lay.key] = np.eye(key_w)
+    v[h0.kv.start:h0.kv.start + lay.cols, lay.column] = np.eye(lay.cols)
+    o[lay.column, h0.out.start:h0.out.start + lay.cols] = copy * np.eye(lay.cols)
     # the first query head of KV head 1: the row, keyed on class and column
-    qh = spec.n_head // spec.n_head_kv
-    qs, ks = slice(q_rows * qh, q_rows * (qh + 1)), slice(hd, 2 * hd)
-    os_ = slice(hd * qh, hd * (qh + 1))
-    q[qs], k[ks], v[ks], o[:, os_] = 0.0, 0.0, 0.0, 0.0
+    h1 = first_head_of(spec, 1)
+    q[h1.q], k[h1.kv], v[h1.kv], o[:, h1.out] = 0.0, 0.0, 0.0, 0.0
     basis = np.linalg.qr(rng.normal(size=(key_w, key_w)))[0][:Y_CODE]
     project = basis * 1.5 * (key_w / Y_CODE) ** 0.5  # class half weighs 1.5, column 1
-    q0, k0 = qs.start + rot, ks.start + rot
+    q0, k0 = h1.q.start + rot, h1.kv.start + rot
     q[q0:q0 + Y_CODE, lay.query] = gain * project
     k[k0:k0 + Y_CODE, lay.key] = project
     q[q0 + Y_CODE:q0 + Y_CODE + lay.cols, lay.column] = gain * np.eye(lay.cols)
     k[k0 + Y_CODE:k0 + Y_CODE + lay.cols, lay.column] = np.eye(lay.cols)
-    v[ks.start:ks.start + lay.rows, lay.row] = np.eye(lay.rows)
-    o[lay.row, os_.start:os_.start + lay.rows] = copy * np.eye(lay.rows)
+    v[h1.kv.start:h1.kv.start + lay.rows, lay.row] = np.eye(lay.rows)
+    o[lay.row, h1.out.start:h1.out.start + lay.rows] = copy * np.eye(lay.rows)
     if gated:
         p[f"{pre}.attn_q_norm.weight"][rot:] = QK_NORM
         p[f"{pre}.attn_k_norm.weight"][rot:] = QK_NORM
@@ -139,15 +156,12 @@ def frozen_lookup(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding
     *ask* for the right cell."""
     lay = g.layout
     masks = {name: np.zeros(np.shape(a), np.float32) for name, a in params.items()}
-    hd = spec.head_dim
-    q_rows = 2 * hd if spec.is_hybrid else hd
-    qh = spec.n_head // spec.n_head_kv
     pre = f"blk.{lookup_layer(spec)}"
-    for head in (0, qh):
-        masks[f"{pre}.attn_q.weight"][q_rows * head:q_rows * (head + 1)] = 1.0
-        masks[f"{pre}.attn_output.weight"][:, hd * head:hd * (head + 1)] = 1.0
-    masks[f"{pre}.attn_k.weight"][:2 * hd] = 1.0
-    masks[f"{pre}.attn_v.weight"][:2 * hd] = 1.0
+    for head in (first_head_of(spec, 0), first_head_of(spec, 1)):
+        masks[f"{pre}.attn_q.weight"][head.q] = 1.0
+        masks[f"{pre}.attn_output.weight"][:, head.out] = 1.0
+        masks[f"{pre}.attn_k.weight"][head.kv] = 1.0
+        masks[f"{pre}.attn_v.weight"][head.kv] = 1.0
     for norm in ("attn_q_norm", "attn_k_norm"):
         if f"{pre}.{norm}.weight" in masks:
             masks[f"{pre}.{norm}.weight"][:] = 1.0

@@ -42,7 +42,7 @@ import numpy as np
 from cachepolicy.forge import TextSpec
 from runtime.train.agents import X_PIECES
 from runtime.train.cell_vision import POS_SCALE, RowLayout
-from runtime.train.grounding import piece_ids
+from runtime.train.grounding import first_head_of, piece_ids
 from runtime.train.word_copy import ASK_PIECES, WordCopy, copy_layer, match_flags
 
 __all__ = ["CLICK_PIECES", "QUERY_PIECES", "TypedFlag", "design_typed", "frozen_typed",
@@ -87,16 +87,6 @@ def typed_flag(tokens: Sequence[str], words: WordCopy, seed: int = 0) -> TypedFl
                      piece_ids(tokens, ASK_PIECES), piece_ids(tokens, QUERY_PIECES), seed=seed)
 
 
-def _head(spec: TextSpec) -> tuple[slice, slice, slice]:
-    """The designed head's q rows (with qwen35's gate rows), its KV head's k/v rows (KV head
-    1) and its output columns."""
-    hd = spec.head_dim
-    q_rows = 2 * hd if spec.is_hybrid else hd
-    qh = spec.n_head // spec.n_head_kv  # the first query head of KV head 1
-    return (slice(q_rows * qh, q_rows * (qh + 1)), slice(hd, 2 * hd),
-            slice(hd * qh, hd * (qh + 1)))
-
-
 def design_typed(params: Mapping[str, np.ndarray], spec: TextSpec, t: TypedFlag,
                  ) -> dict[str, np.ndarray]:
     """``params`` with the designed typed flag (module docstring); ValueError for a model
@@ -115,7 +105,8 @@ def design_typed(params: Mapping[str, np.ndarray], spec: TextSpec, t: TypedFlag,
     pre = f"blk.{layer}"
     q, k = p[f"{pre}.attn_q.weight"], p[f"{pre}.attn_k.weight"]
     v, o = p[f"{pre}.attn_v.weight"], p[f"{pre}.attn_output.weight"]
-    qs, kv, out = _head(spec)
+    head = first_head_of(spec, 1)  # the first query head of KV head 1
+    qs, kv, out = head.q, head.kv, head.out
     q[qs], k[kv], v[kv], o[:, out] = 0.0, 0.0, 0.0, 0.0
     match_flags(p, spec, layer, qs.start, kv.start, t.text_flag, t.ask_flag, FLAG_GAIN, rng)
     v[kv.start, t.ask_flag] = 1.0
@@ -130,7 +121,8 @@ def frozen_typed(params: Mapping[str, np.ndarray], spec: TextSpec, t: TypedFlag,
     the two flags, and every piece's text flag (the typed column is the read-out: trained)."""
     masks = {name: np.zeros(np.shape(a), np.float32) for name, a in params.items()}
     pre = f"blk.{copy_layer(spec)}"
-    qs, kv, out = _head(spec)
+    head = first_head_of(spec, 1)  # the first query head of KV head 1
+    qs, kv, out = head.q, head.kv, head.out
     masks[f"{pre}.attn_q.weight"][qs] = 1.0
     masks[f"{pre}.attn_k.weight"][kv] = 1.0
     masks[f"{pre}.attn_v.weight"][kv] = 1.0
