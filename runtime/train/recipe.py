@@ -79,7 +79,7 @@ class RecipeConfig:
     fit: FitConfig = FitConfig()
     threads: int = 2
     #: the projector's recogniser: expert episodes it learns from, and its updates
-    recogniser_episodes: int = 600
+    recogniser_episodes: int = 1500
     recogniser_updates: int = 1500
     #: the query scaffold's weight (``grounding``)
     scaffold_weight: float = 10.0
