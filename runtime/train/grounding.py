@@ -47,7 +47,7 @@ from runtime.train.cell_vision import POS_SCALE, RowLayout, width
 from runtime.train.model import lookup_layer
 
 __all__ = ["Grounding", "HeadSlices", "design", "first_head_of", "frozen_lookup", "piece_ids",
-           "query_targets", "static_dims"]
+           "query_targets", "residual_writers", "static_dims"]
 
 Y_CODE = 16  # the class code's projection the row head matches (its other dims: the column)
 QK_NORM = 2.5  # the q/k norm weights of the lookup dims: how sharp the match starts
@@ -151,14 +151,15 @@ def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
         p[f"{pre}.attn_k_norm.weight"][rot:] = QK_NORM
         # qwen35's k-norm scales whatever a text row holds in the key dims to full length:
         # reserved for image rows (their keys are the projector's), text rows key 0 there
-        for name in _writers(spec):
+        for name in residual_writers(spec):
             p[name][lay.key] = 0.0
         e[:, lay.key] = 0.0
     return p
 
 
-def _writers(spec: TextSpec) -> list[str]:
-    """The matrices whose rows are residual dims (numpy order [out, in])."""
+def residual_writers(spec: TextSpec) -> list[str]:
+    """The matrices that write the residual stream (attention and Gated DeltaNet outputs,
+    FFN down projections): their rows are residual dims (numpy order [out, in])."""
     names = []
     for il in range(spec.n_layer):
         names.append(f"blk.{il}.attn_output.weight" if spec.is_attention(il)
@@ -195,7 +196,7 @@ def frozen_lookup(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding
         for tok in pieces:
             e[tok, dims] = 1.0
     if spec.is_hybrid:  # the key dims reserved for image rows (``design``)
-        for name in _writers(spec):
+        for name in residual_writers(spec):
             masks[name][lay.key] = 1.0
         e[:, lay.key] = 1.0
     return masks
