@@ -21,9 +21,9 @@ from runtime.train import attention, rope
 from runtime.train.agents import X_PIECES, Y_PIECES, agent_shape, agent_vocab
 from runtime.train.cell_vision import POS_SCALE, row_layout
 from runtime.train.example import Batch
-from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids, query_targets
+from runtime.train.grounding import Grounding, design, piece_ids, query_targets
 from runtime.train.loss import loss_fn
-from runtime.train.model import ForwardOptions, Rows, hidden_and_residual, lookup_layer
+from runtime.train.model import Rows, lookup_layer
 from runtime.train.numerics import Numerics, rms_norm
 from runtime.train.params import init_params
 
@@ -98,29 +98,6 @@ def test_designed_heads_copy_the_named_cell(arch: str) -> None:
     rows = _lookup(arch, query, image)[LAYOUT.row]
     assert int(rows.argmax()) == 9
     assert rows[9] > 2 * rows[2]
-
-
-def test_hybrid_text_rows_hold_no_key_whatever_training_does() -> None:
-    """qwen35's k-norm would scale a text row's key dims to full length: they are reserved
-    for image rows. With every entry training may change drawn at random, a text-only
-    prompt's residual entering the lookup layer is exactly 0 there, at every row."""
-    spec = agent_shape("qwen35").spec
-    g = _grounding()
-    params = design(init_params(spec, seed=0), spec, g)
-    masks = frozen_lookup(params, spec, g)
-    rng = np.random.default_rng(2)
-    p = {k: jnp.asarray(np.where(masks[k] > 0, a, (1.0 if "norm" in k else 0.0)
-                                 + 0.3 * rng.normal(size=a.shape)).astype(np.float32))
-         for k, a in params.items()}
-    n = 50
-    tokens = rng.integers(0, spec.n_vocab, n).astype(np.int32)
-    pos = np.repeat(np.arange(n, dtype=np.int32), 4).reshape(n, 4) * [1, 1, 1, 0]
-    rows = Rows(jnp.asarray(tokens), jnp.zeros((n, 192)), jnp.zeros(n, bool),
-                jnp.asarray(pos, jnp.int32), jnp.ones(n, bool))
-    _, residual = hidden_and_residual(p, spec, rows, ForwardOptions(), lookup_layer(spec))
-    residual = np.asarray(residual)
-    assert not residual[:, LAYOUT.key].any()
-    assert np.abs(residual[:, LAYOUT.query]).max() > 0.1  # the same rows carry other dims
 
 
 def test_query_targets_and_the_scaffold_term() -> None:

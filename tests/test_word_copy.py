@@ -27,9 +27,8 @@ from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
 from runtime.train.model import Rows, forward, lookup_layer
 from runtime.train.optim import AdamW, apply_updates, init_state, merge_masks
 from runtime.train.params import init_params
-from runtime.train.codes import spread_codes
 from runtime.train.word_copy import (ASK_PIECES, WordCopy, copy_layer, design_copy,
-                                     frozen_copy)
+                                     frozen_copy, word_codes)
 from vmenv.simdesk.words import EVAL_ONLY_WORDS
 
 VOCAB = agent_vocab()
@@ -100,9 +99,9 @@ def test_designed_head_types_the_quoted_word(arch: str) -> None:
 
 
 def test_word_codes_are_unit_deterministic_and_apart() -> None:
-    c = spread_codes(len(TYPED_WORDS), 48, seed=0)
+    c = word_codes(len(TYPED_WORDS), 48, seed=0)
     assert np.allclose(np.linalg.norm(c, axis=1), 1.0, atol=1e-5)
-    assert np.array_equal(c, spread_codes(len(TYPED_WORDS), 48, seed=0))
+    assert np.array_equal(c, word_codes(len(TYPED_WORDS), 48, seed=0))
     gram = c @ c.T
     np.fill_diagonal(gram, 0.0)
     assert np.abs(gram).max() < 0.5  # a copied code outscores every other word's
@@ -140,14 +139,7 @@ def test_the_recipes_masks_cover_the_designs_only(arch: str) -> None:
     assert set(masks) == set(params)
     touched = {k for k, m in masks.items() if m.any()}
     layers = {copy_layer(spec), lookup_layer(spec)}
-    elsewhere = {k for k in touched
-                 if k != "token_embd.weight" and int(k.split(".")[1]) not in layers}
-    if spec.is_hybrid:  # the key dims reserved for image rows: every writer's key rows
-        for k in elsewhere:
-            assert masks[k][LAYOUT.key].all() and not np.delete(
-                masks[k], np.r_[LAYOUT.key.start:LAYOUT.key.stop], axis=0).any()
-    else:
-        assert not elsewhere
+    assert all(k == "token_embd.weight" or int(k.split(".")[1]) in layers for k in touched)
     assert "token_embd.weight" in touched
     assert not masks["output_norm.weight"].any()
     # whole rows of the embedding are never frozen: each frozen row keeps trainable dims
@@ -156,6 +148,4 @@ def test_the_recipes_masks_cover_the_designs_only(arch: str) -> None:
     hd = spec.head_dim
     # the designed heads' outputs are frozen, another head's are not
     o = masks[f"blk.{copy_layer(spec)}.attn_output.weight"]
-    other_rows = np.delete(o, np.r_[LAYOUT.key.start:LAYOUT.key.stop], axis=0) \
-        if spec.is_hybrid else o
-    assert o[:, :hd].all() and not other_rows[:, hd:2 * hd].any()
+    assert o[:, :hd].all() and not o[:, hd:2 * hd].any()

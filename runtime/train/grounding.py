@@ -18,13 +18,7 @@ rest afterwards; measured in docs/training.md "Designed keys"):
   projected to ``Y_CODE`` dims plus the cell's column one-hot, its query the class query
   projected the same way plus the column one-hot of the x token just written (an x piece's
   embedding holds it) — so y comes from a cell of the instance x came from when a class has
-  two on screen (the Terminal's two launchers); its value / output copy the row one-hot;
-* on qwen35 the *key dims are reserved* for image rows: every writer into the residual
-  (attention and DeltaNet outputs, FFN down projections) and every piece's embedding holds
-  0 there. Its k-norm would scale whatever a text row holds in those dims to a full-length
-  key, and the hybrid's lookup put most of its attention on text rows (docs/training.md,
-  "Where the lookup's attention goes"); text rows now key 0 and score 0. llama has no
-  k-norm: a text row's small key scores little, and its dims stay the network's.
+  two on screen (the Terminal's two launchers); its value / output copy the row one-hot.
 
 The **query scaffold** (training only, nothing of it is exported): at the rows whose next
 token is a coordinate of a click, the lookup layer's input should carry the clicked
@@ -47,7 +41,7 @@ from runtime.train.cell_vision import POS_SCALE, RowLayout, width
 from runtime.train.model import lookup_layer
 
 __all__ = ["Grounding", "HeadSlices", "design", "first_head_of", "frozen_lookup", "piece_ids",
-           "query_targets", "residual_writers", "static_dims"]
+           "query_targets", "static_dims"]
 
 Y_CODE = 16  # the class code's projection the row head matches (its other dims: the column)
 QK_NORM = 2.5  # the q/k norm weights of the lookup dims: how sharp the match starts
@@ -149,23 +143,7 @@ def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
     if gated:
         p[f"{pre}.attn_q_norm.weight"][rot:] = QK_NORM
         p[f"{pre}.attn_k_norm.weight"][rot:] = QK_NORM
-        # qwen35's k-norm scales whatever a text row holds in the key dims to full length:
-        # reserved for image rows (their keys are the projector's), text rows key 0 there
-        for name in residual_writers(spec):
-            p[name][lay.key] = 0.0
-        e[:, lay.key] = 0.0
     return p
-
-
-def residual_writers(spec: TextSpec) -> list[str]:
-    """The matrices that write the residual stream (attention and Gated DeltaNet outputs,
-    FFN down projections): their rows are residual dims (numpy order [out, in])."""
-    names = []
-    for il in range(spec.n_layer):
-        names.append(f"blk.{il}.attn_output.weight" if spec.is_attention(il)
-                     else f"blk.{il}.ssm_out.weight")
-        names.append(f"blk.{il}.ffn_down.weight")
-    return names
 
 
 def frozen_lookup(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
@@ -173,8 +151,7 @@ def frozen_lookup(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding
     """Masks (1 = kept fixed in training) of the designed slices: the two lookup heads'
     q (with qwen35's gate rows), both KV heads' k and v, the heads' output columns, the
     layer's q/k norms, its input norm at the key / column / row / query dims, and the
-    coordinate pieces' one-hot dims (on qwen35 also every writer's and embedding's key dims,
-    reserved for image rows).  Training then cannot re-wire the lookup (measured in
+    coordinate pieces' one-hot dims.  Training then cannot re-wire the lookup (measured in
     docs/training.md: it did, when only initialised); the rest of the network must learn to
     *ask* for the right cell."""
     lay = g.layout
@@ -195,10 +172,6 @@ def frozen_lookup(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding
     for pieces, dims in ((g.x_ids, lay.column), (g.y_ids, lay.row)):
         for tok in pieces:
             e[tok, dims] = 1.0
-    if spec.is_hybrid:  # the key dims reserved for image rows (``design``)
-        for name in residual_writers(spec):
-            masks[name][lay.key] = 1.0
-        e[:, lay.key] = 1.0
     return masks
 
 
