@@ -27,8 +27,9 @@ from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
 from runtime.train.model import Rows, forward, lookup_layer
 from runtime.train.optim import AdamW, apply_updates, init_state, merge_masks
 from runtime.train.params import init_params
+from runtime.train.codes import spread_codes
 from runtime.train.word_copy import (ASK_PIECES, WordCopy, copy_layer, design_copy,
-                                     frozen_copy, word_codes)
+                                     frozen_copy)
 from vmenv.simdesk.words import EVAL_ONLY_WORDS
 
 VOCAB = agent_vocab()
@@ -99,9 +100,9 @@ def test_designed_head_types_the_quoted_word(arch: str) -> None:
 
 
 def test_word_codes_are_unit_deterministic_and_apart() -> None:
-    c = word_codes(len(TYPED_WORDS), 48, seed=0)
+    c = spread_codes(len(TYPED_WORDS), 48, seed=0)
     assert np.allclose(np.linalg.norm(c, axis=1), 1.0, atol=1e-5)
-    assert np.array_equal(c, word_codes(len(TYPED_WORDS), 48, seed=0))
+    assert np.array_equal(c, spread_codes(len(TYPED_WORDS), 48, seed=0))
     gram = c @ c.T
     np.fill_diagonal(gram, 0.0)
     assert np.abs(gram).max() < 0.5  # a copied code outscores every other word's

@@ -7,7 +7,7 @@ pick the cell" (both low), docs/training.md "What fails now".
     python examples/grounding/forced_clicks.py AGENT.gguf OUT/data [N_CLICKS]
 
 ``OUT`` is a ``kvagent train --out`` directory (its recipe.json names the recogniser's classes;
-the class codes are the recogniser's, rebuilt from seed 0 as ``train_recogniser`` draws them).
+the class codes are the recogniser's, rebuilt from seed 0 as ``train_recogniser`` makes them).
 """
 import json, sys
 import numpy as np, jax, jax.numpy as jnp
@@ -21,14 +21,14 @@ from runtime.train import rope, attention
 from runtime.train.numerics import rms_norm
 from runtime.train.agents import agent_vocab, X_PIECES, Y_PIECES
 from runtime.train.grounding import piece_ids
+from runtime.train.codes import spread_codes
+from runtime.train.cell_vision import KEY_DIMS
 from runtime.train.model import ForwardOptions
 
 model, data = sys.argv[1], Path(sys.argv[2])
 n = int(sys.argv[3]) if len(sys.argv) > 3 else 60
 rec = json.load(open(Path(data).parent / "recipe.json"))["mmproj"]["recogniser"]["classes"]
-k = jax.random.split(jax.random.PRNGKey(0), 3)
-codes = np.array(jax.random.normal(k[2], (len(rec), 36)))
-codes /= np.linalg.norm(codes, axis=1, keepdims=True)
+codes = spread_codes(len(rec), KEY_DIMS, 0)
 code_of = dict(zip(rec, codes))
 lm = load_gguf(model); spec, p = lm.spec, {k: jnp.asarray(v) for k, v in lm.params.items()}
 v = agent_vocab()

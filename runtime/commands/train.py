@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 HELP = ("train the tiny simdesk agents (hybrid qwen35 and llama) that kvagent ships; on one "
-        "core about 3-5 min for the projector's recogniser, 1.5-7 for the dataset and 20-35 "
+        "core about 4-6 min for the projector's recogniser, 1.5-7 for the dataset and 20-35 "
         "per model (measured with the two models side by side on 2 cores, quiet to loaded; "
         "needs pip install 'kvagent[train]')")
 
@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="expert episodes the projector's widget recogniser learns from "
                         f"(default {d.recogniser_episodes})")
     p.add_argument("--recogniser-updates", type=int, default=d.recogniser_updates,
-                   help=f"the recogniser's updates (default {d.recogniser_updates}, ~3 min)")
+                   help=f"the recogniser's updates (default {d.recogniser_updates}, ~3 min; "
+                        "its screens take 1.5 min more)")
     p.add_argument("--perturbed", type=float, default=d.perturbed,
                    help="share of episodes knocked off-track once (default "
                         f"{d.perturbed:g})")

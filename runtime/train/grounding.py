@@ -41,7 +41,7 @@ from runtime.train.cell_vision import POS_SCALE, RowLayout, width
 from runtime.train.model import lookup_layer
 
 __all__ = ["Grounding", "HeadSlices", "design", "first_head_of", "frozen_lookup", "piece_ids",
-           "query_targets", "static_dims"]
+           "query_targets", "residual_writers", "static_dims"]
 
 Y_CODE = 16  # the class code's projection the row head matches (its other dims: the column)
 QK_NORM = 2.5  # the q/k norm weights of the lookup dims: how sharp the match starts
@@ -144,6 +144,17 @@ def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
         p[f"{pre}.attn_q_norm.weight"][rot:] = QK_NORM
         p[f"{pre}.attn_k_norm.weight"][rot:] = QK_NORM
     return p
+
+
+def residual_writers(spec: TextSpec) -> list[str]:
+    """The matrices that write the residual stream (attention and Gated DeltaNet outputs,
+    FFN down projections): their rows are residual dims (numpy order [out, in])."""
+    names = []
+    for il in range(spec.n_layer):
+        names.append(f"blk.{il}.attn_output.weight" if spec.is_attention(il)
+                     else f"blk.{il}.ssm_out.weight")
+        names.append(f"blk.{il}.ffn_down.weight")
+    return names
 
 
 def frozen_lookup(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,

@@ -45,6 +45,7 @@ from runtime.train.environment import environment
 from runtime.train.fit import FitConfig, FitReport, fit
 from runtime.train.gguf_io import export_gguf
 from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
+from runtime.train.readout import Readout, design_readout, frozen_readout
 from runtime.train.model import Params
 from runtime.train.optim import merge_masks
 from runtime.train.params import init_params
@@ -79,7 +80,7 @@ class RecipeConfig:
     fit: FitConfig = FitConfig()
     threads: int = 2
     #: the projector's recogniser: expert episodes it learns from, and its updates
-    recogniser_episodes: int = 600
+    recogniser_episodes: int = 1500
     recogniser_updates: int = 1500
     #: the query scaffold's weight (``grounding``)
     scaffold_weight: float = 10.0
@@ -148,10 +149,13 @@ def train_agents(config: RecipeConfig, out: Path, *,
 
         start = design(init_params(shape.spec, seed=config.seed), shape.spec, grounding,
                        seed=config.seed)
+        readout = Readout(grounding.layout, grounding.x_ids, grounding.y_ids)
+        start = design_readout(start, shape.spec, readout)  # before the flags: x pieces get theirs
         start = design_typed(design_copy(start, shape.spec, words), shape.spec, typed)
         frozen = merge_masks(frozen_lookup(start, shape.spec, grounding),
                              frozen_copy(start, shape.spec, words),
-                             frozen_typed(start, shape.spec, typed))
+                             frozen_typed(start, shape.spec, typed),
+                             frozen_readout(start, shape.spec, readout))
         params, report = fit(shape.spec, start, data, config.fit,
                              progress=lambda s, a=arch: progress(f"{a}: {s}"),
                              checkpoint=keep, grounding=grounding, frozen=frozen)

@@ -7,7 +7,8 @@ vocabulary (``agents.AGENT_PIECES``), so ``type("hello")`` is ``type("`` ``hello
 model are initialised for that (and kept fixed in training, ``frozen``):
 
 * each word piece's embedding carries a flag (``WORD_FLAG`` dim: "I am a word to type") and
-  the word's own code (``CODE_DIMS``: unit vectors of low mutual coherence, ``word_codes``);
+  the word's own code (``CODE_DIMS``: unit vectors of low mutual coherence,
+  ``codes.spread_codes``);
   the ``type("`` pieces carry an "ask" flag (``ASK_FLAG`` dim). Both flag dims are ``query``
   dims of the cell row layout: zero in every image row, so no cell can look like a word;
 * the first attention layer's first query head (``copy_layer``): its query reads the ask
@@ -34,9 +35,10 @@ import numpy as np
 from cachepolicy.forge import TextSpec
 from runtime.train.agents import TYPED_WORDS
 from runtime.train.cell_vision import POS_SCALE, RowLayout
+from runtime.train.codes import spread_codes
 
 __all__ = ["ASK_PIECES", "TYPED_WORDS", "WordCopy", "copy_layer", "design_copy",
-           "frozen_copy", "match_flags", "word_codes"]
+           "frozen_copy", "match_flags"]
 
 #: the pieces whose row asks for the word (the next token is the word)
 ASK_PIECES = ('type("', ' type("')
@@ -74,21 +76,6 @@ class WordCopy:
 def copy_layer(spec: TextSpec) -> int:
     """The layer whose attention copies the word: the first attention layer."""
     return min(i for i in range(spec.n_layer) if spec.is_attention(i))
-
-
-def word_codes(n: int, width: int, seed: int) -> np.ndarray:
-    """``n`` unit vectors in ``width`` dims, pushed apart (a few hundred steps of descent on
-    their squared cosines) so that a copied code's logit stands out from every other word's:
-    deterministic from ``seed``."""
-    rng = np.random.default_rng(seed)
-    c = rng.normal(size=(n, width))
-    c /= np.linalg.norm(c, axis=1, keepdims=True)
-    for _ in range(300):
-        gram = c @ c.T
-        np.fill_diagonal(gram, 0.0)
-        c -= 0.05 * gram @ c
-        c /= np.linalg.norm(c, axis=1, keepdims=True)
-    return c.astype(np.float32)
 
 
 def _head_parts(spec: TextSpec) -> tuple[slice, slice, int]:
@@ -129,7 +116,7 @@ def design_copy(params: Mapping[str, np.ndarray], spec: TextSpec, w: WordCopy,
     p = {k: np.array(v, np.float32) for k, v in params.items()}
     rng = np.random.default_rng(w.seed + 1)
     e = p["token_embd.weight"]
-    codes = word_codes(len(w.word_ids), CODE_WIDTH, w.seed)
+    codes = spread_codes(len(w.word_ids), CODE_WIDTH, w.seed)
     for tok, code in zip(w.word_ids, codes):
         e[tok] = 0.05 * rng.normal(size=spec.n_embd)
         e[tok, w.code_dims] = POS_SCALE * code
