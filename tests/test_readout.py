@@ -1,8 +1,9 @@
 """The pure coordinate read-out (runtime/train/readout.py).
 
 - Whatever values training gives the entries it may change (here: every one of them drawn
-  at random, large), a prompt without a screenshot (or a history coordinate) leaves the column / row dims of every
-  row's final hidden state exactly 0 and all x pieces' logits equal (bitwise), on both arches:
+  at random, large), a prompt without a screenshot (or a history coordinate) leaves the
+  column / row dims of every row's final hidden state exactly 0 and all x pieces' logits
+  equal (bitwise), on both arches:
   no place can be preferred but through the lookup's copy of an image row's one-hot. The
   same perturbation of the model without the read-out does prefer places.
 - With a screenshot's rows and a row asking for a class (its code in the query dims), the

@@ -45,10 +45,10 @@ from runtime.train.environment import environment
 from runtime.train.fit import FitConfig, FitReport, fit
 from runtime.train.gguf_io import export_gguf
 from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
-from runtime.train.readout import Readout, design_readout, frozen_readout
 from runtime.train.model import Params
 from runtime.train.optim import merge_masks
 from runtime.train.params import init_params
+from runtime.train.readout import Readout, design_readout, frozen_readout
 from runtime.train.typed_flag import design_typed, frozen_typed, typed_flag
 from runtime.train.word_copy import ASK_PIECES, WordCopy, design_copy, frozen_copy
 from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
