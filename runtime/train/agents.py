@@ -19,7 +19,7 @@ import attrs
 from cachepolicy.forge import TextSpec
 from cachepolicy.forge.tokenizer import Vocab, build_vocab
 from runtime.train.cell_features import CELL
-from vmenv.simdesk.words import BUTTON_WORDS, EVAL_ONLY_WORDS, MENU_LABELS, TRAIN_WORDS
+from vmenv.simdesk.words import EVAL_ONLY_WORDS, TRAIN_WORDS
 
 __all__ = ["AGENT_ARCHES", "AGENT_PIECES", "AGENT_SCREEN", "LLAMA_ROPE_BASE", "TYPED_WORDS",
            "X_PIECES", "Y_PIECES", "AgentShape", "agent_shape", "agent_vocab"]
@@ -64,15 +64,10 @@ TYPED_WORDS: tuple[str, ...] = tuple(dict.fromkeys(TRAIN_WORDS + EVAL_ONLY_WORDS
 #: them) and the one key the expert presses, so the history is not spelled letter by letter.
 _PROMPT_VERBS = (', type("', ', press("')
 _LINE_WORDS = ("Step", "Screenshot", "Previous", "Task", "backspace")
-#: The labels an instruction quotes (``press its "Retry" button``, ``the "Start" menu``): after
-#: the quote there is no "▁", so without pieces of their own they were spelled letter by
-#: letter and the agents had to read a dialog button's name from six single letters
-#: (docs/training.md: dialog-button's first clicks hit another button on 4 of 10 instances).
-_QUOTED_LABELS = BUTTON_WORDS + MENU_LABELS
 
 #: Word pieces added to the forge's vocabulary (a leading space is SentencePiece's "▁").
 AGENT_PIECES: tuple[str, ...] = tuple(dict.fromkeys(
-    list(_PROMPT_VERBS) + list(_LINE_WORDS) + list(_QUOTED_LABELS)
+    list(_PROMPT_VERBS) + list(_LINE_WORDS)
     + [f" {w}" for w in f"{_PROMPT} {_INSTRUCTIONS} {_WIDGETS}".split()]
     + [f"{w}" for w in _GRAMMAR] + [f" {w}" for w in _GRAMMAR] + list(X_PIECES)
     + list(Y_PIECES) + list(TYPED_WORDS)

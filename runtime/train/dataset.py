@@ -56,7 +56,6 @@ from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.train.agents import AGENT_SCREEN
 from runtime.train.cell_features import CELL
-from runtime.train.asks import asked_classes, format_asked
 from runtime.train.cell_labels import click_class
 from runtime.train.dataset_stats import shard_stats, summarize
 from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, StepExample, TextPiece
@@ -66,7 +65,6 @@ from vmenv.simdesk import (
     DemoStep, demonstration, is_eval_seed, sample_task, task_kinds, train_seeds,
 )
 from vmenv.simdesk.demos import DemonstrationError
-from vmenv.simdesk.goals import Goal
 from vmenv.simdesk.render import render_png
 from vmenv.simdesk.seeds import MAX_SEED
 from vmenv.trajectory_writer import write_durably
@@ -137,7 +135,6 @@ class Episode:
     mode: int = CLEAN
     off_at: int | None = None
     code: bool = False  # the text to type is a code shown on the first screen only
-    goal: Goal | None = None  # what the instance wants (what a click's query asks: ``asks``)
 
 
 def episode_rng(config: DatasetConfig, e: int, what: str = "rollout") -> random.Random:
@@ -168,7 +165,7 @@ def rollout(config: DatasetConfig, e: int) -> Episode:
                           slip_at=at if mode == SLIPPED else None, slip_run=run,
                           early_text=early, click_grid=CELL)
     return Episode(e, kind, seed, task.instruction, steps, mode, at,
-                   code=task.goal is not None and task.goal.code, goal=task.goal)
+                   code=task.goal is not None and task.goal.code)
 
 
 class Generator:
@@ -221,7 +218,6 @@ class Generator:
                 continue
             clicked = (click_class(step.state, step.action.x, step.action.y)
                        if isinstance(step.action, Click) else "")
-            asked = format_asked(asked_classes(step.state, step.action, ep.goal))
             seen: set[bytes] = set()
             for policy, k in self.layouts(rng):
                 ex = self.builders[(policy, k)].example(log_i, step.action)
@@ -249,8 +245,7 @@ class Generator:
                     step=i, layout=LAYOUTS.index(policy), window=k,
                     shown=sum(isinstance(p, ImagePiece) for p in ex.pieces), rows=rows,
                     target_tokens=len(ex.target.tokens), mode=ep.mode,
-                    recovery=ep.off_at is not None and i >= ep.off_at, clicked=clicked,
-                    asked=asked)
+                    recovery=ep.off_at is not None and i >= ep.off_at, clicked=clicked)
                 n += 1
         return n, skipped
 

@@ -26,7 +26,6 @@ from cachepolicy.engine.images import EncodedImage
 from cachepolicy.forge import TextSpec
 from runtime.train.dataset import load_manifest, shards
 from runtime.train.example import Example, build_example, bucket_for, collate
-from runtime.train.asks import parse_asked
 from runtime.train.grounding import Grounding, query_targets
 from runtime.train.model import ForwardOptions, Params
 from runtime.train.optim import AdamW, init_state, make_eval_step, make_train_step
@@ -130,8 +129,7 @@ def fit(spec: TextSpec, params: Params, data: Path, config: FitConfig = FitConfi
     """Train ``params`` (a ``spec`` model) on the dataset in ``data``; returns the trained
     parameters and a report.  ``checkpoint(step, params)`` is called every
     ``config.checkpoint_every`` updates (not at the end).  ``grounding``: add its query
-    scaffold to the loss (``grounding.query_targets``, from the classes each example's click
-    asks for, ``asks``).
+    scaffold to the loss (``grounding.query_targets``, from each example's clicked class).
     ``frozen``: masks of the entries training keeps exactly (the designed slices,
     ``optim.apply_updates``).  ValueError if the dataset was made for another width."""
     manifest = load_manifest(data)
@@ -157,8 +155,7 @@ def fit(spec: TextSpec, params: Params, data: Path, config: FitConfig = FitConfi
         shard, e = index[next(order)]
         example = build_example(images, shard.pieces(e))
         scaffold = None if grounding is None else [query_targets(
-            example.targets, example.loss_mask, parse_asked(str(shard.meta(e)["asked"])),
-            grounding)]
+            example.targets, example.loss_mask, str(shard.meta(e)["clicked"]), grounding)]
         state, metrics = step(state, collate([example], bucket_for(example.n_rows, buckets),
                                              scaffold))
         window.append((float(metrics["loss"]), float(metrics["accuracy"]),

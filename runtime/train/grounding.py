@@ -36,7 +36,7 @@ import numpy as np
 from cachepolicy.forge import TextSpec
 from cachepolicy.forge.tokenizer import SPACE
 from runtime.train.agents import LLAMA_ROPE_BASE
-from runtime.train.asks import ask_code
+from runtime.train.cell_labels import OTHER
 from runtime.train.cell_vision import POS_SCALE, RowLayout, width
 from runtime.train.model import lookup_layer
 
@@ -186,16 +186,16 @@ def frozen_lookup(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding
     return masks
 
 
-def query_targets(targets: np.ndarray, loss_mask: np.ndarray, asked: Sequence[str],
+def query_targets(targets: np.ndarray, loss_mask: np.ndarray, clicked: str,
                   g: Grounding) -> tuple[np.ndarray, np.ndarray]:
     """Per row of an example: the code its lookup-layer input should carry ``[T, key]`` and
     the scaffold's weight there ``[T]`` — ``g.weight`` at the response rows whose target is
-    a coordinate piece, when the example's click asks for classes with codes (``asked``,
-    preferred first: ``asks.ask_code``; () when it does not click), else 0."""
+    a coordinate piece, when the example's action clicks a widget of a known class
+    (``clicked``; "" when it does not click), else 0."""
     n = len(targets)
     codes = np.zeros((n, width(g.layout.key)), np.float32)
     weight = np.zeros(n, np.float32)
-    code = ask_code(asked, g.codes)
+    code = g.codes.get(clicked) if clicked and clicked != OTHER else None
     if code is None:
         return codes, weight
     coord = np.isin(targets, np.asarray(list(g.x_ids) + list(g.y_ids)))

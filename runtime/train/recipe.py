@@ -60,9 +60,6 @@ __all__ = ["MMPROJ_NAME", "RecipeConfig", "model_name", "train_agents"]
 log = structlog.get_logger("kvagent.train")
 
 MMPROJ_NAME = "mmproj.gguf"
-#: the kinds whose click answers a dialog, and where their extra recogniser seeds start
-DIALOG_KINDS = ("dialog-button", "click-ok")
-DIALOG_SEEDS = 1_000_000
 
 
 def model_name(arch: str) -> str:
@@ -82,11 +79,8 @@ class RecipeConfig:
     episodes: int = 512
     fit: FitConfig = FitConfig()
     threads: int = 2
-    #: the projector's recogniser: expert episodes it learns from (every kind in turn, then
-    #: the dialog kinds again: one click each among up to four labelled buttons, their
-    #: labels the classes with the fewest screens), and its updates
+    #: the projector's recogniser: expert episodes it learns from, and its updates
     recogniser_episodes: int = 1500
-    recogniser_dialog_episodes: int = 3000
     recogniser_updates: int = 1500
     #: the query scaffold's weight (``grounding``)
     scaffold_weight: float = 10.0
@@ -178,12 +172,9 @@ def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
                 ) -> tuple[Recogniser, dict[str, Any]]:
     """The projector's recogniser, trained on training seeds and measured on held-out ones."""
     t0 = time.perf_counter()
-    n, m = config.recogniser_episodes, config.recogniser_dialog_episodes
-    progress(f"recogniser: cells of {n} + {m} expert episodes")
+    n = config.recogniser_episodes
+    progress(f"recogniser: cells of {n} expert episodes")
     data = cell_data(train_seeds(config.seed), n)
-    if m:  # other training seeds than the first part's, read in its classes
-        data = data.concat(cell_data(train_seeds(config.seed + DIALOG_SEEDS), m, data.classes,
-                                     DIALOG_KINDS))
     rec = train_recogniser(data, key_dims=KEY_DIMS, updates=config.recogniser_updates,
                            seed=config.seed,
                            progress=lambda t, loss: progress(

@@ -16,11 +16,6 @@ what the text model's query must carry. Two terms, over whole screens (16 per up
   class outscore every right one (held-out lookup 0.90 by cosine; 0.97 with this term, the
   codes pushed apart and near-unit keys — docs/training.md "The recogniser trained as the
   lookup uses it");
-* per screen with an expert click, the click's own query (``asks``: the clicked class's
-  code, or the chain's mixture, preferred class first) must find the clicked class's cells
-  the same way: a chain's query only works where the preferred class's cells outscore the
-  fallback's, which the per-class terms alone did not give (the shipped keys found a text
-  field behind its own title bar on 3 of 4 type-in-field clicks);
 * the keys' norms are held near 1 (exported at ``KEY_NORM``), so a dot product (llama's
   un-normed attention) ranks cells nearly as the cosine does.
 
@@ -31,7 +26,7 @@ be memorised. Deterministic from ``seed``; ~3 minutes for 1500 updates on one co
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 import attrs
 import jax
@@ -39,7 +34,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from runtime.train.agents import AGENT_SCREEN
-from runtime.train.asks import ask_code, asked_classes
 from runtime.train.cell_features import CELL, MERGED_FEATURES, cell_features, content_mask
 from runtime.train.cell_labels import OTHER, cell_classes, click_class
 from runtime.train.codes import spread_codes
@@ -58,52 +52,29 @@ KEY_NORM = 3.0  # the keys' mean norm once exported (the codes are unit vectors)
 #: hybrid's designed lookup head scores a unit query against a unit key (``grounding``)
 LOOKUP_SHARPNESS = 43.0
 SCREENS_PER_UPDATE = 16
-MAX_ASKED = 3  # classes a click's query asks for at most (``asks``: chains of two)
 
 
 @attrs.frozen(eq=False)
 class CellData:
     """Screens as cells: ``features [n, rows, cols, 4E]``, ``labels [n, rows, cols]`` (class
     indices), and per screen the expert's click (``click_class`` index and ``click_cell``
-    = row * cols + col; -1 when the step is not a click) and the classes its query asks for
-    (``asked [n, MAX_ASKED]`` indices, preferred first, -1 past the last: ``asks``)."""
+    = row * cols + col; -1 when the step is not a click)."""
 
     features: np.ndarray = attrs.field(repr=False)
     labels: np.ndarray = attrs.field(repr=False)
     click_class: np.ndarray = attrs.field(repr=False)
     click_cell: np.ndarray = attrs.field(repr=False)
-    asked: np.ndarray = attrs.field(repr=False)
     classes: tuple[str, ...]
 
-    def concat(self, other: CellData) -> CellData:
-        """These screens, then ``other``'s (read in the same classes)."""
-        if other.classes != self.classes:
-            raise ValueError("screens read in different class lists")
-        return CellData(*(np.concatenate([getattr(self, f), getattr(other, f)])
-                          for f in ("features", "labels", "click_class", "click_cell", "asked")),
-                        classes=self.classes)
 
-    def asked_queries(self, codes: np.ndarray) -> np.ndarray:
-        """``[n, key_dims]``: per screen the unit query its click asks with (``asks.ask_code``
-        over ``codes``); zero where the step is not a click."""
-        out = np.zeros((len(self.asked), codes.shape[1]), np.float32)
-        for n, row in enumerate(self.asked):
-            names = [self.classes[i] for i in row if i >= 0]
-            q = ask_code(names, dict(zip(self.classes, codes)))
-            if q is not None:
-                out[n] = q
-        return out
-
-
-def _screens(seeds: Iterator[int], n_episodes: int, kinds: Sequence[str],
-             ) -> Iterator[tuple[np.ndarray, np.ndarray, str | None, int, tuple[str, ...]]]:
+def _screens(seeds: Iterator[int], n_episodes: int) -> Iterator[tuple[np.ndarray, np.ndarray,
+                                                                       str | None, int]]:
     done = 0
-    for seed, kind in zip(seeds, itertools.cycle(kinds)):
+    for seed, kind in zip(seeds, itertools.cycle(task_kinds())):
         if done >= n_episodes:
             return
         try:
-            task = sample_task(kind, seed)
-            demo = demonstration(task, *SCREEN)
+            demo = demonstration(sample_task(kind, seed), *SCREEN)
         except DemonstrationError:
             continue
         done += 1
@@ -114,35 +85,28 @@ def _screens(seeds: Iterator[int], n_episodes: int, kinds: Sequence[str],
                 x, y = step.action.x, step.action.y
                 target = click_class(step.state, x, y)
                 cell = (y // CELL) * (SCREEN[0] // CELL) + x // CELL
-            yield (cell_features(rgb), cell_classes(step.state), target, cell,
-                   asked_classes(step.state, step.action, task.goal))
+            yield cell_features(rgb), cell_classes(step.state), target, cell
 
 
-def cell_data(seeds: Iterator[int], n_episodes: int, classes: tuple[str, ...] | None = None,
-              kinds: Sequence[str] | None = None) -> CellData:
-    """The cells of ``n_episodes`` expert episodes (``kinds``, default every task kind, in
-    turn, one seed each). ``classes``: a fixed class list (held-out data is read in the
-    training data's classes; an unseen class becomes ``other``); None: ``other`` and every
-    class seen, sorted."""
-    feats, names, targets, cells, asks = [], [], [], [], []
-    for f, lab, target, cell, asked in _screens(seeds, n_episodes, kinds or task_kinds()):
+def cell_data(seeds: Iterator[int], n_episodes: int,
+              classes: tuple[str, ...] | None = None) -> CellData:
+    """The cells of ``n_episodes`` expert episodes (task kinds in turn, one seed each).
+    ``classes``: a fixed class list (held-out data is read in the training data's classes;
+    an unseen class becomes ``other``); None: ``other`` and every class seen, sorted."""
+    feats, names, targets, cells = [], [], [], []
+    for f, lab, target, cell in _screens(seeds, n_episodes):
         feats.append(f)
         names.append(lab)
         targets.append(target)
         cells.append(cell)
-        asks.append(asked)
     if classes is None:
         seen = {str(n) for lab in names for n in lab.ravel()} | {t for t in targets if t}
         classes = (OTHER, *sorted(seen - {OTHER}))
     index = {c: i for i, c in enumerate(classes)}
     labels = np.stack([np.vectorize(lambda n: index.get(n, 0))(lab) for lab in names])
-    asked = np.full((len(asks), MAX_ASKED), -1, np.int32)
-    for n, chain in enumerate(asks):
-        known = [index[c] for c in chain if c in index][:MAX_ASKED]
-        asked[n, :len(known)] = known
     return CellData(np.stack(feats), labels.astype(np.int32),
                     np.array([index.get(t, 0) if t else -1 for t in targets], np.int32),
-                    np.array(cells, np.int32), asked, tuple(classes))
+                    np.array(cells, np.int32), tuple(classes))
 
 
 @attrs.frozen(eq=False)
@@ -190,17 +154,13 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
     freq = np.bincount(y_all, minlength=n_cls) + 1
     weight = jnp.asarray(np.minimum((freq.sum() / freq) ** 0.5, 30.0), jnp.float32)
     mean_j, inv_j = jnp.asarray(mean, jnp.float32), jnp.asarray(inv_std, jnp.float32)
-    # the batches are gathered here and passed in: closed over, the screens would be
-    # compiled into the step as constants (gigabytes, and JAX warns about it)
-    screens = data.features.reshape(n_screens, -1, MERGED_FEATURES)
-    labels = data.labels.reshape(n_screens, -1)
-    queries = data.asked_queries(np.asarray(codes))
-    clicked = data.click_class
+    screens = jnp.asarray(data.features.reshape(n_screens, -1, MERGED_FEATURES))
+    labels = jnp.asarray(data.labels.reshape(n_screens, -1))
 
     def keys(p, x):
         return jax.nn.gelu(((x - mean_j) * inv_j) @ p["w0"] + p["b0"]) @ p["w2"] + p["b2"]
 
-    def loss(p, x, y, q, c):  # x [screens, cells, F], y [screens, cells], q [screens, key]
+    def loss(p, x, y):  # x [screens, cells, F], y [screens, cells]
         key = keys(p, x)
         norm = jnp.linalg.norm(key, axis=-1, keepdims=True)
         cos = (key / (norm + 1e-6)) @ codes.T  # [screens, cells, classes]
@@ -212,28 +172,21 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
         found = jax.nn.logsumexp(jnp.where(member, over_cells, -jnp.inf), axis=1)
         present = member.any(axis=1).at[:, 0].set(False)  # every class on screen but other
         lookup = -jnp.where(present, found, 0.0).sum() / jnp.maximum(present.sum(), 1)
-        # the click's own query (``asks``: a chain's preferred class weighs more) must find
-        # the clicked class's cells among every cell of its screen
-        asked_cells = jax.nn.log_softmax(
-            (key / (norm + 1e-6)) @ q[..., None] * LOOKUP_SHARPNESS, axis=1)[..., 0]
-        hit = jax.nn.logsumexp(jnp.where(y == c[:, None], asked_cells, -jnp.inf), axis=1)
-        clicks = (c > 0) & (q != 0).any(axis=-1)
-        asked = -jnp.where(clicks, hit, 0.0).sum() / jnp.maximum(clicks.sum(), 1)
-        return per_cell + lookup + asked + ((norm - 1.0) ** 2).mean()
+        return per_cell + lookup + ((norm - 1.0) ** 2).mean()
 
     opt = AdamW(learning_rate=2e-3, b2=0.99, warmup_steps=100, decay_steps=updates,
                 min_lr_ratio=0.1, clip_norm=1.0)
 
     @jax.jit
-    def step(state, x, y, q, c):
-        val, g = jax.value_and_grad(loss)(state.params, x, y, q, c)
+    def step(state, pick):
+        val, g = jax.value_and_grad(loss)(state.params, screens[pick], labels[pick])
         return apply_updates(state, g, opt)[0], val
 
     rng = np.random.default_rng(seed)
     state = init_state(params)
     for t in range(1, updates + 1):
         pick = rng.integers(0, n_screens, SCREENS_PER_UPDATE)
-        state, val = step(state, screens[pick], labels[pick], queries[pick], clicked[pick])
+        state, val = step(state, jnp.asarray(pick))
         if progress is not None and (t % 250 == 0 or t == updates):
             progress(t, float(val))
     p = {name: np.asarray(v, np.float64) for name, v in state.params.items()}
@@ -249,18 +202,15 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
 
 
 def lookup_accuracy(rec: Recogniser, data: CellData) -> float:
-    """Per expert click in ``data``: is the cell whose key is nearest (cosine) the click's
-    query (``asks``: the clicked class's code, or its chain's) a cell of the clicked class?
-    (What the hybrid's lookup can at best find.)"""
+    """Per expert click in ``data``: is the cell whose key is nearest (cosine) the clicked
+    class's code a cell of that class? (What the hybrid's lookup can at best find.)"""
     k = rec.keys(data.features)
-    k = k / np.linalg.norm(k, axis=-1, keepdims=True)
-    queries = data.asked_queries(rec.codes)
+    scores = (k / np.linalg.norm(k, axis=-1, keepdims=True)) @ rec.codes.T
     right = []
     for n in np.nonzero(data.click_class >= 0)[0]:
-        if not queries[n].any():
-            continue
-        best = np.unravel_index((k[n] @ queries[n]).argmax(), k.shape[1:3])
-        right.append(data.labels[n][best] == data.click_class[n])
+        c = data.click_class[n]
+        best = np.unravel_index(scores[n, ..., c].argmax(), scores.shape[1:3])
+        right.append(data.labels[n][best] == c)
     if not right:
         raise ValueError("no expert clicks in the data")
     return float(np.mean(right))

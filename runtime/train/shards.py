@@ -62,7 +62,6 @@ META: dict[str, str] = {
     "mode": "uint8",  # the episode: 0 clean, 1 perturbed once, 2 one slip (a mistake)
     "recovery": "bool",  # at or after the step the episode went off-track
     "clicked": "U40",  # the class of the widget the target clicks (cell_labels); "" if none
-    "asked": "U80",  # the classes its lookup query asks for, preferred first (asks); "" if none
 }
 
 
