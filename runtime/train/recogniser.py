@@ -154,8 +154,10 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
     freq = np.bincount(y_all, minlength=n_cls) + 1
     weight = jnp.asarray(np.minimum((freq.sum() / freq) ** 0.5, 30.0), jnp.float32)
     mean_j, inv_j = jnp.asarray(mean, jnp.float32), jnp.asarray(inv_std, jnp.float32)
-    screens = jnp.asarray(data.features.reshape(n_screens, -1, MERGED_FEATURES))
-    labels = jnp.asarray(data.labels.reshape(n_screens, -1))
+    # each update's screens are gathered here and passed in: closed over, every screen
+    # would be compiled into the step as a constant (gigabytes; JAX warns about it)
+    screens = data.features.reshape(n_screens, -1, MERGED_FEATURES)
+    labels = data.labels.reshape(n_screens, -1)
 
     def keys(p, x):
         return jax.nn.gelu(((x - mean_j) * inv_j) @ p["w0"] + p["b0"]) @ p["w2"] + p["b2"]
@@ -178,15 +180,15 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
                 min_lr_ratio=0.1, clip_norm=1.0)
 
     @jax.jit
-    def step(state, pick):
-        val, g = jax.value_and_grad(loss)(state.params, screens[pick], labels[pick])
+    def step(state, x, y):
+        val, g = jax.value_and_grad(loss)(state.params, x, y)
         return apply_updates(state, g, opt)[0], val
 
     rng = np.random.default_rng(seed)
     state = init_state(params)
     for t in range(1, updates + 1):
         pick = rng.integers(0, n_screens, SCREENS_PER_UPDATE)
-        state, val = step(state, jnp.asarray(pick))
+        state, val = step(state, screens[pick], labels[pick])
         if progress is not None and (t % 250 == 0 or t == updates):
             progress(t, float(val))
     p = {name: np.asarray(v, np.float64) for name, v in state.params.items()}
