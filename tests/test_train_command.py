@@ -18,7 +18,8 @@ from runtime.cli import main
 from runtime.train.environment import ONE_THREAD_XLA_FLAGS, pin_xla_threads
 
 ARGS = ["train", "--arch", "qwen35", "--episodes", "8", "--steps", "1", "--threads", "2",
-        "--recogniser-episodes", "8", "--recogniser-updates", "5"]
+        "--recogniser-episodes", "8", "--recogniser-dialog-episodes", "4",
+        "--recogniser-updates", "5"]
 
 
 def test_train_writes_loadable_reproducible_agent(tmp_path: Path, capsys,

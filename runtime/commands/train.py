@@ -41,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recogniser-episodes", type=int, default=d.recogniser_episodes,
                    help="expert episodes the projector's widget recogniser learns from "
                         f"(default {d.recogniser_episodes})")
+    p.add_argument("--recogniser-dialog-episodes", type=int,
+                   default=d.recogniser_dialog_episodes,
+                   help="more episodes of the dialog kinds for it (their button labels are "
+                        f"the rarest classes; default {d.recogniser_dialog_episodes})")
     p.add_argument("--recogniser-updates", type=int, default=d.recogniser_updates,
                    help=f"the recogniser's updates (default {d.recogniser_updates}, ~3 min; "
                         "its screens take 1.5 min more)")
@@ -75,14 +79,17 @@ def run(args: argparse.Namespace) -> int:
         arches = tuple(parse_arches(args.arch))
         if args.episodes < 8 or args.steps < 1 or args.learning_rate <= 0:
             raise ValueError("--episodes must be >= 8, --steps >= 1, --learning-rate > 0")
-        if args.recogniser_episodes < 8 or args.recogniser_updates < 1:
-            raise ValueError("--recogniser-episodes must be >= 8, --recogniser-updates >= 1")
+        if args.recogniser_episodes < 8 or args.recogniser_updates < 1 \
+                or args.recogniser_dialog_episodes < 0:
+            raise ValueError("--recogniser-episodes must be >= 8, --recogniser-updates >= 1, "
+                             "--recogniser-dialog-episodes >= 0")
         config = RecipeConfig(arches=arches, seed=args.seed, episodes=args.episodes,
                               fit=attrs.evolve(FitConfig(), steps=args.steps,
                                                learning_rate=args.learning_rate,
                                                seed=args.seed),
                               threads=args.threads,
                               recogniser_episodes=args.recogniser_episodes,
+                              recogniser_dialog_episodes=args.recogniser_dialog_episodes,
                               recogniser_updates=args.recogniser_updates,
                               perturbed=args.perturbed, slipped=args.slipped,
                               early_typing=args.early_typing, max_slip_run=args.max_slip_run)

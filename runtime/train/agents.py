@@ -19,9 +19,9 @@ import attrs
 from cachepolicy.forge import TextSpec
 from cachepolicy.forge.tokenizer import Vocab, build_vocab
 from runtime.train.cell_features import CELL
-from vmenv.simdesk.words import EVAL_ONLY_WORDS, TRAIN_WORDS
+from vmenv.simdesk.words import BUTTON_WORDS, EVAL_ONLY_WORDS, TRAIN_WORDS
 
-__all__ = ["AGENT_ARCHES", "AGENT_PIECES", "AGENT_SCREEN", "LLAMA_ROPE_BASE", "TYPED_WORDS",
+__all__ = ["AGENT_ARCHES", "AGENT_PIECES", "LABEL_PIECES", "AGENT_SCREEN", "LLAMA_ROPE_BASE", "TYPED_WORDS",
            "X_PIECES", "Y_PIECES", "AgentShape", "agent_shape", "agent_vocab"]
 
 N_VOCAB = 1536
@@ -64,10 +64,15 @@ TYPED_WORDS: tuple[str, ...] = tuple(dict.fromkeys(TRAIN_WORDS + EVAL_ONLY_WORDS
 #: them) and the one key the expert presses, so the history is not spelled letter by letter.
 _PROMPT_VERBS = (', type("', ', press("')
 _LINE_WORDS = ("Step", "Screenshot", "Previous", "Task", "backspace")
+#: A dialog button's label as dialog-button's instruction quotes it (``clicking "Apply".``):
+#: the label with its closing quote is one piece (``"`` ``Apply"``), so a label piece occurs
+#: only where an instruction names a button (a quoted message that starts with a label word,
+#: ``"Discard unsaved changes?"``, tokenizes to the bare word); ``label_copy`` reads them.
+LABEL_PIECES: tuple[str, ...] = tuple(f'{w}"' for w in BUTTON_WORDS)
 
 #: Word pieces added to the forge's vocabulary (a leading space is SentencePiece's "▁").
 AGENT_PIECES: tuple[str, ...] = tuple(dict.fromkeys(
-    list(_PROMPT_VERBS) + list(_LINE_WORDS)
+    list(_PROMPT_VERBS) + list(_LINE_WORDS) + list(LABEL_PIECES)
     + [f" {w}" for w in f"{_PROMPT} {_INSTRUCTIONS} {_WIDGETS}".split()]
     + [f"{w}" for w in _GRAMMAR] + [f" {w}" for w in _GRAMMAR] + list(X_PIECES)
     + list(Y_PIECES) + list(TYPED_WORDS)

@@ -26,7 +26,7 @@ be memorised. Deterministic from ``seed``; ~3 minutes for 1500 updates on one co
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 import jax
@@ -66,11 +66,19 @@ class CellData:
     click_cell: np.ndarray = attrs.field(repr=False)
     classes: tuple[str, ...]
 
+    def concat(self, other: CellData) -> CellData:
+        """These screens, then ``other``'s (read in the same classes)."""
+        if other.classes != self.classes:
+            raise ValueError("screens read in different class lists")
+        return CellData(*(np.concatenate([getattr(self, f), getattr(other, f)])
+                          for f in ("features", "labels", "click_class", "click_cell")),
+                        classes=self.classes)
 
-def _screens(seeds: Iterator[int], n_episodes: int) -> Iterator[tuple[np.ndarray, np.ndarray,
-                                                                       str | None, int]]:
+
+def _screens(seeds: Iterator[int], n_episodes: int, kinds: Sequence[str],
+             ) -> Iterator[tuple[np.ndarray, np.ndarray, str | None, int]]:
     done = 0
-    for seed, kind in zip(seeds, itertools.cycle(task_kinds())):
+    for seed, kind in zip(seeds, itertools.cycle(kinds)):
         if done >= n_episodes:
             return
         try:
@@ -88,13 +96,14 @@ def _screens(seeds: Iterator[int], n_episodes: int) -> Iterator[tuple[np.ndarray
             yield cell_features(rgb), cell_classes(step.state), target, cell
 
 
-def cell_data(seeds: Iterator[int], n_episodes: int,
-              classes: tuple[str, ...] | None = None) -> CellData:
-    """The cells of ``n_episodes`` expert episodes (task kinds in turn, one seed each).
-    ``classes``: a fixed class list (held-out data is read in the training data's classes;
-    an unseen class becomes ``other``); None: ``other`` and every class seen, sorted."""
+def cell_data(seeds: Iterator[int], n_episodes: int, classes: tuple[str, ...] | None = None,
+              kinds: Sequence[str] | None = None) -> CellData:
+    """The cells of ``n_episodes`` expert episodes (``kinds``, default every task kind, in
+    turn, one seed each). ``classes``: a fixed class list (held-out data is read in the
+    training data's classes; an unseen class becomes ``other``); None: ``other`` and every
+    class seen, sorted."""
     feats, names, targets, cells = [], [], [], []
-    for f, lab, target, cell in _screens(seeds, n_episodes):
+    for f, lab, target, cell in _screens(seeds, n_episodes, kinds or task_kinds()):
         feats.append(f)
         names.append(lab)
         targets.append(target)
