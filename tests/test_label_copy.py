@@ -143,3 +143,16 @@ def test_masks_cover_the_label_copy(arch: str) -> None:
     if spec.is_hybrid:  # the Gated DeltaNet layer before writes nothing there, and keeps so
         assert masks["blk.0.ssm_out.weight"][labels.code_dims].all()
         assert not np.asarray(params["blk.0.ssm_out.weight"])[labels.code_dims].any()
+
+
+def test_a_label_without_a_class_is_left_out() -> None:
+    codes = {c: v for c, v in CODES.items() if c not in ("dialog.apply", "dialog.skip")}
+    labels = label_copy(VOCAB.tokens, LAYOUT, codes, text_flag=LAYOUT.content.stop - 1)
+    kept = [VOCAB.tokens[t] for t in labels.label_ids]
+    assert 'Apply"' not in kept and 'Skip"' not in kept and len(kept) == len(BUTTON_WORDS) - 2
+    assert np.array_equal(labels.codes[0], CODES["dialog.save"])
+    empty = label_copy(VOCAB.tokens, LAYOUT, {"other": CODES["other"]}, LAYOUT.content.stop - 1)
+    spec = agent_shape("llama").spec
+    start, _ = _start("llama", labelled=False)
+    params = design_label(start, spec, empty)  # a head that writes 0
+    assert not params["token_embd.weight"][:, empty.code_dims].any()

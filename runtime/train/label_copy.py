@@ -76,12 +76,16 @@ class LabelCopy:
 def label_copy(tokens: Sequence[str], layout: RowLayout, codes: Mapping[str, np.ndarray],
                text_flag: int, seed: int = 0) -> LabelCopy:
     """The agents' label copy for a vocabulary's ``tokens`` and the recogniser's class
-    ``codes`` (KeyError when a button label has no class: the recogniser never saw it)."""
-    missing = [w for w in BUTTON_WORDS if f"dialog.{w.lower()}" not in codes]
-    if missing:
-        raise KeyError(f"the recogniser has no class for the dialog buttons {missing}")
-    stacked = np.stack([codes[f"dialog.{w.lower()}"] for w in BUTTON_WORDS])
-    return LabelCopy(layout, piece_ids(tokens, LABEL_PIECES), stacked, text_flag, seed=seed)
+    ``codes``.  A label whose button the recogniser has no class for (it never saw one: a
+    toy budget) is left out: its piece is then an ordinary piece."""
+    known = [(w, p) for w, p in zip(BUTTON_WORDS, LABEL_PIECES)
+             if f"dialog.{w.lower()}" in codes]
+    width = len(next(iter(codes.values())))
+    stacked = np.zeros((len(known), width), np.float32)
+    for i, (w, _) in enumerate(known):
+        stacked[i] = codes[f"dialog.{w.lower()}"]
+    return LabelCopy(layout, piece_ids(tokens, [p for _, p in known]), stacked, text_flag,
+                     seed=seed)
 
 
 def label_head(spec: TextSpec) -> HeadSlices:
