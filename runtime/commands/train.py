@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 HELP = ("train the tiny simdesk agents (hybrid qwen35 and llama) that kvagent ships; on one "
-        "core about 4-6 min for the projector's recogniser, 1.5-7 for the dataset and 20-35 "
-        "per model (measured with the two models side by side on 2 cores, quiet to loaded; "
+        "core about 4-6 min for the projector's recogniser, 1.5-7 for the dataset and 25-30 "
+        "per model at the default 4000 updates (the hybrid 25, llama 30: measured with the two "
+        "side by side on 2 cores, quiet; more on a loaded machine; "
         "needs pip install 'kvagent[train]')")
 
 DEFAULT_OUT = Path("kvagent-agents")
