@@ -45,7 +45,8 @@ def test_arguments_are_checked_before_anything_starts(tmp_path: Path, capsys) ->
     for extra, culprit in ((["--parts", "both"], "--parts"), (["--steps", "1"], "--steps"),
                            (["--clients", "0"], "--clients"), (["--screen", "big"], "--screen"),
                            (["--model", str(plain)], "--mmproj"),
-                           (["--vm-seconds", "-1"], "--vm-seconds")):
+                           (["--vm-seconds", "-1"], "--vm-seconds"),
+                           (["--decode-rows", "0"], "--decode-rows")):
         res = kvagent(capsys, "--llama-server", str(plain), *extra)
         assert res.returncode == 2 and culprit in res.stderr, (extra, res.stderr)
     # the command line itself, once: no binary named
@@ -92,9 +93,13 @@ def test_kvagent_side_of_the_workload(forged, tmp_path: Path) -> None:
     once; every step is recorded with the server's own counts."""
     m = forged("qwen35")
     args = argparse.Namespace(steps=4, screenshots=2, max_tokens=4, vm_seconds=0.05, ctx=4096,
-                              threads=1, llama_server=None)
+                              threads=1, llama_server=None, decode_rows=1)
     out = bench_peer.run_arm(args, "kvagent", "evict", 2, (96, 64), m.model_path,
                              m.mmproj_path, tmp_path)
+    # --decode-rows reached the server: one lane, the generations take turns
+    shape = next(line for line in (tmp_path / "kvagent-serve.log").read_text().splitlines()
+                 if "engine_decode_shape" in line)
+    assert "up to 1 generations" in shape, shape
     assert out["server"] == "kvagent" and out["clients"] == 2 and out["steps"] == 8
     assert out["peak_rss_bytes"] > 0 and out["steps_per_s"] > 0
     steps = out["per_step"]

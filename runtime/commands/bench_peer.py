@@ -56,13 +56,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clients", type=int, default=4, help="N: concurrent clients")
     p.add_argument("--rounds", type=int, default=3, help="paired rounds (orders alternate)")
     p.add_argument("--threads", type=int, default=1, help="threads of either server")
+    p.add_argument("--decode-rows", type=int, default=None, dest="decode_rows",
+                   help="kvagent serve's decode lanes (default: its own default, or N when "
+                        "N clients exceed it); 1: every generation decodes alone in one-row "
+                        "calls, the setting docs/benchmarks.md §4 measures best for a lone "
+                        "agent on a small f16 model")
     p.add_argument("--ctx", type=int, default=8192, help="context tokens per client")
     p.add_argument("--json", type=Path, dest="json_out", help="write the report here")
 
 
 def check(args: argparse.Namespace) -> tuple[list[str], tuple[int, int]]:
     """The parts and screen size the arguments ask for; ValueError naming the option."""
-    from runtime.arg_parsers import check_threads, parse_wxh
+    from runtime.arg_parsers import check_decode_rows, check_threads, parse_wxh
     from runtime.bench.llama_server import check_binary
 
     if (problem := check_binary(args.llama_server)) is not None:
@@ -79,6 +84,7 @@ def check(args: argparse.Namespace) -> tuple[list[str], tuple[int, int]]:
     if (args.model is None) != (args.mmproj is None):
         raise ValueError("give both --model and --mmproj, or neither (the forged qwen35 M)")
     check_threads(args.threads)
+    check_decode_rows(args.decode_rows)
     return parts, parse_wxh(args.screen, option="--screen", low=(16, 16), high=(8192, 8192))
 
 
@@ -135,8 +141,11 @@ def run_arm(args: argparse.Namespace, server: str, layout: str, clients: int,
             rss = peak_rss_bytes(peer.process.pid)
     else:
         # kvagent's decode settings as a user runs it (like llama-server's): more lanes
-        # only when more clients than the default lanes decode at once
-        lanes = (["--decode-rows", str(clients)] if clients > DEFAULT_DECODE_ROWS else [])
+        # only when more clients than the default lanes decode at once; or the lanes asked
+        rows = getattr(args, "decode_rows", None)
+        if rows is None and clients > DEFAULT_DECODE_ROWS:
+            rows = clients
+        lanes = ["--decode-rows", str(rows)] if rows is not None else []
         kargs = ["--model", str(model), "--mmproj", str(mmproj), "--mode", "terminal",
                  "--ctx", str(args.ctx), "--threads", str(args.threads),
                  "--max-episodes", str(clients), *lanes,
@@ -172,6 +181,7 @@ def measure(args: argparse.Namespace, parts: list[str], size: tuple[int, int], m
                        "vm_seconds": args.vm_seconds, "max_tokens": args.max_tokens,
                        "clients": args.clients, "rounds": args.rounds,
                        "threads": args.threads, "ctx": args.ctx,
+                       "decode_rows": args.decode_rows,
                        "llama_server": str(args.llama_server)},
             "arms": {k: _median_of(v) for k, v in runs.items()}, "runs": runs}
 
@@ -234,7 +244,8 @@ def print_report(report: dict[str, Any]) -> None:
     c = report["config"]
     print(f"{c['steps']} steps per client, K={c['screenshots']} screenshots of "
           f"{c['screen'][0]}x{c['screen'][1]}, {c['vm_seconds']} s of VM time, "
-          f"{c['max_tokens']} answer tokens, {c['threads']} thread(s), medians of "
+          f"{c['max_tokens']} answer tokens, {c['threads']} thread(s), kvagent decode "
+          f"lanes {c.get('decode_rows') or 'default'}, medians of "
           f"{c['rounds']} paired rounds")
     print(table(report))
     for name, value in ratios(report).items():
