@@ -73,15 +73,46 @@ def test_lane_calls_share_and_pad_only_to_their_class(forged, arch) -> None:
 
 @pytest.mark.parametrize("arch", ["qwen35", "llama"])
 def test_runs_alone_and_together_are_the_same(forged, arch) -> None:
-    with _engine(forged, arch, rows=4, runs=None) as e:
+    with _engine(forged, arch, rows=4, runs=True) as e:  # asked for: every generation in runs
         shape = e.decode_shape
         assert shape.mode is DecodeMode.RUNS and (shape.min_run, shape.max_run) == (2, 16)
+        assert not shape.free_text_alone
         together = _generate(e, [0, 1, 2], 12, gate=threading.Barrier(3))
         before = e.decode_stats()
         solo = {s: _generate(e, [s], 12)[s] for s in range(3)}
         stats = e.decode_stats() - before
         assert stats.tokens == 3 * 11 and stats.rows >= stats.tokens
     assert together == solo
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "llama"])
+def test_the_default_runs_shape_decodes_free_text_alone_in_one_row_calls(forged, arch) -> None:
+    """f16's default shape is runs, but a generation no grammar constrains has nothing to
+    ride in a run: it decodes in one-row calls, unpadded, never shared — so its tokens are
+    those of a one-lane engine (one-row calls too), alone or beside other generations."""
+    with _engine(forged, arch, rows=1) as one_lane:
+        assert one_lane.decode_shape.lane_rows == (1,)
+        reference = {s: _generate(one_lane, [s], 12)[s] for s in range(3)}
+    with _engine(forged, arch, rows=4, runs=None) as e:
+        shape = e.decode_shape
+        assert shape.mode is DecodeMode.RUNS and shape.free_text_alone
+        assert "without a grammar one-row calls" in shape.describe()
+        together = _generate(e, [0, 1, 2], 12, gate=threading.Barrier(3))
+        before = e.decode_stats()
+        solo = {s: _generate(e, [s], 12)[s] for s in range(3)}
+        stats = e.decode_stats() - before
+        # one call per token fed: no pad row, no guess, nothing rolled back
+        assert stats.calls == stats.rows == stats.tokens == 3 * 11
+        assert stats.pad_rows == stats.drafted == stats.rewinds == 0
+        # a constrained generation still decodes in runs (its forced text rides in them)
+        e.clear(0)
+        logits = e.prefill_tokens(0, _prompt(0))
+        before = e.decode_stats()
+        digits = e.generate(0, logits, 6, SamplingParams(grammar='root ::= "ab" [0-9]+'),
+                            stop_at_eog=False)
+        constrained = e.decode_stats() - before
+        assert len(digits) == 6 and constrained.rows + constrained.pad_rows > constrained.calls
+    assert together == solo == reference
 
 
 def test_lanes_are_empty_between_generations(forged) -> None:
@@ -216,6 +247,8 @@ def test_the_default_shape_pads_a_lone_generation_only_where_its_classes_require
     f16 = RowClasses(lanes=[[1], [2, 3, 4]], runs=range(2, 17))
     q8 = RowClasses(lanes=[[1, 2, 3, 4]], runs=range(2, 17))
     assert choose_shape(f16, 4, runs=None).mode is DecodeMode.RUNS
+    assert choose_shape(f16, 4, runs=None).free_text_alone  # asked-for runs: not
+    assert not choose_shape(f16, 4, runs=True).free_text_alone
     assert choose_shape(f16, 1, runs=None).lane_rows == (1,)
     auto = choose_shape(q8, 4, runs=None)
     assert auto.mode is DecodeMode.LANES and auto.pad_to(1) == 1 and auto.lanes == 4

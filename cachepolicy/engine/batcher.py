@@ -22,7 +22,10 @@ calls are formed is the engine's ``DecodeShape`` (``row_classes``):
   recurrent state before a call with guesses, and a rollback restores it and trims the
   attention part, the kept tokens of that call re-fed at the head of the next one
   (``Lane.pending``).  A run shorter than ``min_run`` is padded with pad tokens, rolled back
-  the same way.  Calls of different generations take turns.
+  the same way.  Calls of different generations take turns.  A generation that asked to
+  decode **alone** (``generating(alone=True)``: the default shape's free-text generations,
+  ``DecodeShape.free_text_alone``) feeds one token per call instead — one-row calls, their
+  own class, taking turns with the runs.
 
 A generation joins by taking a lane and leaves by giving it back: between calls.  With more
 generations than lanes, the extra ones wait for a lane.
@@ -110,11 +113,12 @@ class Lane:
     batcher: DecodeBatcher
     pending: list[int] = attrs.Factory(list)
     _spec: _Speculation | None = None
+    alone: bool = False  # RUNS shape: one-row calls of this generation's tokens instead
 
     @property
     def runs(self) -> bool:
         """Whether this lane decodes in runs (several tokens per call)."""
-        return self.batcher.shape.mode is DecodeMode.RUNS
+        return self.batcher.shape.mode is DecodeMode.RUNS and not self.alone
 
     @property
     def max_guesses(self) -> int:
@@ -197,13 +201,16 @@ class DecodeBatcher:
         return len(self._pending) + self._waiting
 
     @contextmanager
-    def generating(self, seq: int) -> Iterator[Lane]:
-        """A lane holding a copy of ``seq`` for one generation (waits for a free lane)."""
+    def generating(self, seq: int, *, alone: bool = False) -> Iterator[Lane]:
+        """A lane holding a copy of ``seq`` for one generation (waits for a free lane).
+        ``alone``: in the RUNS shape, its tokens go one per call (one-row calls); lane calls
+        are shared whatever it says."""
+        alone = alone and self.shape.mode is DecodeMode.RUNS
         with self._cv:
             # no call may be between choosing its pad lanes and running while we copy
             self._cv.wait_for(lambda: len(self._busy) < self.rows and not self._running)
             lane_id = next(lane for lane in self.lanes if lane not in self._busy)
-            lane = self._busy[lane_id] = Lane(lane_id, 0, self)
+            lane = self._busy[lane_id] = Lane(lane_id, 0, self, alone=alone)
         try:
             lane.pos = self._decoder.copy_to_lane(seq, lane_id)
             yield lane
@@ -225,6 +232,13 @@ class DecodeBatcher:
                 raise ValueError("lane calls feed one token per generation")
             self._check_room(lane, 1)
             return [self._shared(lane, tokens[0])]
+        if lane.alone:
+            if len(tokens) != 1 or certain != 1:
+                raise ValueError("a generation decoding alone feeds one known token per call")
+            self._check_room(lane, 1)
+            rows = self._solo(lane, tokens, 0)
+            lane.pos += 1
+            return rows
         fed = lane.pending + tokens
         n_pending, n_known = len(lane.pending), len(lane.pending) + certain
         pads = max(0, shape.min_run - len(fed))

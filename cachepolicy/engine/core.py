@@ -441,8 +441,10 @@ class Engine:
         sampler = self.sampler(sampling or SamplingParams())
         drafting = drafting or Drafting()
         context = self._draft_context(seq) if drafting.lookup else ()
+        # the default runs shape: a generation no grammar constrains decodes alone
+        alone = self.batcher.shape.free_text_alone and not sampler.constrained
         try:
-            with self.batcher.generating(seq) as lane:
+            with self.batcher.generating(seq, alone=alone) as lane:
                 out, counts = generation.generate(
                     lane, sampler, logits, max_tokens, drafting=drafting, context=context,
                     spelling=self._spelling() if sampler.constrained and lane.runs else None,

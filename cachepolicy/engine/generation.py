@@ -20,8 +20,9 @@ and accepts the same tokens into the grammar; only the calls differ:
 
 Exact only if a row computed in a run equals the row plain decoding would compute — the run
 class of ``row_classes``, which the engine measured, and ``check-exact``'s ``decode_runs``
-and ``speculative_generation`` verify.  On a lane-shaped engine (``DecodeMode.LANES``) every
-token is fed alone: forced tokens then skip only the choice.
+and ``speculative_generation`` verify.  On a lane-shaped engine (``DecodeMode.LANES``), and
+for a generation decoding alone (``Lane.alone``), every token is fed alone: forced tokens
+then skip only the choice.
 """
 
 from __future__ import annotations

@@ -118,7 +118,8 @@ class EngineConfig:
     # How decode calls are formed (``row_classes.DecodeShape``): False lanes (generations
     # share calls, one token each), True runs (one generation's tokens per call, which
     # jump-forward and speculation need), None lanes where a lone generation needs no pad
-    # row in them, else runs (``row_classes.choose_shape``).  Either is exact in itself;
+    # row in them, else runs for generations a grammar constrains and one-row calls for
+    # the others (``row_classes.choose_shape``).  Either is exact in itself;
     # they compute a row with other kernels on some models, so outputs may differ between
     # them (never within one).
     decode_runs: bool | None = None

@@ -27,7 +27,12 @@ An engine therefore decodes in one of two shapes (``DecodeShape``), each exact i
 * ``RUNS`` — every call holds one generation's run of ``min_run`` (2)..``max_run`` tokens:
   grammar-forced text (jump-forward) and drafted tokens (speculation) ride in the run, and a
   lone token is paired with a guess that is rolled back when it is wrong.  Generations do
-  not share calls.
+  not share calls.  Chosen by default (``free_text_alone``), only generations a grammar
+  constrains decode in runs: one without a grammar has no forced text to ride in a run, so
+  it decodes alone in one-row calls — the class of its own a one-token call is, never
+  shared and never speculated in, so its tokens still do not depend on what else decodes
+  (on f16 here a two-row run costs 2.2x a one-row call, and a wrong guess on a recurrent
+  model a rollback too).
 
 Pure records and arithmetic; nothing here touches llama.cpp.
 """
@@ -107,6 +112,9 @@ class DecodeShape:
     min_run: int = 1  # RUNS: tokens per call
     max_run: int = 1
     why: str = ""
+    #: RUNS: a generation without a grammar decodes alone in one-row calls instead (the
+    #: default shape's choice; a shape asked for explicitly runs every generation in runs)
+    free_text_alone: bool = False
 
     def pad_to(self, rows: int) -> int:
         """LANES: the row count a call holding ``rows`` consecutive lanes is padded to."""
@@ -119,8 +127,9 @@ class DecodeShape:
         if self.mode is DecodeMode.LANES:
             return (f"lanes: up to {self.lanes} generations share a call of "
                     f"{_span(self.lane_rows)} rows")
+        alone = "; without a grammar one-row calls" if self.free_text_alone else ""
         return (f"runs: each call one generation's {self.min_run}..{self.max_run} tokens "
-                f"({self.lanes} generations at once)")
+                f"({self.lanes} generations at once{alone})")
 
 
 def lane_shape(classes: RowClasses, lanes: int) -> DecodeShape:
@@ -162,11 +171,18 @@ def choose_shape(classes: RowClasses, lanes: int, *, runs: bool | None,
     K-quants here, or there is one lane: nothing is cheaper, and generations that meet
     share calls), else runs — where both shapes cost a lone generation a second row per
     call (f16's one-row calls take another kernel), runs make it a guess that may be right,
-    and jump-forward and drafts ride in it."""
+    and jump-forward and drafts ride in it; a generation without a grammar then decodes
+    alone in one-row calls (``free_text_alone``: nothing forced rides in its runs, and a
+    guess rarely pays for its row)."""
     by_lanes = lane_shape(classes, lanes)
     if runs is False or (runs is None and by_lanes.pad_to(1) == 1):
         return by_lanes
-    return run_shape(classes, lanes, max_run_cap=max_run_cap)
+    shape = run_shape(classes, lanes, max_run_cap=max_run_cap)
+    if runs is None:
+        shape = attrs.evolve(shape, free_text_alone=True,
+                             why=shape.why + "; a generation without a grammar decodes alone "
+                                             "in one-row calls (nothing forced to ride in a run)")
+    return shape
 
 
 def run_chunks(n: int, min_run: int, max_run: int) -> list[int]:
