@@ -27,15 +27,17 @@ def _prompt(seq: int) -> list[int]:
 
 
 def _generate(e: Engine, seqs: list[int], tokens: int, *,
-              gate: threading.Barrier | None = None) -> dict[int, list[int]]:
-    """Generations on ``seqs`` in threads (together when they overlap)."""
+              gate: threading.Barrier | None = None,
+              grammars: dict[int, str] | None = None) -> dict[int, list[int]]:
+    """Generations on ``seqs`` in threads (together when they overlap); ``grammars``
+    constrains some of them."""
     for s in seqs:
         e.clear(s)
     logits = {s: e.prefill_tokens(s, _prompt(s)) for s in seqs}
     out: dict[int, list[int]] = {}
-    params = SamplingParams(temperature=1.0, seed=5)
 
     def run(s: int) -> None:
+        params = SamplingParams(temperature=1.0, seed=5, grammar=(grammars or {}).get(s))
         if gate is not None:
             gate.wait(timeout=30)
         out[s] = e.generate(s, logits[s], tokens, params, stop_at_eog=False)
@@ -112,7 +114,12 @@ def test_the_default_runs_shape_decodes_free_text_alone_in_one_row_calls(forged,
                             stop_at_eog=False)
         constrained = e.decode_stats() - before
         assert len(digits) == 6 and constrained.rows + constrained.pad_rows > constrained.calls
+        # runs and one-row calls interleaved: each generation's tokens are its own alone
+        grammars = {0: 'root ::= "ab" [0-9]+', 2: 'root ::= [a-z]+'}
+        mixed = _generate(e, [0, 1, 2], 10, gate=threading.Barrier(3), grammars=grammars)
+        apart = {s: _generate(e, [s], 10, grammars=grammars)[s] for s in range(3)}
     assert together == solo == reference
+    assert mixed == apart and mixed[1] == reference[1][:10]
 
 
 def test_lanes_are_empty_between_generations(forged) -> None:

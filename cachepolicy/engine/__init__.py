@@ -33,7 +33,8 @@ Numerical contract (README "The engine's exactness contract", and ``kvagent chec
   class; or runs of one generation's tokens (2..16, one class on f16 and Q8_0), where
   grammar-forced text and prompt-lookup drafts are verified against exactly what plain
   decoding would choose and rolled back when rejected (``generation``).  By default lanes
-  where a lone generation needs no pad row in them (Q8_0, K-quants, one lane), else runs;
+  where a lone generation needs no pad row in them (Q8_0, K-quants, one lane), else runs
+  for generations under a grammar and one-row calls for the others;
 
 * the vision encoder (mtmd, a graph of its own) runs WITH flash attention
   (``EngineConfig.encoder_flash_attn``): an image is encoded in one call, so no split rule

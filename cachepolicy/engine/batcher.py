@@ -23,8 +23,8 @@ calls are formed is the engine's ``DecodeShape`` (``row_classes``):
   attention part, the kept tokens of that call re-fed at the head of the next one
   (``Lane.pending``).  A run shorter than ``min_run`` is padded with pad tokens, rolled back
   the same way.  Calls of different generations take turns.  A generation that asked to
-  decode **alone** (``generating(alone=True)``: the default shape's free-text generations,
-  ``DecodeShape.free_text_alone``) feeds one token per call instead — one-row calls, their
+  decode **alone** (``generating(free_text=True)`` in a shape with
+  ``DecodeShape.free_text_alone``: the default shape's generations without a grammar) feeds one token per call instead — one-row calls, their
   own class, taking turns with the runs.
 
 A generation joins by taking a lane and leaves by giving it back: between calls.  With more
@@ -201,15 +201,17 @@ class DecodeBatcher:
         return len(self._pending) + self._waiting
 
     @contextmanager
-    def generating(self, seq: int, *, alone: bool = False) -> Iterator[Lane]:
+    def generating(self, seq: int, *, free_text: bool = False) -> Iterator[Lane]:
         """A lane holding a copy of ``seq`` for one generation (waits for a free lane).
-        ``alone``: in the RUNS shape, its tokens go one per call (one-row calls); lane calls
-        are shared whatever it says."""
-        alone = alone and self.shape.mode is DecodeMode.RUNS
+        ``free_text``: no grammar constrains it — in a shape with ``free_text_alone`` (read
+        with the lane taken, so a shape change cannot slip in between) its tokens go one
+        per call (one-row calls)."""
         with self._cv:
             # no call may be between choosing its pad lanes and running while we copy
             self._cv.wait_for(lambda: len(self._busy) < self.rows and not self._running)
             lane_id = next(lane for lane in self.lanes if lane not in self._busy)
+            alone = (free_text and self.shape.mode is DecodeMode.RUNS
+                     and self.shape.free_text_alone)
             lane = self._busy[lane_id] = Lane(lane_id, 0, self, alone=alone)
         try:
             lane.pos = self._decoder.copy_to_lane(seq, lane_id)

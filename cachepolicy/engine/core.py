@@ -441,10 +441,8 @@ class Engine:
         sampler = self.sampler(sampling or SamplingParams())
         drafting = drafting or Drafting()
         context = self._draft_context(seq) if drafting.lookup else ()
-        # the default runs shape: a generation no grammar constrains decodes alone
-        alone = self.batcher.shape.free_text_alone and not sampler.constrained
-        try:
-            with self.batcher.generating(seq, alone=alone) as lane:
+        try:  # free text decodes alone in the default runs shape (``generating``)
+            with self.batcher.generating(seq, free_text=not sampler.constrained) as lane:
                 out, counts = generation.generate(
                     lane, sampler, logits, max_tokens, drafting=drafting, context=context,
                     spelling=self._spelling() if sampler.constrained and lane.runs else None,

@@ -136,7 +136,11 @@ def measure(model: Path, args: argparse.Namespace, config: object) -> dict:
         print("[lone] one generation per decode shape", file=sys.stderr, flush=True)
         lone = lone_generation(e, prompt, args.tokens, params, args.rounds)
         phases = {}
-        for name, shape, together in (("batched", None, True), ("one_at_a_time", None, False),
+        # the default shape with every generation in it: where the default is runs (f16),
+        # asked for explicitly — by default these ungrammared generations would decode alone
+        default = True if e.decode_shape.free_text_alone else None
+        for name, shape, together in (("batched", default, True),
+                                      ("one_at_a_time", default, False),
                                       ("lanes_batched", False, True),
                                       ("lanes_one_at_a_time", False, False)):
             print(f"[{name}] {n} generations x {args.tokens} tokens", file=sys.stderr,

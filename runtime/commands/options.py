@@ -62,7 +62,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, n_batch: bool = False,
                         "call, grammar-forced text and drafts verified in it) or lanes "
                         "(generations share calls, one token each, padded to their row "
                         "class); auto: lanes where a lone generation needs no pad row in "
-                        "them (Q8_0, K-quants, one lane), else runs.  Each is exact; they may "
+                        "them (Q8_0, K-quants, one lane), else runs for generations under a "
+                        "grammar and one-row calls for the others.  Each is exact; they may "
                         "compute other bits on some models (see docs/benchmarks.md section 4)")
 
 
