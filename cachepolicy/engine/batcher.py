@@ -22,10 +22,10 @@ calls are formed is the engine's ``DecodeShape`` (``row_classes``):
   recurrent state before a call with guesses, and a rollback restores it and trims the
   attention part, the kept tokens of that call re-fed at the head of the next one
   (``Lane.pending``).  A run shorter than ``min_run`` is padded with pad tokens, rolled back
-  the same way.  Calls of different generations take turns.  A generation that asked to
-  decode **alone** (``generating(free_text=True)`` in a shape with
-  ``DecodeShape.free_text_alone``: the default shape's generations without a grammar) feeds one token per call instead — one-row calls, their
-  own class, taking turns with the runs.
+  the same way.  Calls of different generations take turns.  A generation without a
+  grammar in a shape with ``DecodeShape.free_text_alone`` (the default runs shape;
+  ``generating(free_text=True)``) decodes **alone**: one token per call — one-row calls,
+  their own class, taking turns with the runs.
 
 A generation joins by taking a lane and leaves by giving it back: between calls.  With more
 generations than lanes, the extra ones wait for a lane.
@@ -210,8 +210,8 @@ class DecodeBatcher:
             # no call may be between choosing its pad lanes and running while we copy
             self._cv.wait_for(lambda: len(self._busy) < self.rows and not self._running)
             lane_id = next(lane for lane in self.lanes if lane not in self._busy)
-            alone = (free_text and self.shape.mode is DecodeMode.RUNS
-                     and self.shape.free_text_alone)
+            # free_text_alone is set on runs shapes only (``choose_shape``)
+            alone = free_text and self.shape.free_text_alone
             lane = self._busy[lane_id] = Lane(lane_id, 0, self, alone=alone)
         try:
             lane.pos = self._decoder.copy_to_lane(seq, lane_id)

@@ -142,7 +142,7 @@ def run_arm(args: argparse.Namespace, server: str, layout: str, clients: int,
     else:
         # kvagent's decode settings as a user runs it (like llama-server's): more lanes
         # only when more clients than the default lanes decode at once; or the lanes asked
-        rows = getattr(args, "decode_rows", None)
+        rows = args.decode_rows
         if rows is None and clients > DEFAULT_DECODE_ROWS:
             rows = clients
         lanes = ["--decode-rows", str(rows)] if rows is not None else []
@@ -245,7 +245,7 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"{c['steps']} steps per client, K={c['screenshots']} screenshots of "
           f"{c['screen'][0]}x{c['screen'][1]}, {c['vm_seconds']} s of VM time, "
           f"{c['max_tokens']} answer tokens, {c['threads']} thread(s), kvagent decode "
-          f"lanes {c.get('decode_rows') or 'default'}, medians of "
+          f"lanes {c['decode_rows'] or 'default'}, medians of "
           f"{c['rounds']} paired rounds")
     print(table(report))
     for name, value in ratios(report).items():
