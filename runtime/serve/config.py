@@ -44,8 +44,21 @@ class Limits:
     body_timeout_s: float = 60.0
     #: seconds an idle keep-alive connection stays open
     keep_alive_s: float = 5.0
-    #: open connections; more are closed as they are accepted
+    #: open connections.  At the cap a new connection closes the one that has waited
+    #: longest for its request head (a half-sent or idle one: never one whose request is
+    #: being served), so connections held open without a request cannot lock others out;
+    #: with none to close, the new one is closed as it is accepted
     max_connections: int = 512
+    #: connections from one peer (an IPv4 address, an IPv6 /64) waiting for their request
+    #: head; one more closes that peer's longest-waiting one (http/connection_cap.py)
+    max_waiting_per_peer: int = 128
+    #: bytes of a request's head (request line and headers), however it arrives; more: 431
+    max_head_bytes: int = 16 << 10
+    #: bytes of request bodies being read at once, server-wide (http/body_budget.py): a
+    #: body that does not fit waits up to ``body_budget_wait_s``, then 503; one larger
+    #: than the whole budget is a 413
+    body_budget_bytes: int = 256 << 20
+    body_budget_wait_s: float = 5.0
     #: a completion decodes at most this many tokens: a larger ``max_tokens`` (OSWorld's
     #: Qwen3-VL agent asks for 32768) is capped to it, as llama-server caps to its context
     max_tokens: int = 4096
@@ -89,6 +102,11 @@ class ServeConfig:
     #: default), the one the policy is checked for at startup and the pool's default steps
     #: are sized for
     screen: Screen = DEFAULT_SCREEN
+    #: a server without API keys takes requests only from its own origin and for a
+    #: loopback or its own address (http/local_only.py); these add host names (``Host``)
+    #: and origins (``Origin``, ``scheme://host[:port]``) it also takes
+    allow_hosts: tuple[str, ...] = ()
+    allow_origins: tuple[str, ...] = ()
 
     def __attrs_post_init__(self) -> None:
         if (self.model_path is None) != (self.mmproj_path is None):
