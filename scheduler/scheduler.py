@@ -142,10 +142,26 @@ class Scheduler:
         return episode
 
     async def close_episode(self, episode: EpisodeCache) -> None:
-        """Free the episode's sequence and holdings.  Shielded: safe in a ``finally``."""
+        """Free the episode's sequence and holdings.  Shielded: safe in a ``finally``.
+        Idempotent, also under concurrency: the first call closes; a call while that close
+        is under way (a request's own close and the pool's at shutdown) waits for it to end
+        and returns — the episode is closed exactly once."""
         slot = self._slots.get(episode.episode_id)
         if slot is None:
             return
+        if slot.close_done is not None:  # another close is under way: it frees the slot
+            with anyio.CancelScope(shield=True):
+                await slot.close_done.wait()
+            return
+        # (no await between the check above and this mark: one closer wins)
+        slot.close_done = anyio.Event()
+        try:
+            await self._close(episode, slot)
+        finally:
+            slot.close_done.set()
+        self._log.info("episode_close", episode_id=episode.episode_id, seq_id=episode.seq)
+
+    async def _close(self, episode: EpisodeCache, slot: Slot) -> None:
         with anyio.CancelScope(shield=True):
             slot.closed = True
             # closing is a job of the slot: between the engine's clear and the ledger's drop
@@ -165,7 +181,6 @@ class Scheduler:
                 slot.jobs -= 1
             self._notify_release()
             self._check_if_idle()
-        self._log.info("episode_close", episode_id=episode.episode_id, seq_id=episode.seq)
 
     # ------------------------------------------------------------------ work
 

@@ -39,8 +39,8 @@ class Slot:
     * ``pinned`` — the ``Admitted`` handle, from the reservation to the job's end;
     * ``evicting`` — ``MemoryPressure._claimed``, around a trim or an eviction;
     * ``trimmed``, ``rebased`` — ``MemoryPressure`` (what its last trim / replay rung left);
-    * ``jobs``, ``phase``, ``pending``, ``replacing``, ``last_used``, ``closed`` — the
-      ``Scheduler``, around each job and at close.
+    * ``jobs``, ``phase``, ``pending``, ``replacing``, ``last_used``, ``closed``,
+      ``close_done`` — the ``Scheduler``, around each job and at close.
     """
 
     cache: EpisodeCache
@@ -53,6 +53,9 @@ class Slot:
     pinned: bool = False  # holds a reservation or runs: its state must not be evicted
     evicting: bool = False  # being cut back or evicted (rung 1): its next job waits
     closed: bool = False
+    #: set once the close that ``closed`` announced has ended: a second close (the pool's and
+    #: a request's own, at shutdown) waits for it instead of freeing the sequence twice
+    close_done: anyio.Event | None = None
     replacing: bool = False  # the job in flight replaces the log (a whole-prompt request)
     guessing: bool = False  # the job in flight is a guess (its segments are never appended)
     # the published state rung 1 last cut back (cutting it again frees nothing); a weak
