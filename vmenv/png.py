@@ -14,6 +14,7 @@ import struct
 from PIL import Image, UnidentifiedImageError
 
 from vmenv.errors import ScreenshotError
+from vmenv.png_stream import check_pixel_stream
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: Refuse absurd headers before Pillow allocates anything (a 16K screen is 15360 wide).
@@ -22,16 +23,17 @@ MAX_SIDE = 16_384
 #: (never EPS & co., which Pillow hands to an external program).  Others are refused.
 SCREENSHOT_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF")
 #: Errors Pillow raises for bad or hostile image bytes (DecompressionBombError is a
-#: subclass of Exception, listed for the reader).
+#: subclass of Exception, listed for the reader; IndexError: a PNG without IDAT chunks).
 _BAD_IMAGE = (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError,
-              ValueError, EOFError, struct.error)
+              ValueError, EOFError, struct.error, IndexError)
 
 
 def png_size(data: bytes) -> tuple[int, int]:
     """(width, height) of a PNG; raises ``ScreenshotError`` unless the whole file is valid.
 
-    Checks the signature and the IHDR header, then lets Pillow verify every chunk (CRCs and
-    truncation).
+    Checks the signature and the IHDR header, lets Pillow verify every chunk (CRCs and
+    truncation), then inflates the pixel data (bounded memory) to check that it holds every
+    row the header declares (``vmenv.png_stream``: right CRCs do not make a whole image).
     """
     if not isinstance(data, bytes | bytearray) or not data.startswith(PNG_SIGNATURE):
         raise ScreenshotError("not a PNG (bad signature)")
@@ -42,8 +44,11 @@ def png_size(data: bytes) -> tuple[int, int]:
     try:
         with Image.open(io.BytesIO(data), formats=("PNG",)) as img:
             img.verify()
+    except IndexError:  # Pillow's verify finds no tile: the file has no IDAT chunk
+        raise ScreenshotError("truncated PNG: no pixel data (IDAT)") from None
     except _BAD_IMAGE as exc:
         raise ScreenshotError(f"corrupt PNG: {exc}") from exc
+    check_pixel_stream(data)
     return width, height
 
 
