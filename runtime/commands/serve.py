@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from runtime.serve.config import Limits
 
     add_model_arguments(p, DEMO_MODEL)
-    p.add_argument("--model-name", help="the model id clients send (default: the file stem)")
+    p.add_argument("--model-name", help="the model id clients send (default: the file stem; "
+                   "kvagent-agent-qwen35 for the default model)")
     p.add_argument("--host", default="127.0.0.1",
                    help="where to listen; other than loopback needs an API key (or "
                         "--insecure-no-auth)")

@@ -143,5 +143,6 @@ def _load(config: ServeConfig) -> tuple[Engine, str]:
     if (note := files.note()) is not None:
         log.warning("serve_default_model", note=note)
     engine = load_engine(files, config.engine)
-    default_name = f"kvagent-{files.name}" if files.default is not None else files.name
-    return engine, config.model_name or default_name
+    # the id clients send: --model-name, else what results call the model (the file stem;
+    # the default's own name, e.g. kvagent-agent-qwen35, which already says it is kvagent's)
+    return engine, config.model_name or files.name
