@@ -44,6 +44,8 @@ from cachepolicy.engine.row_classes import (
     MAX_RUN_ROWS, DecodeShape, RowClasses, choose_shape,
 )
 from cachepolicy.engine import row_probe
+from cachepolicy.engine.grammar_isolation import GrammarWorkers
+from cachepolicy.engine.grammar_state import LocalGrammar
 from cachepolicy.engine.sampler import CharTokens, Sampler
 from cachepolicy.engine.sequences import Sequences
 from cachepolicy.engine.state import SequenceState
@@ -163,6 +165,8 @@ class Engine:
         self.n_embd = llama_cpp.llama_model_n_embd_inp(native.model)
         self.n_params = int(llama_cpp.llama_model_n_params(native.model))
         self._chars: CharTokens | None = None
+        # clients' grammars are matched in child processes (started at the first one)
+        self._grammars = GrammarWorkers(model_path)
         self._seqs = Sequences(config.n_seq_max)
         self.decoder = Decoder(native, self._seqs, kind=self.kind, n_batch=config.n_batch,
                                n_ctx_per_seq=config.n_ctx_per_seq, n_vocab=self.n_vocab,
@@ -201,6 +205,7 @@ class Engine:
 
     def close(self) -> None:
         native = self._native
+        self._grammars.close()
         with native.lock:
             self.vision.close()
             if not native.closed:
@@ -474,4 +479,12 @@ class Engine:
         return self.batcher.stats()
 
     def sampler(self, params: SamplingParams) -> Sampler:
-        return Sampler(self._native.vocab, self.n_vocab, params)
+        """A sampler for ``params``; its grammar is matched here (kvagent's own grammars) or
+        in the grammar worker within ``params.grammar_budget`` (a client's)."""
+        if params.grammar is None:
+            return Sampler(params)
+        if params.grammar_budget is None:
+            return Sampler(params, LocalGrammar(self._native.vocab, self.n_vocab,
+                                                params.grammar, params.grammar_root))
+        return Sampler(params, self._grammars.open(params.grammar, params.grammar_root,
+                                                   params.grammar_budget))

@@ -20,6 +20,17 @@ MAX_TEMPERATURE = 100.0
 
 
 @attrs.frozen
+class GrammarBudget:
+    """What matching a grammar a client sent may cost: it runs in the grammar worker
+    (``grammar_isolation``), each call on it within ``call_s`` seconds and all of one
+    generation's calls within ``total_s``.  A grammar's per-token cost follows its ambiguity,
+    which no reading of its text bounds, so the time is bounded where it is spent."""
+
+    call_s: float = attrs.field(default=2.0, validator=attrs.validators.gt(0.0))
+    total_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0.0))
+
+
+@attrs.frozen
 class SamplingParams:
     """How to pick the next token.  ``temperature == 0`` means greedy (argmax)."""
 
@@ -30,6 +41,9 @@ class SamplingParams:
     seed: int = 0
     grammar: str | None = None  # GBNF text; constrains every sampled token
     grammar_root: str = "root"
+    #: None: a grammar kvagent wrote (matched in the engine's process); a budget: a
+    #: client's grammar, matched in the grammar worker within it
+    grammar_budget: GrammarBudget | None = None
 
     @property
     def greedy(self) -> bool:
