@@ -120,8 +120,9 @@ def test_a_screenshot_of_another_size_than_the_screen_is_refused_either_way(
         with pytest.raises(ScreenSizeError, match=rf"{shot[0]}x{shot[1]} but screen_size is "
                                                   rf"{SCREEN[0]}x{SCREEN[1]}.*scale_to_screen"):
             agent.predict("Open the terminal.", {"screenshot": blank_png(shot)})
-    loggers = {r.name for r in caplog.records if "screen_size" in r.getMessage()}
-    assert loggers == {"desktopenv.example.test-mismatch", "desktopenv.agent.kvagent"}
+    # once: the example's logger propagates to the root, where the desktopenv logs are too
+    assert [r.name for r in caplog.records if "screen_size" in r.getMessage()] == [
+        "desktopenv.example.test-mismatch"]
 
 
 def test_every_adjustment_is_noted_for_osworld(agent_of: Any,
@@ -148,6 +149,48 @@ def test_every_adjustment_is_noted_for_osworld(agent_of: Any,
     messages = [r.getMessage() for r in caplog.records
                 if r.name == "desktopenv.example.test-notes"]
     assert any("answered WAIT" in m for m in messages) and any("scaled" in m for m in messages)
+
+
+def test_each_note_is_in_each_of_osworlds_logs_once(agent_of: Any, tmp_path: Any) -> None:
+    """OSWorld's run.py logging (root: normal / debug files, stdout and sdebug filtered to
+    "desktopenv") and lib_run_single's setup_logger (desktopenv.example.<id> with its
+    runtime.log, propagating): a note is written once to each, also when a runner passes
+    the logger as reset(runtime_logger=...)."""
+    import logging
+
+    root, before = logging.getLogger(), logging.getLogger().level
+    stdout = io.StringIO()
+    handlers = {"normal": logging.FileHandler(tmp_path / "normal.log"),
+                "debug": logging.FileHandler(tmp_path / "debug.log"),
+                "stdout": logging.StreamHandler(stdout),
+                "sdebug": logging.FileHandler(tmp_path / "sdebug.log")}
+    for name, handler in handlers.items():
+        handler.setLevel(logging.DEBUG if "debug" in name else logging.INFO)
+        if name in ("stdout", "sdebug"):
+            handler.addFilter(logging.Filter("desktopenv"))
+        root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    runtime_logger = logging.getLogger("desktopenv.example.test-once")
+    runtime_logger.setLevel(logging.DEBUG)
+    runtime_file = logging.FileHandler(tmp_path / "runtime.log")
+    runtime_logger.addHandler(runtime_file)
+    agent = agent_of(n_ctx=4096)
+    try:
+        agent.reset(runtime_logger, vm_ip="127.0.0.1")
+        agent.predict("Open the terminal.", {"screenshot": b"not an image"})
+        agent.reset(runtime_logger=runtime_logger, vm_ip="127.0.0.1")
+        agent.predict("Open the terminal.", {"screenshot": b"not an image either"})
+    finally:
+        for handler in (*handlers.values(), runtime_file):
+            handler.close()
+        for handler in handlers.values():
+            root.removeHandler(handler)
+        runtime_logger.removeHandler(runtime_file)
+        root.setLevel(before)
+    logs = {name: (tmp_path / f"{name}.log").read_text() for name in handlers if name != "stdout"}
+    logs["stdout"], logs["runtime"] = stdout.getvalue(), (tmp_path / "runtime.log").read_text()
+    for name, text in logs.items():
+        assert text.count("answered WAIT") == 2, (name, text)
 
 
 def test_rescale_maps_pixel_centres() -> None:

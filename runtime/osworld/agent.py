@@ -66,6 +66,7 @@ from runtime.osworld.config import KvAgentConfig, agent_engine, plan_context
 from runtime.osworld.episode_client import EpisodeClient
 from runtime.osworld.errors import AgentClosedError, AgentStepError, KvAgentError
 from runtime.osworld.remote import RemoteBackend, remote_options
+from runtime.osworld.runner_log import log_once
 from vmenv.actions import WAIT, CoordConvention, rescale, to_pyautogui
 from vmenv.errors import ScreenshotError
 from vmenv.png import screenshot_png
@@ -232,7 +233,10 @@ class KvAgent:
         every form runners use — ``reset()``, ``reset(logger)``, ``reset(logger, vm_ip=...)``,
         ``reset(vm_ip=...)`` — and ignores keywords it does not know."""
         # OSWorld's runtime_logger writes this example's runtime.log; a reset without one
-        # must not keep logging into the previous example's file.
+        # must not keep logging into the previous example's file.  (Some runners pass it as
+        # the keyword runtime_logger=.)
+        if _logger is None:
+            _logger = kwargs.pop("runtime_logger", None)
         self._runtime_logger = _logger if hasattr(_logger, "info") else None
         self._instruction = None
         self._episode_id = self._ensure_started().new_episode()
@@ -339,10 +343,9 @@ class KvAgent:
 
     def _note(self, level: int, message: str) -> None:
         """An adjustment kvagent made, where OSWorld's runners keep logs: the example's
-        ``runtime.log`` (the logger ``reset`` received) and the ``desktopenv`` loggers."""
-        OSWORLD_LOG.log(level, message)
-        if self._runtime_logger is not None:
-            self._runtime_logger.log(level, message)
+        ``runtime.log`` (the logger ``reset`` received) and the ``desktopenv`` loggers —
+        once in each (the example's logger propagates to the root's files as well)."""
+        log_once(level, message, (self._runtime_logger, OSWORLD_LOG))
 
     def _screen_mismatch(self, size: tuple[int, int]) -> ScreenSizeError:
         w, h = self.config.screen_size
