@@ -12,9 +12,9 @@ names every error of ``cachepolicy``, whichever layer raises it.
 from __future__ import annotations
 
 from cachepolicy.engine.errors import (
-    ContextFullError, DecodeError, EngineError, FastKernelsUnavailableError, ImageError,
-    KvagentCacheError, ModelLoadError, NoVisionError, Preempted, QuantizeError, RestoreError,
-    SingleTokenPrefillError, UnsafeEditError,
+    ContextFullError, DecodeError, EngineError, FastKernelsUnavailableError, GrammarBudgetError,
+    ImageError, KvagentCacheError, ModelLoadError, NoVisionError, Preempted, QuantizeError,
+    RestoreError, SingleTokenPrefillError, UnsafeEditError,
 )
 
 
@@ -32,7 +32,7 @@ class StalePublishError(KvagentCacheError):
 
 __all__ = [
     "ContextFullError", "DecodeError", "EngineError", "FastKernelsUnavailableError",
-    "ImageError", "KvagentCacheError", "ModelLoadError", "NoVisionError", "PolicyError",
+    "GrammarBudgetError", "ImageError", "KvagentCacheError", "ModelLoadError", "NoVisionError", "PolicyError",
     "PolicyRefusedError", "Preempted", "QuantizeError", "RestoreError",
     "SingleTokenPrefillError", "StalePublishError", "UnsafeEditError",
 ]

@@ -11,7 +11,7 @@ import anyio
 import numpy as np
 import pytest
 
-from cachepolicy.engine.grammar_isolation import GrammarBudgetError
+from cachepolicy.errors import GrammarBudgetError
 from cachepolicy.engine.sampling import GrammarBudget, SamplingParams
 
 CLICK_GRAMMAR = r'''

@@ -44,6 +44,10 @@ class DecodeError(EngineError):
         return self.code == 1
 
 
+class GrammarBudgetError(EngineError):
+    """Matching a client's grammar passed its budget (time, or its worker's memory)."""
+
+
 class ContextFullError(EngineError):
     """The sequence would exceed its share of the context window."""
 

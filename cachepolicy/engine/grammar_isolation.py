@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from cachepolicy.engine.errors import EngineError
+from cachepolicy.engine.errors import EngineError, GrammarBudgetError
 from cachepolicy.engine.grammar_state import CharTokens, GrammarParseError
 from cachepolicy.engine.grammar_worker import (ACCEPT, ANSWER, CLOSE, FORCED, HELLO, MASK,
                                                OPEN, REQUEST)
@@ -40,10 +40,6 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
 #: Idle workers kept for the next client grammars (more are ended when their grammar closes).
 MAX_IDLE = 4
-
-
-class GrammarBudgetError(EngineError):
-    """Matching a client's grammar passed its budget (time, or its worker's memory)."""
 
 
 class _Failed(Exception):
