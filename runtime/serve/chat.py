@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import attrs
 
-from cachepolicy.engine.sampling import SamplingParams
+from cachepolicy.engine.sampling import GrammarBudget, SamplingParams
 from cachepolicy.segments import SegmentFactory
 from runtime.actions import Screen
 from runtime.driver import DriverStep
@@ -63,6 +63,8 @@ class ChatService:
         self._mode, self._n_ctx = config.mode, config.engine.n_ctx_per_seq
         self._screen, self._action_grammar = config.screen, config.chat_action_grammar
         self._is_end_of_generation = is_end_of_generation
+        self._grammar_budget = GrammarBudget(call_s=config.limits.grammar_call_s,
+                                             total_s=config.limits.grammar_total_s)
         self.terminal = TerminalChat(pool, conversations, config.agent)
         self.faithful = FaithfulChat(pool, factory, conversations, config.agent)
 
@@ -77,7 +79,9 @@ class ChatService:
         turns = terminal_turns(req.messages) if mode == "terminal" else None
         images = req.images
         grammar = self.grammar(req.constraint, images[-1].size if images else self._screen)
-        options = self.decode_options(req.sampling, on_token, grammar)
+        client_grammar = req.constraint is not None and req.constraint.written_by_client
+        options = self.decode_options(req.sampling, on_token, grammar,
+                                      self._grammar_budget if client_grammar else None)
         if turns is None:
             mode = "faithful"
             cid, step = await self.faithful.complete(req.messages, key, owner, options,
@@ -103,14 +107,17 @@ class ChatService:
         return get_profile(constraint.profile).grammar(screen)
 
     def decode_options(self, s: Sampling, on_token: Callable[[int], None] | None,
-                       grammar: str | None = None) -> StepOptions:
+                       grammar: str | None = None,
+                       grammar_budget: GrammarBudget | None = None) -> StepOptions:
         """The request's decoding: its budget (at most half the context: the prompt needs
-        room too), sampling, grammar and stop strings."""
+        room too), sampling, grammar (a client's: matched within ``grammar_budget``) and
+        stop strings."""
         seed = s.seed if s.seed is not None else 0
         return StepOptions(decode_tokens=min(s.max_tokens, self._n_ctx // 2), stop_at_eog=True,
                            stop=s.stop,
                            sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p,
-                                                   seed=seed % (1 << 63), grammar=grammar),
+                                                   seed=seed % (1 << 63), grammar=grammar,
+                                                   grammar_budget=grammar_budget),
                            on_token=on_token)
 
     def finish_reason(self, step: DriverStep, options: StepOptions) -> str:

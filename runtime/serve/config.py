@@ -35,6 +35,11 @@ class Limits:
     max_name_chars: int = 256
     #: a request's GBNF grammar
     max_grammar_chars: int = 64_000
+    #: seconds matching a client's grammar (or JSON schema) may take for one token, and
+    #: for a whole completion: it runs in a worker process that is ended when either passes
+    #: (its cost follows its ambiguity, which no reading of its text bounds)
+    grammar_call_s: float = 2.0
+    grammar_total_s: float = 30.0
     #: nesting of a JSON body (deeper: 400, before anything reads it)
     max_json_depth: int = 64
     #: values in a JSON body (counted by its commas, before it is parsed)

@@ -58,6 +58,12 @@ class Constraint:
     gbnf: str | None = attrs.field(default=None, repr=False)
     profile: str | None = None
 
+    @property
+    def written_by_client(self) -> bool:
+        """The grammar's text is the client's (its GBNF, or its schema's bounds and shape):
+        matched within the server's grammar budget, apart from the engine's process."""
+        return self.kind in ("grammar", "json_schema")
+
 
 @attrs.frozen
 class ChatRequest:
