@@ -41,9 +41,17 @@ class ApiKeyError(ValueError):
 
 
 def _check_key(key: str, source: str) -> str:
-    if len(key) < MIN_KEY_CHARS or not key.isprintable() or any(c.isspace() for c in key):
-        raise ApiKeyError(f"{source}: an API key must be at least {MIN_KEY_CHARS} printable "
-                        "characters without spaces")
+    """``key`` if usable.  Printable ASCII only (``!`` to ``~``): a client sends it in an
+    HTTP header, which carries bytes that clients encode differently (httpx refuses
+    non-ASCII text, others send UTF-8 or Latin-1), so a key with any other character could
+    never be matched.  The message names the problem and where the key came from, never
+    the key."""
+    if len(key) < MIN_KEY_CHARS:
+        raise ApiKeyError(f"{source}: an API key must be at least {MIN_KEY_CHARS} characters")
+    if not all("!" <= c <= "~" for c in key):
+        raise ApiKeyError(f"{source}: an API key must be printable ASCII characters (! to "
+                          "~) without spaces: this one has a space, a control character "
+                          "or a non-ASCII character")
     return key
 
 
