@@ -14,7 +14,11 @@
 
 Everything else is the agent as published: its prompt, its parser, its OpenAI backend
 (``api_backend="openai"``: ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` from the environment; its
-default backend is DashScope's cloud).  See docs/serving.md.
+default backend is DashScope's cloud).
+
+OSWorld's UI-TARS agents (``mm_agents.uitars15_v1`` / ``uitars15_v2`` / ``uitars_agent``;
+they import ``loguru``) have the same ``reset`` without ``vm_ip`` (``uitars_agent``'s even
+requires the logger): ``uitars_agent_class()`` gives the same fix.  See docs/serving.md.
 """
 
 from __future__ import annotations
@@ -68,14 +72,37 @@ def load_qwen3vl_agent() -> ModuleType:
 
 def qwen3vl_agent_class() -> type:
     """OSWorld's ``Qwen3VLAgent``, with a ``reset`` that takes what runners pass."""
-    base: Any = load_qwen3vl_agent().Qwen3VLAgent
+    return runner_reset(load_qwen3vl_agent().Qwen3VLAgent)
 
-    class Qwen3VLAgent(base):  # type: ignore[misc, valid-type]
-        """OSWorld's Qwen3VLAgent; ``reset`` also accepts ``vm_ip`` (and other keywords
-        runners pass), which the published one refuses."""
 
-        def reset(self, _logger: Any = None, vm_ip: str | None = None,
-                  **kwargs: Any) -> None:
-            super().reset(_logger)
+#: OSWorld's UI-TARS agent modules (``mm_agents.<module>``) and their classes' names
+UITARS_MODULES = {"uitars15_v1": "UITARSAgent", "uitars15_v2": "UITarsAgent",
+                  "uitars_agent": "UITARSAgent"}
 
-    return Qwen3VLAgent
+
+def uitars_agent_class(module: str = "uitars15_v1") -> type:
+    """OSWorld's UI-TARS agent of ``mm_agents.<module>`` (``UITARS_MODULES``; needs openai and
+    loguru), with a ``reset`` that takes what runners pass."""
+    if module not in UITARS_MODULES:
+        raise ValueError(f"unknown UI-TARS module {module!r} (known: "
+                         f"{', '.join(UITARS_MODULES)})")
+    base = getattr(importlib.import_module(f"mm_agents.{module}"), UITARS_MODULES[module])
+    return runner_reset(base)
+
+
+def runner_reset(base: Any) -> type:
+    """A subclass of the OSWorld agent class ``base`` whose ``reset`` accepts every form
+    runners use — ``reset()``, ``reset(logger)``, ``reset(logger, vm_ip=...)``,
+    ``reset(vm_ip=...)``, ``reset(runtime_logger=...)`` — and calls the published ``reset``
+    with the logger alone (positionally: some require it).  Nothing else changes."""
+
+    def reset(self: Any, _logger: Any = None, vm_ip: str | None = None,
+              **kwargs: Any) -> None:
+        if _logger is None:
+            _logger = kwargs.get("runtime_logger")
+        base.reset(self, _logger)
+
+    return type(base.__name__, (base,), {
+        "reset": reset, "__module__": __name__,
+        "__doc__": f"OSWorld's {base.__name__}; ``reset`` also accepts ``vm_ip`` (and other "
+                   f"keywords runners pass), which the published one refuses."})
