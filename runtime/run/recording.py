@@ -15,14 +15,27 @@ on disk before the ``traj.jsonl`` line naming it, so a crash loses at most the s
 written.  Names that would leave ``result_dir`` (absolute, ``..``, separators, NUL) raise
 ``UnsafePathError`` before anything is created.
 
+No path below ``result_dir`` goes through a link: a symbolic link at any component kvagent
+builds (action space, observation type, model, domain, episode directory) is refused with
+``UnsafePathError`` naming it, never followed — a link to ``.`` or to a sibling episode would
+otherwise make an episode's directory another one's (or the whole domain), and a rerun would
+delete or write it.  Refusing (rather than removing the link) is the choice because kvagent
+never creates such links: one was put there on purpose, and the user decides what it meant.
+``result_dir`` itself may be a link (results on another disk).  An episode is finished only
+if its ``result.txt`` is a regular file (opened with ``O_NOFOLLOW``) holding a finite number
+(``read_result``).
+
 All methods block (file I/O): call them from a worker thread inside an event loop.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
+import math
 import os
+import stat
 from pathlib import Path
 from typing import IO, Any, Self
 
@@ -37,6 +50,8 @@ ACTION_SPACE = "pyautogui"
 OBSERVATION_TYPE = "screenshot"
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.txt"
+#: a reward as written (``f"{reward}\n"``) is at most ~25 bytes; anything longer is not one
+MAX_RESULT_BYTES = 64
 TIMESTAMP_FORMAT = "%Y%m%d@%H%M%S"  # OSWorld's action_timestamp
 
 log = structlog.get_logger("kvagent.recording")
@@ -47,7 +62,13 @@ class RecordingError(Exception):
 
 
 class UnsafePathError(RecordingError, ValueError):
-    """A task id, domain or model name would put files outside the result directory."""
+    """A task id, domain or model name would put files outside the result directory, or a
+    path below it goes through a symbolic link."""
+
+
+class UnusableResultError(RecordingError):
+    """An episode's ``result.txt`` exists but does not record a reward (a link, not a regular
+    file, not a finite number): the episode is not finished."""
 
 
 def check_component(value: object, what: str) -> str:
@@ -89,15 +110,77 @@ class ResultLayout:
                 / self.domain)
 
     def task_dir(self, task_id: str) -> Path:
-        """The episode directory of ``task_id`` (resolved; nothing is created)."""
-        check_component(task_id, "task id")
-        root = self.result_dir.resolve()
-        path = (self.domain_dir / task_id).resolve()
-        # Resolution follows symlinks already on disk: a component that links out of the
-        # result dir is refused just like '..'.
-        if not path.is_relative_to(root) or path == root:
-            raise UnsafePathError(f"task id {task_id!r} leads outside {root}")
+        """The episode directory of ``task_id``: the resolved result dir joined with the
+        layout's components, none of which is a symbolic link (``UnsafePathError`` naming
+        the first that is, or an episode directory that exists as a non-directory).
+        Nothing is created.  Checks the disk as it is now: call it again before acting."""
+        return self._real_path(check_component(task_id, "task id"))
+
+    def real_domain_dir(self) -> Path:
+        """``domain_dir`` reached through no link (``UnsafePathError`` as ``task_dir``)."""
+        return self._real_path()
+
+    def _real_path(self, *below_domain: str) -> Path:
+        # Only result_dir is resolved (it may be a link, e.g. to another disk); below it,
+        # each component is looked at with lstat and never followed, so the path returned
+        # names a real directory (or none yet) strictly inside result_dir, whatever links
+        # are planted there: a link to '.' or to a sibling would make this episode's
+        # directory the domain or another episode, and --overwrite would delete it.
+        path = self.result_dir.resolve()
+        for part in (self.action_space, self.observation_type, self.model, self.domain,
+                     *below_domain):
+            path = path / part
+            try:
+                mode = path.lstat().st_mode
+            except FileNotFoundError:
+                continue  # the rest does not exist either (or will be created real)
+            if stat.S_ISLNK(mode):
+                raise UnsafePathError(
+                    f"{path} is a symbolic link (to {os.readlink(path)}); kvagent never writes "
+                    f"or deletes through a link in its result dir: remove the link, or use "
+                    f"another --result-dir")
+            if not stat.S_ISDIR(mode):
+                raise UnsafePathError(f"{path} exists and is not a directory")
         return path
+
+
+def read_result(directory: Path) -> float | None:
+    """The reward an episode directory's ``result.txt`` records; None if there is none.
+
+    ``UnusableResultError`` (saying why) if the name exists but records no reward: a symbolic
+    link (dangling or not: opened with ``O_NOFOLLOW``, never followed), not a regular file
+    (a directory, a FIFO: opened non-blocking, so it cannot hang), longer than a reward,
+    or not a finite number.  Such an episode is not finished."""
+    path = Path(directory) / RESULT_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnusableResultError(f"{RESULT_FILE} is a symbolic link") from exc
+        if exc.errno == errno.ENOTDIR:
+            return None  # the episode directory is not a directory: no result in it
+        raise UnusableResultError(f"{RESULT_FILE} is unreadable "
+                                  f"({exc.strerror or exc})") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnusableResultError(f"{RESULT_FILE} is not a regular file")
+        if st.st_size > MAX_RESULT_BYTES:
+            raise UnusableResultError(f"{RESULT_FILE} does not hold a number "
+                                      f"({st.st_size} bytes)")
+        data = os.read(fd, MAX_RESULT_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        reward = float(data.decode("ascii"))  # float() strips surrounding whitespace
+    except (UnicodeDecodeError, ValueError):
+        raise UnusableResultError(f"{RESULT_FILE} does not hold a number "
+                                  f"({data[:24]!r})") from None
+    if not math.isfinite(reward):
+        raise UnusableResultError(f"{RESULT_FILE} does not hold a finite number ({reward})")
+    return reward
 
 
 class EpisodeRecorder:
@@ -121,10 +204,12 @@ class EpisodeRecorder:
         never mixes two runs; ``runtime.run.result_dir`` decides whether a rerun may do that."""
         directory = layout.task_dir(task_id)  # raises before anything is written
         directory.mkdir(parents=True, exist_ok=True)
+        # mkdir(exist_ok) accepts a link to a directory: look again now that it exists
+        directory = layout.task_dir(task_id)
         for old in directory.iterdir():
-            # links too (is_file would follow one): a link under one of our names is removed
-            # as a link, never written through
-            if (old.is_symlink() or old.is_file()) and (
+            # links too (is_dir would follow one): a link under one of our names is removed
+            # as a link, never written through; so is a FIFO or socket planted there
+            if (old.is_symlink() or not old.is_dir()) and (
                     old.name in (TRAJ_FILE, METRICS_FILE, RESULT_FILE)
                     or (old.name.startswith("step_") and old.suffix == ".png")
                     or is_stale_temporary(old)):

@@ -1,19 +1,23 @@
 """A run's result directory across reruns: resume, refuse to mix, or redo on request.
 
 Like OSWorld's runner, a rerun into a result directory continues the run: an episode whose
-directory has a ``result.txt`` is finished and skipped; any other episode (never started,
-cut off by a kill, or ended in an error — those leave no ``result.txt``) is restarted from a
-clean directory.  What makes an episode's results "of this run" is recorded per task in a
-manifest (``kvagent_run.json`` in the domain directory, next to the episode directories):
-for each task id, the configuration that produced it — model and projector files, env,
-the agent's configuration, the step limit, the screen.
+directory has a ``result.txt`` — a regular file holding a finite number (``read_result``) —
+is finished and skipped; any other episode (never started, cut off by a kill, or ended in an
+error — those leave no ``result.txt`` — or whose ``result.txt`` is a link or not a number,
+with a warning saying so) is restarted from a clean directory.  What makes an episode's
+results "of this run" is recorded per task in a manifest (``kvagent_run.json`` in the domain
+directory, next to the episode directories): for each task id, the configuration that
+produced it — model and projector files, env, the agent's configuration, the step limit,
+the screen.
 
 A rerun whose configuration differs for one of its tasks — or which finds results of its
 tasks that no manifest accounts for — is refused (nothing is deleted) unless ``overwrite``,
 which redoes exactly the task directories of this invocation and their manifest entries;
 every other episode in the domain stays as it is, byte for byte.  A domain holding results
 without any kvagent manifest (another tool's run) is refused too, and ``overwrite`` leaves
-those results alone as well.
+those results alone as well.  An episode directory that is a symbolic link (to ``.``, to a
+sibling, anywhere) is refused with or without ``overwrite``, nothing deleted
+(``ResultLayout.task_dir``): the link is neither followed nor removed.
 
 Two phases, so a refusal costs nothing: ``plan_resume`` only reads (call it before the model
 loads), ``ResumePlan.apply`` writes (after the model has loaded).  ``check_writable`` finds an
@@ -33,7 +37,10 @@ from typing import Any
 import attrs
 import structlog
 
-from runtime.run.recording import METRICS_FILE, RESULT_FILE, RecordingError, ResultLayout
+from runtime.run.recording import (
+    METRICS_FILE, RESULT_FILE, RecordingError, ResultLayout, UnsafePathError,
+    UnusableResultError, read_result,
+)
 from vmenv.trajectory_writer import TRAJ_FILE, is_stale_temporary, write_durably
 
 MANIFEST_FILE = "kvagent_run.json"
@@ -88,6 +95,8 @@ class ResumePlan:
     overwrite: bool = False  # redo this invocation's task directories
     #: the manifest's entries of other tasks, written back unchanged
     others: dict[str, Any] = attrs.Factory(dict)
+    #: (task id, why) for the tasks in ``run`` whose ``result.txt`` records no reward
+    unusable: tuple[tuple[str, str], ...] = ()
 
     @property
     def resuming(self) -> bool:
@@ -101,7 +110,9 @@ class ResumePlan:
             return f"results: {self.layout.domain_dir}"
         return (f"resuming the run in {self.layout.domain_dir}: {len(self.finished)} finished "
                 f"episode(s) kept, {len(self.run)} to run ({len(self.restarted)} restarted "
-                f"from scratch)")
+                f"from scratch)" + "".join(
+                    f"\nwarning: {task}: {why}; the episode counts as unfinished and is rerun"
+                    for task, why in self.unusable))
 
     def apply(self) -> None:
         """Remove this invocation's task directories when overwriting, then record the
@@ -109,12 +120,13 @@ class ResumePlan:
         cleared when their recorder opens."""
         domain = self.layout.domain_dir
         if self.overwrite:
-            root = self.layout.result_dir.resolve()
-            for task in self.run:
-                directory = self.layout.task_dir(task)  # refuses a path leading out
-                if directory.is_symlink() or not directory.resolve().is_relative_to(root):
-                    raise ResultDirError(f"refusing to remove {directory}: it leads outside "
-                                         f"{root}")
+            # Looked at again (the model loaded since the plan), every one before the first is
+            # removed: a link planted at any of them refuses the whole overwrite, nothing
+            # deleted.  task_dir never follows a link, so each path names a real directory of
+            # this invocation's episodes; rmtree refuses a link that appears after this check
+            # (and never follows links inside the tree).
+            directories = [self.layout.task_dir(task) for task in self.run]
+            for directory in directories:
                 if directory.exists():
                     shutil.rmtree(directory)
                     log.info("result_dir_task_overwritten", path=str(directory))
@@ -199,10 +211,20 @@ def plan_resume(layout: ResultLayout, run_manifest: dict[str, Any], task_ids: Se
             f"{'; '.join(conflicts[:3])}{'; ...' if len(conflicts) > 3 else ''}; mixing two "
             f"runs in one episode directory is refused: use another --result-dir, the same "
             f"options to resume, or --overwrite to redo these episodes")
-    finished = tuple(t for t in task_ids if (dirs[t] / RESULT_FILE).is_file())
+    finished: list[str] = []
+    unusable: list[tuple[str, str]] = []
+    for t in task_ids:
+        try:
+            if read_result(dirs[t]) is not None:
+                finished.append(t)
+        except UnusableResultError as exc:
+            unusable.append((t, str(exc)))
+            log.warning("result_dir_result_unusable", task_id=t, path=str(dirs[t]),
+                        reason=str(exc))
     run = tuple(t for t in task_ids if t not in finished)
     restarted = tuple(t for t in run if dirs[t].is_dir() and any(dirs[t].iterdir()))
-    return ResumePlan(layout, run_manifest, run, finished, restarted, others=others)
+    return ResumePlan(layout, run_manifest, run, tuple(finished), restarted, others=others,
+                      unusable=tuple(unusable))
 
 
 def _readable_entries(domain: Path) -> dict[str, dict[str, Any]] | None:
@@ -220,7 +242,14 @@ def remove_stale_temporaries(layout: ResultLayout, task_ids: Sequence[str]) -> i
     """Remove the temporary files interrupted atomic writes left in the domain directory
     and the episode directories of ``task_ids`` (links removed as links); their count."""
     removed = 0
-    for directory in (layout.domain_dir, *(layout.task_dir(t) for t in task_ids)):
+    directories: list[Path] = []
+    for task in (None, *task_ids):  # None: the domain directory
+        try:
+            directories.append(layout.real_domain_dir() if task is None
+                               else layout.task_dir(task))
+        except UnsafePathError as exc:  # a link planted during the run: never tidied through
+            log.warning("result_dir_tidy_skipped", task_id=task, reason=str(exc))
+    for directory in directories:
         if not directory.is_dir():
             continue
         for path in directory.iterdir():
