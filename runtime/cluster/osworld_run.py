@@ -7,8 +7,11 @@ list through them, one task at a time per worker.  Every task lands in OSWorld's
 layout, ``{root}/pyautogui/screenshot/{model}/{domain}/{task_id}/`` (``traj.jsonl``,
 screenshots, ``result.txt``), written by the loop the caller passes (OSWorld's own
 ``lib_run_single.run_single_example``, or a stand-in with its signature).  A task whose
-``result.txt`` exists is skipped, so an interrupted run resumes where it stopped.  A task
-that raises is reported and leaves no ``result.txt`` (the next run tries it again).
+``result.txt`` records a reward (a regular file holding a finite number, as
+``kvagent run`` counts it) is skipped, so an interrupted run resumes where it stopped.  A task
+that raises is reported and leaves no ``result.txt`` (the next run tries it again).  Paths
+built from task ids stay inside the result root and go through no link (``ResultLayout``:
+an id such as ``../x`` or an episode directory planted as a link refuses the run up front).
 
 The callables travel to the workers with Ray's pickling: ``make_env()`` and
 ``make_agent()`` build a worker's environment and agent (``make_agent`` is where a runner
@@ -26,6 +29,8 @@ from typing import Any
 
 import attrs
 import structlog
+
+from runtime.run.recording import ResultLayout, UnusableResultError, read_result
 
 log = structlog.get_logger("kvagent.osworld_run")
 
@@ -53,14 +58,24 @@ class TaskOutcome:
 
 
 def result_dir(root: Path, model: str, domain: str, task_id: str) -> Path:
-    """OSWorld's layout (screenshot-only agents, pyautogui actions)."""
-    return Path(root) / "pyautogui" / "screenshot" / model / domain / task_id
+    """OSWorld's layout (screenshot-only agents, pyautogui actions); ``UnsafePathError`` for
+    a name that would leave ``root`` or a path through a link (``ResultLayout.task_dir``)."""
+    return ResultLayout(root, model, domain).task_dir(task_id)
 
 
 def pending(tasks: Iterable[OsworldTask], root: Path, model: str) -> list[OsworldTask]:
-    """The tasks without a ``result.txt`` yet."""
-    return [t for t in tasks
-            if not (result_dir(root, model, t.domain, t.task_id) / "result.txt").exists()]
+    """The tasks whose ``result.txt`` records no reward yet (absent, or a link or not a
+    number: rerun, with a warning)."""
+    todo = []
+    for t in tasks:
+        try:
+            if read_result(result_dir(root, model, t.domain, t.task_id)) is not None:
+                continue
+        except UnusableResultError as exc:
+            log.warning("osworld_result_unusable", domain=t.domain, task_id=t.task_id,
+                        reason=str(exc))
+        todo.append(t)
+    return todo
 
 
 class EnvWorker:
