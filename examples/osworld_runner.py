@@ -6,7 +6,8 @@ OSWorld's layout, ``{result_dir}/pyautogui/screenshot/{model}/{domain}/{task_id}
 ``traj.jsonl`` (one line per action), ``step_{n}_{timestamp}.png``, ``result.txt`` and
 ``recording.mp4`` (the VM's recording; the fake records none).
 
-    # here, without a VM: the forged tiny model (random weights: valid, aimless actions)
+    # here, without a VM: kvagent's trained demo agent (kvagent-agent-qwen35, shipped in
+    # runtime/agent_models/: it solves simdesk's tasks and knows nothing else)
     python examples/osworld_runner.py --fake
     # a real OSWorld checkout with its VMs (docker provider shown)
     python examples/osworld_runner.py --osworld-root ~/OSWorld --provider docker \\
@@ -26,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from runtime.engine_setup import DEMO_MODEL
 from runtime.logs import configure_logging
 from runtime.osworld import KvAgent
 from runtime.profiles import names as profile_names
@@ -35,7 +37,8 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--fake", action="store_true", help="simulated desktop instead of a VM")
     p.add_argument("--osworld-root", type=Path, help="OSWorld checkout (lib_run_single.py)")
-    p.add_argument("--model", type=Path, help="GGUF vision model (default: forged tiny)")
+    p.add_argument("--model", type=Path,
+                   help=f"GGUF vision model (default: {DEMO_MODEL.describe()})")
     p.add_argument("--mmproj", type=Path, help="its vision projector GGUF")
     p.add_argument("--profile", default="kvagent", choices=profile_names(),
                    help="the model family's prompt and output format")
@@ -145,7 +148,7 @@ def main() -> None:
     args = parse_args()
     configure_logging("warning")
     if args.model is None:
-        print("no --model: using the forged tiny qwen35 (random weights: aimless actions)")
+        print(f"no --model: using {DEMO_MODEL.describe()}: it knows simdesk's tasks only")
     # n_ctx: derived from the window, --max-steps and the screen (checked before loading)
     agent = KvAgent(args.model, args.mmproj, profile=args.profile, policy=args.policy,
                     overlap=args.overlap, n_threads=args.threads,

@@ -97,7 +97,8 @@ class KvAgent:
     one thread (OSWorld's worker); the work happens in the agent's own event-loop thread.
 
     ``model_path`` / ``mmproj_path``: a GGUF vision model and its projector (None for both:
-    the forged tiny qwen35, random weights — valid but aimless actions).  ``profile``: the
+    kvagent's trained demo agent, ``kvagent-agent-qwen35``: it solves simdesk's tasks and
+    knows nothing else).  ``profile``: the
     model family's prompt, output format and history layout — ``kvagent`` (kvagent's own
     action language, for any instruction model), ``qwen3vl`` (Qwen3-VL computer_use tool
     calls), ``uitars`` / ``uitars-v1`` (UI-TARS 1.5 / 1.0 Thought/Action); see
