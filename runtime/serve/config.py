@@ -35,6 +35,11 @@ class Limits:
     max_name_chars: int = 256
     #: a request's GBNF grammar
     max_grammar_chars: int = 64_000
+    #: elements llama.cpp's parser allocates for a grammar (a grammar's or JSON schema's),
+    #: repetitions expanded (``runtime/serve/gbnf_cost.py``: the measurement behind it)
+    max_grammar_elements: int = 50_000
+    #: stacks one step of llama.cpp's grammar matcher may make from one (its ambiguity)
+    max_grammar_branching: int = 256
     #: seconds matching a client's grammar (or JSON schema) may take for one token, and
     #: for a whole completion: it runs in a worker process that is ended when either passes
     #: (its cost follows its ambiguity, which no reading of its text bounds)
