@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from scheduler.errors import (
     AdmissionError, BudgetExceededError, EpisodeClosedError, NoFreeSequenceError,
-    SchedulerError,
+    SchedulerError, ShuttingDownError,
 )
 from scheduler.ledger import LedgerSnapshot, MemoryLedger, Reservation
 from scheduler.records import StepRecord
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 __all__ = [
     "AdmissionError", "BudgetExceededError", "EpisodeCache", "EpisodeClosedError",
     "LedgerSnapshot", "MemoryLedger", "NoFreeSequenceError", "PrefetchRecord", "Priority",
-    "Reservation", "Scheduler", "SchedulerError", "StepOptions", "StepRecord",
+    "Reservation", "Scheduler", "SchedulerError", "ShuttingDownError", "StepOptions",
+    "StepRecord",
 ]
 
 #: ``Scheduler`` drives the engine, whose module loads libllama: imported on first use (PEP

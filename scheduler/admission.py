@@ -30,6 +30,7 @@ from scheduler.errors import AdmissionError, ContextFullAdmissionError
 from scheduler.ledger import MemoryLedger
 from scheduler.pressure import Admit, GiveUp, MemoryPressure, Replan, Wait
 from scheduler.release import ReleaseSignal
+from scheduler.shutdown import Shutdown
 from scheduler.slots import Priority, Slot
 from scheduler.transaction import EpisodeCache, Transaction, begin
 
@@ -66,10 +67,13 @@ def downgrades(policy: CachePolicy, kit: PromptKit) -> list[tuple[CachePolicy, s
 class Admission:
     def __init__(self, engine: Engine, ledger: MemoryLedger, kit: PromptKit,
                  pressure: MemoryPressure, slots: dict[str, Slot], released: ReleaseSignal,
-                 counters: Counter[str], *, wait_s: float) -> None:
+                 counters: Counter[str], *, wait_s: float,
+                 shutdown: Shutdown | None = None) -> None:
         self.engine, self.ledger, self.kit, self.pressure = engine, ledger, kit, pressure
         self._slots, self._released, self.counters = slots, released, counters
         self.wait_s = wait_s
+        # once it began, a job on the ladder gives up (``ShuttingDownError``), not down it
+        self._shutdown = shutdown or Shutdown()
         # FIFO of the slots whose job waits for memory (one job per slot at a time)
         self._mem_queue: deque[Slot] = deque()
         self._on_ladder = 0  # jobs inside ``_under_pressure``
@@ -180,6 +184,7 @@ class Admission:
         self._on_ladder += 1
         try:
             while True:
+                self._shutdown.check(ep.episode_id)  # (woken by the shutdown's notify)
                 if ticket is not None and self._mem_queue[0] is not ticket:
                     # Not our turn: wait without re-planning (a job that is not planning
                     # stays evictable, so the head can free what we hold).

@@ -64,3 +64,8 @@ class NoSpareSequenceError(PolicyRefusedError):
             f"policy {policy_name!r} needs a spare sequence for its store's canonical "
             "forwards, and this host keeps none (kvagent run, bench and bench-eval keep one; "
             "kvagent serve and KvAgent do not)")
+
+
+class ShuttingDownError(SchedulerError):
+    """The scheduler is shutting down (``Scheduler.shut_down``): the step was stopped, or
+    refused, before publication — rolled back, the episode's published state untouched."""

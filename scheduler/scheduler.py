@@ -44,6 +44,7 @@ from scheduler.ledger import MemoryLedger
 from scheduler.pressure import MemoryPressure
 from scheduler.records import StepRecord
 from scheduler.release import ReleaseSignal
+from scheduler.shutdown import Shutdown
 from scheduler.sizes import format_bytes
 from scheduler.slots import IMAGE_CACHE, Phase, Priority, Slot, set_on_cancel
 from scheduler.transaction import (
@@ -81,6 +82,7 @@ class Scheduler:
         self._free_seqs = [s for s in range(engine.config.n_seq_max) if s != self._spare_seq]
         self._slots: dict[str, Slot] = {}
         self._released = ReleaseSignal()
+        self.shutdown = Shutdown()
         self._clock = itertools.count(1)
         self._log = structlog.get_logger("kvagent.scheduler")
         # The image cache is held at its capacity, so encoding never takes the ledger past
@@ -98,7 +100,8 @@ class Scheduler:
             image_cache=self.image_cache, image_cache_floor=image_cache_floor,
             image_cache_target=target)
         self.admission = Admission(engine, ledger, factory.kit, self.pressure, self._slots,
-                                   self._released, self.counters, wait_s=wait_s)
+                                   self._released, self.counters, wait_s=wait_s,
+                                   shutdown=self.shutdown)
 
     async def __aenter__(self) -> Scheduler:
         return self
@@ -116,6 +119,17 @@ class Scheduler:
                 self.check_integrity()
             self.ledger.drop(IMAGE_CACHE)
             self.image_cache.resize(self._cache_capacity)
+
+    def shut_down(self, reason: str) -> int:
+        """Stop all work (``scheduler.shutdown``): from now on a critical job raises
+        ``ShuttingDownError`` — at once if it has not started, at its next piece or token
+        boundary if it runs (rolled back), when it wakes if it waits for memory; a prefetch
+        is discarded.  Closing episodes still works.  Returns the jobs that were running."""
+        running = self.shutdown.begin(reason)
+        self._released.notify()  # the jobs waiting for memory wake and give up
+        self._log.warning("scheduler_shutdown", reason=reason, stopped=running,
+                          summary=self.summary())
+        return running
 
     # ------------------------------------------------------------------ episodes
 
@@ -259,6 +273,10 @@ class Scheduler:
             if priority is Priority.PREFETCH:
                 return None  # its episode ended: the prefetch is simply discarded
             raise EpisodeClosedError(f"episode {episode.episode_id} is closed")
+        if self.shutdown.begun:
+            if priority is Priority.PREFETCH:
+                return None
+            self.shutdown.check(episode.episode_id)
         slot.jobs += 1
         slot.phase = Phase.WAITING
         try:
@@ -267,6 +285,10 @@ class Scheduler:
                     if priority is Priority.PREFETCH:
                         return None
                     raise EpisodeClosedError(f"episode {episode.episode_id} is closed")
+                if self.shutdown.begun:  # (it began while this job waited for its turn)
+                    if priority is Priority.PREFETCH:
+                        return None
+                    self.shutdown.check(episode.episode_id)
                 # Building (tokenizing, encoding the screenshot) takes the engine's own lock
                 # call by call, not the gate: it may interleave with another job's prefill,
                 # and lets this job reach admission meanwhile.
@@ -330,11 +352,17 @@ class Scheduler:
                 if isinstance(result, PrefetchRecord) and result.preempted:
                     self.counters["prefetch_preempted"] += 1
                 return result
-            except Preempted:  # stopped before publication: nothing published
+            except Preempted as exc:  # stopped before publication: nothing published
                 slot.pending = segments if priority is Priority.PREFETCH else ()
                 if priority is Priority.CRITICAL:
-                    # only cancellation stops a critical step: deliver it as cancellation
+                    # only cancellation or the shutdown stops a critical step: deliver it
+                    # as cancellation, or as ``ShuttingDownError``
                     await anyio.lowlevel.checkpoint()
+                    if self.shutdown.begun:
+                        # (the new error's context is this one: its frames hold the stopped
+                        # job's unpublished checkpoints, which must die with the job)
+                        traceback.clear_frames(exc.__traceback__)
+                        self.shutdown.check(slot.cache.episode_id)
                     raise
                 self.counters["prefetch_discarded"] += 1
                 return None
@@ -383,25 +411,27 @@ class Scheduler:
         finished = False
         try:
             error: Exception | None = None
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(set_on_cancel, stop)
-                try:
-                    async with gate.hold(priority):
-                        slot.phase = Phase.RUNNING
-                        prefilled = await anyio.to_thread.run_sync(functools.partial(
-                            commit_prefill, self.engine, txn, self.ledger,
-                            should_stop=should_stop))
-                    record = await anyio.to_thread.run_sync(functools.partial(
-                        commit_finish, self.engine, txn, self.ledger, options, prefilled,
-                        fault=fault, should_stop=stop.is_set))
-                    finished = True
-                except Exception as exc:  # re-raised below, outside the task group, so
-                    error = exc           # callers see the error itself, not a group;
-                    # the worker's frames are done: drop what they held (the failed
-                    # execution's unpublished checkpoints), so nothing outlives the job
-                    traceback.clear_frames(exc.__traceback__)
-                finally:                  # cancellation (BaseException) passes through
-                    tg.cancel_scope.cancel()
+            # the shutdown sets ``stop`` too: the job stops at its next boundary
+            with self.shutdown.watching(stop):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(set_on_cancel, stop)
+                    try:
+                        async with gate.hold(priority):
+                            slot.phase = Phase.RUNNING
+                            prefilled = await anyio.to_thread.run_sync(functools.partial(
+                                commit_prefill, self.engine, txn, self.ledger,
+                                should_stop=should_stop))
+                        record = await anyio.to_thread.run_sync(functools.partial(
+                            commit_finish, self.engine, txn, self.ledger, options, prefilled,
+                            fault=fault, should_stop=stop.is_set))
+                        finished = True
+                    except Exception as exc:  # re-raised below, outside the task group, so
+                        error = exc           # callers see the error itself, not a group;
+                        # the worker's frames are done: drop what they held (the failed
+                        # execution's unpublished checkpoints), so nothing outlives the job
+                        traceback.clear_frames(exc.__traceback__)
+                    finally:                  # cancellation (BaseException) passes through
+                        tg.cancel_scope.cancel()
             if error is not None:
                 raise error
         finally:

@@ -8,9 +8,11 @@ line to stdout —
 ``{"event": "serve_ready", "url": ..., "port": ..., "model": ...}`` — which scripts (and the
 tests, with ``--port 0``) wait for.  SIGINT / SIGTERM shut it down gracefully: new requests
 are refused, in-flight steps finish (or roll back after the grace period), every episode
-closes and the ledger returns to zero.  Exit status: 0 after a clean shutdown, 2 when it
-cannot start (a bad option, the model, the port), 1 when the shutdown failed (the cause is
-printed last).
+closes and the ledger returns to zero.  A step still running when ``--grace-seconds`` ends
+is stopped and rolled back, its request answered ``503 server_shutting_down`` (a stream ends
+with an error event); uvicorn cancels whatever is left only ``STOP_MARGIN_S`` later.  Exit
+status: 0 after a clean shutdown, 2 when it cannot start (a bad option, the model, the
+port), 1 when the shutdown failed (the cause is printed last).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -29,6 +32,10 @@ import anyio
 HELP = ("serve the model to many agents over HTTP: an OpenAI-compatible chat API and kvagent's "
         "episode API, one engine, scheduler and memory budget")
 
+
+#: Seconds past ``--grace-seconds`` that the steps stopped then have to roll back and answer
+#: before uvicorn cancels what still runs (a cut response: the last resort).
+STOP_MARGIN_S = 10.0
 
 #: The environment variable holding API keys (comma-separated), for the server and clients.
 KEY_ENV = "KVAGENT_API_KEY"
@@ -191,17 +198,25 @@ def run(args: argparse.Namespace) -> int:
         return 2
     port = sock.getsockname()[1]
 
+    hosts: list[object] = []  # the model host, once ready (its ``drain`` at shutdown)
+
     def ready(host: object) -> None:
+        hosts.append(host)
         print(json.dumps({"event": "serve_ready", "url": f"http://{args.host}:{port}",
                           "port": port, "model": host.model_name}), flush=True)  # type: ignore[attr-defined]
 
     app = create_app(config, keys=keys, on_ready=ready)  # type: ignore[arg-type]
     # kvagent owns the signals (``_serve``): the first asks for a graceful shutdown, a second
     # forces it
-    server = uvicorn_server(app, config.limits, grace_s=args.grace_seconds,  # type: ignore[attr-defined]
-                            lifespan="on")
+    server = uvicorn_server(app, config.limits,  # type: ignore[attr-defined]
+                            grace_s=args.grace_seconds + STOP_MARGIN_S, lifespan="on")
+
+    async def drain() -> None:
+        for host in hosts:
+            await host.drain(args.grace_seconds)  # type: ignore[attr-defined]
+
     try:
-        anyio.run(_serve, server, sock)
+        anyio.run(_serve, server, sock, drain)
     finally:
         sock.close()
     if not server.started:
@@ -214,7 +229,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(server: object, sock: socket.socket) -> None:
+async def _serve(server: object, sock: socket.socket,
+                 drain: Callable[[], Awaitable[None]]) -> None:
+    """Serve until a signal; the first starts the graceful shutdown and ``drain`` (the
+    host stops the steps still running after the grace period), a second forces it."""
     async with anyio.create_task_group() as tg:
         async def on_signals() -> None:
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -223,6 +241,8 @@ async def _serve(server: object, sock: socket.socket) -> None:
                           file=sys.stderr, flush=True)
                     if server.should_exit:  # type: ignore[attr-defined]
                         server.force_exit = True  # type: ignore[attr-defined]
+                    else:
+                        tg.start_soon(drain)
                     server.should_exit = True  # type: ignore[attr-defined]
 
         tg.start_soon(on_signals)

@@ -9,6 +9,11 @@ wires the domain's collaborators, each given what it uses: ``episodes`` (the epi
 ``chat`` (chat completions) and the ``conversations`` both see, over the one ``pool``; the
 one ``slots`` rule every open asks; ``leases`` (clients saying they are alive); ``status`` /
 ``gauges`` report on it.
+
+Shutdown (``drain``): in-flight requests get the grace period to finish; then the scheduler
+stops what still runs or waits (``Scheduler.shut_down``) — each such step rolls back and its
+request is answered ``503 server_shutting_down`` (a stream: an error event, then ``[DONE]``)
+— and ``running`` closes every episode, each exactly once, the ledger back to zero.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from cachepolicy.segments import SegmentFactory
 from runtime.actions import Screen
 from runtime.config import AgentConfig
 from runtime.engine_setup import load_engine, resolve_model
-from runtime.pool import EpisodePool
+from runtime.pool import EpisodePool, PoolClosedError
 from runtime.serve.chat import ChatService
 from runtime.serve.config import ServeConfig
 from runtime.serve.conversations import Conversations
@@ -87,6 +92,22 @@ class ModelHost:
         finally:
             engine.close()
             log.info("serve_host_closed")
+
+    async def drain(self, grace_s: float) -> None:
+        """The server is shutting down (it takes no new connections): give the requests
+        in flight ``grace_s`` seconds, then stop every step still running or waiting — it
+        rolls back and its request is answered with ``ShuttingDownError`` (503
+        ``server_shutting_down``).  Returns after that; the episodes close when the host's
+        ``running`` block ends.  The caller cancels it when the server is done first."""
+        log.info("serve_draining", grace_s=grace_s, summary=self.pool.summary())
+        await anyio.sleep(grace_s)
+        try:
+            scheduler = self.pool.scheduler
+        except PoolClosedError:  # the host already stopped: nothing runs
+            return
+        log.warning("serve_grace_expired", grace_s=grace_s, summary=self.pool.summary())
+        scheduler.shut_down(f"the server is shutting down (its grace period of {grace_s:g} s "
+                            f"ended)")
 
     def check_episode_config(self, agent: AgentConfig, screen: Screen | None) -> None:
         """Refuse, when an episode is created, what its steps could not run: a policy the

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse
 
 from cachepolicy.errors import ContextFullError, ImageError, KvagentCacheError
 from runtime.pool import EpisodeBusyError, PoolFullError, UnknownEpisodeError
-from scheduler.errors import AdmissionError, ContextFullAdmissionError
+from scheduler.errors import AdmissionError, ContextFullAdmissionError, ShuttingDownError
 
 
 @attrs.define(eq=False)
@@ -77,6 +77,9 @@ def api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ContextFullAdmissionError):  # the request, not the load
         return bad_request(f"the prompt does not fit the context: {exc}",
                            code="context_length_exceeded")
+    if isinstance(exc, ShuttingDownError):  # the grace period ended: the step rolled back
+        return ApiError(503, str(exc), "server_error", None,
+                        "server_shutting_down", retry_after=5.0)
     if isinstance(exc, AdmissionError):
         return unavailable(f"the memory budget cannot take this step now: {exc}")
     if isinstance(exc, ContextFullError):
