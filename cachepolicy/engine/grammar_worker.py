@@ -26,7 +26,10 @@ import struct
 import sys
 from typing import BinaryIO
 
+import llama_cpp
 import numpy as np
+
+from cachepolicy.engine.grammar_state import CharTokens, GrammarParseError, LocalGrammar
 
 REQUEST = struct.Struct("<BIiI")
 ANSWER = struct.Struct("<BI")
@@ -55,10 +58,6 @@ def _cap_address_space(extra_bytes: int) -> None:
 
 
 def serve(model_path: str, memory_bytes: int, inp: BinaryIO, out: BinaryIO) -> None:
-    import llama_cpp
-
-    from cachepolicy.engine.grammar_state import CharTokens, GrammarParseError, LocalGrammar
-
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
