@@ -1,7 +1,8 @@
 """JSON schema → GBNF, for chat completions' ``response_format`` (the subset kvagent supports).
 
 Supported: ``type`` object (``properties``, ``required``), array (``items``, ``minItems``,
-``maxItems``), string (``maxLength``), number, integer, boolean, null, a list of types;
+``maxItems``), string (``minLength``, ``maxLength``; counts up to ``MAX_REPETITION``, 2000:
+llama.cpp enforces no more), number, integer, boolean, null, a list of types;
 ``enum`` and ``const`` of JSON scalars; annotations (``title``, ``description``, ``$schema``,
 ``default``, ``examples``, ``additionalProperties``, ``strict``) are ignored.  Anything else
 (``$ref``, ``pattern``, ``anyOf``, ``minimum``, ``format``, …) is refused with the keyword
@@ -18,6 +19,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any
+
+from runtime.serve.gbnf_cost import MAX_REPETITION
 
 #: Nesting (schemas within schemas), properties per object and grammar size the converter
 #: accepts: a schema is a request's input, its grammar is compiled per step.
@@ -125,8 +128,7 @@ class _Converter:
 
     def _string(self, schema: Mapping[str, Any], where: str) -> str:
         lo, hi = schema.get("minLength", 0), schema.get("maxLength")
-        if not _count(lo) or (hi is not None and (not _count(hi) or hi < lo)):
-            raise SchemaError(f"{where}: minLength / maxLength must be counts, min <= max")
+        _bounds(where, "minLength", lo, "maxLength", hi)
         if hi is None:
             return "json-string" if lo == 0 else self.rule(
                 f'"\\"" json-char{{{lo},}} "\\""')
@@ -135,15 +137,17 @@ class _Converter:
     def _array(self, schema: Mapping[str, Any], where: str, depth: int) -> str:
         item = self.visit(schema.get("items", True), f"{where}.items", depth + 1)
         lo, hi = schema.get("minItems", 0), schema.get("maxItems")
-        if not _count(lo) or (hi is not None and (not _count(hi) or hi < lo)):
-            raise SchemaError(f"{where}: minItems / maxItems must be counts, min <= max")
+        _bounds(where, "minItems", lo, "maxItems", hi)
         more = f'("," ws {item} ws)'
         if hi == 0:
             return self.rule('"[" ws "]"')
         tail = (f"{more}{{{max(lo - 1, 0)},{hi - 1}}}" if hi is not None
                 else f"{more}{{{max(lo - 1, 0)},}}")
         body = f"{item} ws {tail}"
-        return self.rule(f'"[" ws {body} "]"' if lo >= 1 else f'"[" ws ({body})? "]"')
+        # empty or not as two alternatives, not ``({body})?``: llama.cpp refuses a repetition
+        # (``?``) of a group holding more than 2000 rules (the tail's, for a large maxItems)
+        return self.rule(f'"[" ws {body} "]"' if lo >= 1
+                         else f'"[" ws "]" | "[" ws {body} "]"')
 
     def _object(self, schema: Mapping[str, Any], where: str, depth: int) -> str:
         props = schema.get("properties")
@@ -181,5 +185,17 @@ class _Converter:
         return self.rule(f'"{{" ws ({" | ".join(alts)})? "}}"')
 
 
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10_000
+def _bounds(where: str, lo_key: str, lo: Any, hi_key: str, hi: Any) -> None:
+    """``lo`` / ``hi`` (None: unbounded) as counts llama.cpp enforces exactly: it refuses a
+    repetition ``{m,n}`` with m above ``MAX_REPETITION`` and reads n above it as no bound at
+    all, so a larger value is refused here rather than silently not enforced."""
+    for key, value in ((lo_key, lo), (hi_key, hi)):
+        if value is None and key == hi_key:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise SchemaError(f"{where}.{key}: a count (a non-negative integer)")
+        if value > MAX_REPETITION:
+            raise SchemaError(f"{where}.{key}: {value} is more than kvagent enforces (at "
+                              f"most {MAX_REPETITION}, llama.cpp's limit on a repetition)")
+    if hi is not None and hi < lo:
+        raise SchemaError(f"{where}: {lo_key} {lo} is above {hi_key} {hi}")

@@ -9,8 +9,9 @@ half the context); only absurd values are refused.  Images are bounded by their 
 (``images.py``: pixels per image and per request) before they are decoded and converted to
 PNG; nothing is fetched from the network.
 
-An answer can be constrained, as llama-server allows: ``grammar`` (GBNF text, checked to
-parse before anything runs), ``response_format`` (``{"type": "json_object"}`` or
+An answer can be constrained, as llama-server allows: ``grammar`` (GBNF text, measured —
+``runtime/serve/gbnf_cost.py``: what llama.cpp's parser would expand it to and how ambiguous
+it is, within ``Limits`` — and checked to parse before anything runs), ``response_format`` (``{"type": "json_object"}`` or
 ``{"type": "json_schema", "json_schema": {"schema": {...}}}``, converted by
 ``runtime/serve/json_schema.py``), or kvagent's extension ``"kvagent": {"action_grammar":
 PROFILE}`` — a profile's action format (``qwen3vl``: Qwen3-VL's computer_use tool calls), so
@@ -27,6 +28,8 @@ import anyio.to_thread
 
 from runtime.profiles import names as profile_names
 from runtime.serve.config import Limits
+from runtime.serve.gbnf_cost import GrammarRejected
+from runtime.serve.gbnf_cost import check as check_grammar
 from runtime.serve.http.errors import bad_request, not_found, too_large
 from runtime.serve.http.images import PixelBudget, decode_base64, read_image
 from runtime.serve.json_schema import SchemaError, json_object_gbnf, schema_gbnf
@@ -40,12 +43,13 @@ CONVERSATION_HEADER = "x-kvagent-conversation"
 
 
 async def read_chat(body: Mapping[str, Any], limits: Limits, model: str) -> ChatRequest:
-    """``parse_chat`` off the event loop (it decodes images), for the model ``model``."""
-    req = await anyio.to_thread.run_sync(parse_chat, body, limits)
-    if req.model != model:
-        raise not_found(f"the model {req.model[:100]!r} does not exist; this server serves "
+    """``parse_chat`` off the event loop (it decodes images and measures grammars), for the
+    model ``model`` — a request for another model is refused before any of that work."""
+    name = body.get("model")
+    if isinstance(name, str) and name and name != model:
+        raise not_found(f"the model {name[:100]!r} does not exist; this server serves "
                         f"{model!r}", param="model", code="model_not_found")
-    return req
+    return await anyio.to_thread.run_sync(parse_chat, body, limits)
 
 
 def conversation_key(headers: Mapping[str, str], req: ChatRequest,
@@ -119,12 +123,13 @@ def _constraint(data: Mapping[str, Any], limits: Limits) -> Constraint | None:
         if len(grammar) > limits.max_grammar_chars:
             raise too_large(f"the grammar has {len(grammar)} characters; the limit is "
                             f"{limits.max_grammar_chars}", param="grammar")
-        found.append(Constraint("grammar", _parsed(grammar, "grammar")))
+        found.append(Constraint("grammar", _parsed(grammar, "grammar", limits)))
     if "response_format" in given:
         rf = data["response_format"]
         kind = rf.get("type") if isinstance(rf, Mapping) else None
         if kind == "json_object":
-            found.append(Constraint("json_object", json_object_gbnf()))
+            found.append(Constraint("json_object", _parsed(json_object_gbnf(),
+                                                           "response_format", limits)))
         elif kind == "json_schema":
             spec = rf.get("json_schema")
             schema = spec.get("schema") if isinstance(spec, Mapping) else None
@@ -133,7 +138,7 @@ def _constraint(data: Mapping[str, Any], limits: Limits) -> Constraint | None:
                                   param="response_format")
             try:
                 found.append(Constraint("json_schema", _parsed(schema_gbnf(schema),
-                                                               "response_format")))
+                                                               "response_format", limits)))
             except SchemaError as exc:
                 raise bad_request(f"response_format: {exc}", param="response_format") from None
         elif kind != "text":
@@ -155,8 +160,17 @@ def _constraint(data: Mapping[str, Any], limits: Limits) -> Constraint | None:
     return found[0] if found else None
 
 
-def _parsed(gbnf: str, param: str) -> str:
-    """``gbnf`` once llama.cpp parsed it (400 with why, else)."""
+def _parsed(gbnf: str, param: str, limits: Limits) -> str:
+    """``gbnf`` once its cost is measured and llama.cpp parsed it (400 with why, else).
+
+    The cost gate (pure Python, ``gbnf_cost``) comes first: llama.cpp's parser expands
+    repetitions before it can refuse anything, and writes a grammar it cannot parse, whole,
+    to the log; what reaches it here is known to parse, within ``Limits``."""
+    try:
+        check_grammar(gbnf, max_elements=limits.max_grammar_elements,
+                      max_branching=limits.max_grammar_branching)
+    except GrammarRejected as exc:
+        raise bad_request(f"{param}: {exc}", param=param, code=exc.code) from None
     # imported here: the check loads libllama, which a cluster's front door (a client of
     # this parser) does not need
     from cachepolicy.engine.grammar_check import gbnf_problem
