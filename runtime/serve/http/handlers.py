@@ -10,6 +10,7 @@ lifespan runs it (``attach``).
 from __future__ import annotations
 
 import time
+from itertools import chain
 
 import anyio.to_thread
 from starlette.requests import Request
@@ -18,6 +19,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from runtime.serve.host import ModelHost
 from runtime.serve.http.auth import owner_of
 from runtime.serve.http.body import read_json
+from runtime.serve.http.body_budget import budget_of
 from runtime.serve.http.chat_bodies import completion_body
 from runtime.serve.http.chat_requests import conversation_key, read_chat
 from runtime.serve.http.episode_bodies import (created_body, listing_body, parse_create,
@@ -49,7 +51,15 @@ class HostHandlers:
 
     async def metrics(self, request: Request) -> Response:
         host = self.host
-        return PlainTextResponse(host.metrics.exposition(host.gauges()),
+        budget = budget_of(request, host.config.limits)
+        budget.check_integrity()  # (its two counts agree, within its capacity)
+        gauges = [("kvagent_request_body_bytes", "The budget for request bodies being read.",
+                   {"kind": kind}, value) for kind, value in (
+                       ("budget", budget.capacity), ("reserved", budget.reserved),
+                       ("peak", budget.peak))]
+        gauges.append(("kvagent_request_bodies_refused", "Requests refused (503) because "
+                       "their body did not fit the budget in time.", {}, budget.num_refused))
+        return PlainTextResponse(host.metrics.exposition(chain(host.gauges(), gauges)),
                                  media_type="text/plain; version=0.0.4")
 
     async def chat(self, request: Request) -> Response:
