@@ -69,8 +69,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "413 (default: a 3840x2160 screen)")
     a.add_argument("--max-request-pixels", type=int, default=Limits().max_request_pixels,
                    help="pixels of all of a request's images (default: 16 x 1920x1080)")
+    a.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="without API keys the server takes requests only for a loopback "
+                        "name or its own address (Host header: DNS rebinding); this name "
+                        "too (repeatable)")
+    a.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="without API keys the server refuses requests from web pages of "
+                        "other origins (Origin header); this one too, e.g. "
+                        "http://localhost:3000 (repeatable)")
     a.add_argument("--max-connections", type=int, default=Limits().max_connections,
-                   help="open connections; more are closed as they are accepted")
+                   help="open connections; at the cap a new one closes the one that has "
+                        "waited longest for its request head")
+    a.add_argument("--body-budget", default=None, metavar="BYTES",
+                   help="bytes of request bodies being read at once, server-wide (e.g. "
+                        "256MiB, the default); a body that does not fit waits "
+                        f"{Limits().body_budget_wait_s:g} s, then 503")
     a.add_argument("--header-timeout", type=float, default=Limits().header_timeout_s,
                    help="seconds a connection has to send a request's head")
     a.add_argument("--body-timeout", type=float, default=Limits().body_timeout_s,
@@ -112,6 +125,7 @@ def _config(args: argparse.Namespace) -> object:
     from runtime.commands.options import agent_config, engine_fields
     from runtime.engine_setup import available_memory, check_memory, resolve_model
     from runtime.serve.config import Limits, ServeConfig, check_slots
+    from runtime.serve.http.local_only import normal_origin
 
     if not 0 <= args.port <= 65535:
         raise ValueError("--port must be 0..65535")
@@ -131,6 +145,15 @@ def _config(args: argparse.Namespace) -> object:
         raise ValueError("--header-timeout / --body-timeout must be more than 0 and at "
                          "most an hour")
     budget = parse_memory_budget(args.memory_budget)
+    body_budget = Limits().body_budget_bytes
+    if args.body_budget is not None:
+        body_budget = parse_memory_budget(args.body_budget, option="--body-budget").resolve()
+        if not 1 << 20 <= body_budget <= 1 << 40:
+            raise ValueError("--body-budget must be 1MiB..1TiB")
+    origins = [o for o in args.allow_origin if normal_origin(o) is None]
+    if origins:
+        raise ValueError(f"--allow-origin {origins[0]!r} is not an origin "
+                         "(scheme://host[:port], e.g. http://localhost:3000)")
     check_slots(args.max_episodes)
     try:
         engine = EngineConfig(n_ctx_per_seq=args.ctx, n_seq_max=args.max_episodes,
@@ -146,7 +169,9 @@ def _config(args: argparse.Namespace) -> object:
         memory_budget=available_memory() if budget.unlimited else budget.resolve(),
         agent=agent_config(args), mode=args.mode, idle_s=args.idle_seconds,
         lease_grace_s=args.lease_grace_seconds, chat_action_grammar=args.chat_action_grammar,
-        limits=Limits(max_tokens=args.max_completion_tokens,
+        # --host by name is a name the server is reached by (not a rebound one)
+        allow_hosts=(*args.allow_host, args.host), allow_origins=tuple(args.allow_origin),
+        limits=Limits(max_tokens=args.max_completion_tokens, body_budget_bytes=body_budget,
                       max_image_pixels=args.max_image_pixels,
                       max_request_pixels=args.max_request_pixels,
                       max_connections=args.max_connections,

@@ -6,7 +6,8 @@ the episode API (``POST /v1/episodes``, ``GET /v1/episodes``, ``GET /v1/episodes
 ``POST /v1/episodes/{id}/step``, ``DELETE /v1/episodes/{id}``, ``GET
 /v1/episodes/{id}/lease``); handlers in ``handlers.py``.  With API keys (``auth.py``) every
 route but ``/health`` answers 401 without one of them; what a request opens belongs to its
-key.
+key.  Without keys, a request from a web page of another origin or for another host name
+(DNS rebinding) is a 403 (``local_only.py``).
 
 Every failure is an OpenAI-shaped JSON error with the right status (``errors.api_error``):
 400 for bad input, 404 unknown model / episode, 409 a step of that episode is already
@@ -40,8 +41,10 @@ from runtime.errors import describe_error
 from runtime.serve.config import ServeConfig
 from runtime.serve.host import ModelHost
 from runtime.serve.http.auth import ApiKeys, RequireKey
+from runtime.serve.http.body_budget import request_reservation
 from runtime.serve.http.errors import StartupRefusedError, api_error, error_response
 from runtime.serve.http.handlers import HostHandlers
+from runtime.serve.http.local_only import LocalOnly
 from runtime.serve.http.routes import Endpoint, bind, unknown_route_handlers
 
 log = structlog.get_logger("kvagent.serve")
@@ -80,7 +83,9 @@ def create_app(config: ServeConfig, *, keys: ApiKeys = ApiKeys(),
         async def endpoint(request: Request) -> Response:
             host = handlers.host
             try:
-                response = await handler(request)
+                # the body this handler reads stays in the body budget until it returns
+                async with request_reservation(request, host.config.limits):
+                    response = await handler(request)
             except Exception as exc:  # noqa: BLE001  every failure becomes an HTTP error;
                 error = api_error(exc)  # cancellation (BaseException) passes through
                 if error.status >= 500:
@@ -93,8 +98,13 @@ def create_app(config: ServeConfig, *, keys: ApiKeys = ApiKeys(),
             return response
         return endpoint
 
-    app = Starlette(routes=bind(handlers, guard), lifespan=lifespan,
-                    middleware=[Middleware(RequireKey, keys=keys)],
+    # a keyless server refuses web pages of other origins and rebound host names
+    # (local_only.py); with keys, the key protects
+    middleware = [Middleware(RequireKey, keys=keys)] if keys.required else [
+        Middleware(LocalOnly, allow_hosts=config.allow_hosts,
+                   allow_origins=config.allow_origins),
+        Middleware(RequireKey, keys=keys)]
+    app = Starlette(routes=bind(handlers, guard), lifespan=lifespan, middleware=middleware,
                     exception_handlers=unknown_route_handlers())
     app.state.shutdown_error = None
     return app
