@@ -45,8 +45,8 @@ CONVERSATION_HEADER = "x-kvagent-conversation"
 async def read_chat(body: Mapping[str, Any], limits: Limits, model: str) -> ChatRequest:
     """``parse_chat`` off the event loop (it decodes images and measures grammars), for the
     model ``model`` — a request for another model is refused before any of that work."""
-    name = body.get("model")
-    if isinstance(name, str) and name and name != model:
+    name = body.get("model")  # (a malformed name: parse_chat's 400)
+    if isinstance(name, str) and 0 < len(name) <= limits.max_name_chars and name != model:
         raise not_found(f"the model {name[:100]!r} does not exist; this server serves "
                         f"{model!r}", param="model", code="model_not_found")
     return await anyio.to_thread.run_sync(parse_chat, body, limits)
