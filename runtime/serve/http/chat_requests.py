@@ -11,8 +11,9 @@ PNG; nothing is fetched from the network.
 
 An answer can be constrained, as llama-server allows: ``grammar`` (GBNF text, measured —
 ``runtime/serve/gbnf_cost.py``: what llama.cpp's parser would expand it to and how ambiguous
-it is, within ``Limits`` — and checked to parse before anything runs), ``response_format`` (``{"type": "json_object"}`` or
-``{"type": "json_schema", "json_schema": {"schema": {...}}}``, converted by
+it is, within ``Limits`` — and checked to parse before anything runs), ``response_format``
+(``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"schema":
+{...}}}``, converted by
 ``runtime/serve/json_schema.py``), or kvagent's extension ``"kvagent": {"action_grammar":
 PROFILE}`` — a profile's action format (``qwen3vl``: Qwen3-VL's computer_use tool calls), so
 an agent that parses that format always gets an action.  At most one of them.
