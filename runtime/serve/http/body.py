@@ -11,12 +11,12 @@ form's or ``text/plain`` POST, which a browser sends without asking the server f
 cannot reach a JSON route.  Used by ``kvagent serve`` and the cluster's front door alike.
 
 Memory: a body's bytes are reserved in the server-wide ``BodyBudget`` before they are read,
-until its request's handler returns (a model host) or until it is parsed or handed over
-(the front door), so bodies never hold more than ``Limits.body_budget_bytes`` at once.  A body of declared length
-is read into one buffer of exactly that size (no growth, no copy) and emptied as soon as it
-is decoded to text, so a body costs at most twice its bytes while it is parsed (the text and
-the values made from it); one without a declared size grows as its chunks arrive,
-reserving each first."""
+until its request's handler returns (a model host) or until it is parsed or handed over (the
+front door), so bodies never hold more than ``Limits.body_budget_bytes`` at once. A body of
+declared length is read into one buffer of exactly that size (no growth, no copy) and
+emptied as soon as it is decoded to text, so a body costs at most twice its bytes while it
+is parsed (the text and the values made from it); one without a declared size grows as its
+chunks arrive, reserving each first."""
 
 from __future__ import annotations
 

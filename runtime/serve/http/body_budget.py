@@ -3,15 +3,15 @@ request, so that many large bodies at once cannot take more memory than
 ``Limits.body_budget_bytes`` (sixteen 60 MB bodies used to peak at 1.5 GB).
 
 A reader reserves a body's declared size before reading a byte of it (a body without a
-declared size reserves as its chunks arrive).  On a model host the reservation lasts until
+declared size reserves as its chunks arrive). On a model host the reservation lasts until
 the handler returns (``request_reservation``, opened by the app's guard): what a request
 parsed from its body (texts, images) lives that long, so the budget bounds it too — a body
-costs at most twice its bytes while it is parsed, about its bytes afterwards.  Elsewhere
-(the cluster's front door) it ends once the body is read or parsed (``body.py``).  A
-streamed answer's own memory is not counted.  A reservation that does not fit waits until others release — at most
-``Limits.body_budget_wait_s``, then the request is refused with a 503 (retry later); one
-larger than the whole budget could never fit and is a 413 at once.  While a body waits its
-bytes stay in the client's socket: nothing is read.
+costs at most twice its bytes while it is parsed, about its bytes afterwards. Elsewhere (the
+cluster's front door) it ends once the body is read or parsed (``body.py``). A streamed
+answer's own memory is not counted. A reservation that does not fit waits until others
+release — at most ``Limits.body_budget_wait_s``, then the request is refused with a 503
+(retry later); one larger than the whole budget could never fit and is a 413 at once. While
+a body waits its bytes stay in the client's socket: nothing is read.
 
 Invariant (``check_integrity``): ``reserved`` equals the sum of the live reservations, an
 independent count kept by each ``Reservation``; it never exceeds ``capacity``, so
