@@ -176,9 +176,11 @@ class Admission:
     async def _under_pressure(self, slot: Slot, segments: tuple[Segment, ...],
                               priority: Priority, rungs: list[str]) -> Admitted | None:
         """Rungs 1 and 2: decide (synchronously), act, re-plan — until admitted, out of
-        options, or without progress: ``wait_s`` seconds pass with no release at all, or (at
-        the head of the queue) no other job could release anything.  While others release
-        memory the job keeps its place in the queue (the work serializes)."""
+        options, or waiting is in vain: (at the head of the queue) no other job could release
+        anything — re-checked whenever a job ends or memory comes back — or, the safety
+        bound, no holder made progress (no piece, token or release) for ``wait_s`` seconds.
+        Slow holders that progress are waited for however long their steps take; while
+        others release memory the job keeps its place in the queue (the work serializes)."""
         ep = slot.cache
         ticket: Slot | None = None
         self._on_ladder += 1
@@ -188,7 +190,7 @@ class Admission:
                 if ticket is not None and self._mem_queue[0] is not ticket:
                     # Not our turn: wait without re-planning (a job that is not planning
                     # stays evictable, so the head can free what we hold).
-                    if not await self.pressure.wait_for_release(self._released.current, self.wait_s):
+                    if not await self._wait(self._released.current):
                         return None
                     continue
                 txn = await self.begin(slot, segments, priority)
@@ -220,7 +222,7 @@ class Admission:
                     released = self._released.current  # the event this wait is for, taken now
                     if head and not self._others_may_release(slot):
                         return None  # nothing will be released: waiting cannot help
-                    if not await self.pressure.wait_for_release(released, self.wait_s):
+                    if not await self._wait(released):
                         return None
                     continue
                 if "evict" not in rungs:
@@ -234,12 +236,18 @@ class Admission:
                 self._mem_queue.remove(ticket)
                 self._released.notify()  # the next in line may be first now
 
+    async def _wait(self, released: anyio.Event) -> bool:
+        """Rung 2's wait: for ``released``, while the holders progress; False after
+        ``wait_s`` seconds without any progress (a stall: the safety bound)."""
+        return await self.pressure.wait_for_release(released, self.wait_s,
+                                                    self._released.last_progress)
+
     def _others_may_release(self, slot: Slot) -> bool:
         """Whether another episode may still give memory back: one whose job runs, holds a
         reservation or is still on its way to admission, or one being closed — not one
         parked in the memory queue itself (the head already evicts what parked episodes
         hold).  When every other job waits for memory too, nothing will ever be released:
-        the head goes down the ladder at once instead of timing out after ``wait_s``."""
+        the head goes down the ladder at once instead of stalling for ``wait_s``."""
         return any((s.jobs and s not in self._mem_queue) or s.closed
                    for s in self._slots.values() if s is not slot)
 

@@ -30,6 +30,7 @@ serializes instead of failing.  A prefetch (speculative) takes only what fits no
 from __future__ import annotations
 
 import functools
+import time
 import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
@@ -334,9 +335,18 @@ class MemoryPressure:
         self._log.info("image_cache_regrown", owner=IMAGE_CACHE, capacity=cap + grow)
         return grow
 
-    async def wait_for_release(self, released: anyio.Event, timeout: float) -> bool:
-        """Rung 2: wait for a release, at most ``timeout`` seconds; False when none came."""
-        with anyio.move_on_after(timeout):
-            await released.wait()
-            return True
-        return False
+    async def wait_for_release(self, released: anyio.Event, stall_s: float,
+                               last_progress: Callable[[], float]) -> bool:
+        """Rung 2: wait for a release (``released`` set: True) while the holders make
+        progress; False once none came and nothing progressed (``last_progress``: the
+        monotonic time of the holders' last piece, token or release) for ``stall_s``
+        seconds — a stall timeout, the safety bound of a wait on work that may hang, not a
+        deadline: slow holders that still progress are waited for."""
+        started = time.monotonic()
+        while True:
+            quiet = time.monotonic() - max(started, last_progress())
+            if quiet >= stall_s:
+                return False
+            with anyio.move_on_after(stall_s - quiet):
+                await released.wait()
+                return True

@@ -54,19 +54,26 @@ from scheduler.transaction import (
 
 T = TypeVar("T")
 
-__all__ = ["IMAGE_CACHE", "Priority", "Scheduler"]
+__all__ = ["IMAGE_CACHE", "Priority", "STALL_TIMEOUT_S", "Scheduler"]
+
+#: The fallback ladder's wait for releases (rung 2) ends when no release can come; this is
+#: only its safety bound: the seconds with no progress at all by any job (no piece
+#: prefilled, no token decoded, no release) after which the waiter gives up — an engine that
+#: hangs.  Generous: a slow machine (or a big model's long prefill piece) is not a hang.
+STALL_TIMEOUT_S = 300.0
 
 
 class Scheduler:
     def __init__(self, engine: Engine, ledger: MemoryLedger, factory: SegmentFactory, *,
-                 options: StepOptions = StepOptions(), wait_s: float = 30.0,
+                 options: StepOptions = StepOptions(), wait_s: float = STALL_TIMEOUT_S,
                  image_cache: EmbeddingCache | None = None, image_cache_floor: int = 0,
                  spare_sequence: bool = False,
                  fault: Callable[[str], None] | None = None,
                  debug: bool | None = None) -> None:
         """``spare_sequence``: hold the engine's last sequence aside for the episodes whose
         policy asks for one (``PolicyManifest.needs_scratch_sequence``); an owner that runs
-        such policies sets it."""
+        such policies sets it.  ``wait_s``: the stall timeout of a wait for memory (see
+        ``STALL_TIMEOUT_S``)."""
         self.engine, self.ledger, self.factory, self.options = engine, ledger, factory, options
         # the embedding cache is a ledger owner: the scheduler holds its capacity (default:
         # the engine's own cache, taken once here and handed to whoever needs it)
@@ -322,6 +329,9 @@ class Scheduler:
             slot.jobs -= 1
             slot.phase, slot.replacing, slot.guessing = Phase.IDLE, False, False
             slot.last_used = next(self._clock)
+            # a job that ends — even one that never reserved (it failed before admission)
+            # — may have been what a job waiting for memory waited on: it re-checks
+            self._released.notify()
             self._check_if_idle()
 
     def _check_if_idle(self) -> None:
@@ -395,12 +405,19 @@ class Scheduler:
         stop = threading.Event()
         gate = self.gate
 
-        def should_stop() -> bool:
+        progressed = self._released.mark_progress  # (a job waiting for memory sees it)
+
+        def should_stop() -> bool:  # between pieces
+            progressed()
             if self.fault is not None:
                 self.fault("between_pieces")
             return stop.is_set() or (priority is Priority.PREFETCH
                                      and (gate.critical_waiting > 0
                                           or (asked is not None and asked.is_set())))
+
+        def decoding() -> bool:  # between tokens
+            progressed()
+            return stop.is_set()
 
         def fault(point: str) -> None:
             if stop.is_set():
@@ -423,7 +440,7 @@ class Scheduler:
                                 should_stop=should_stop))
                         record = await anyio.to_thread.run_sync(functools.partial(
                             commit_finish, self.engine, txn, self.ledger, options, prefilled,
-                            fault=fault, should_stop=stop.is_set))
+                            fault=fault, should_stop=decoding))
                         finished = True
                     except Exception as exc:  # re-raised below, outside the task group, so
                         error = exc           # callers see the error itself, not a group;
