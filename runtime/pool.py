@@ -32,7 +32,7 @@ from runtime.metrics import StepMetrics
 from runtime.session import Teacher
 from scheduler.errors import NoFreeSequenceError, NoSpareSequenceError
 from scheduler.ledger import MemoryLedger
-from scheduler.scheduler import Scheduler
+from scheduler.scheduler import STALL_TIMEOUT_S, Scheduler
 from scheduler.transaction import StepOptions
 
 log = structlog.get_logger("kvagent.pool")
@@ -82,7 +82,8 @@ class PooledEpisode:
 
 class EpisodePool:
     def __init__(self, factory: SegmentFactory, ledger: MemoryLedger, *, max_episodes: int,
-                 options: StepOptions = StepOptions(), wait_s: float = 30.0) -> None:
+                 options: StepOptions = StepOptions(),
+                 wait_s: float = STALL_TIMEOUT_S) -> None:
         self.factory, self.ledger, self.max_episodes = factory, ledger, max_episodes
         self._options, self._wait_s = options, wait_s
         self._scheduler: Scheduler | None = None

@@ -16,6 +16,12 @@ import time
 
 import anyio
 
+#: The fallback ladder's wait for releases (rung 2) ends when no release can come; this is
+#: only its safety bound: the seconds with no progress at all by any job (no piece
+#: prefilled, no token decoded, no release) after which the waiter gives up — an engine that
+#: hangs.  Generous: a slow machine (or a big model's long prefill piece) is not a hang.
+STALL_TIMEOUT_S = 300.0
+
 
 class ReleaseSignal:
     def __init__(self) -> None:

@@ -43,7 +43,7 @@ from scheduler.integrity import check_integrity
 from scheduler.ledger import MemoryLedger
 from scheduler.pressure import MemoryPressure
 from scheduler.records import StepRecord
-from scheduler.release import ReleaseSignal
+from scheduler.release import STALL_TIMEOUT_S, ReleaseSignal
 from scheduler.shutdown import Shutdown
 from scheduler.sizes import format_bytes
 from scheduler.slots import IMAGE_CACHE, Phase, Priority, Slot, set_on_cancel
@@ -55,12 +55,6 @@ from scheduler.transaction import (
 T = TypeVar("T")
 
 __all__ = ["IMAGE_CACHE", "Priority", "STALL_TIMEOUT_S", "Scheduler"]
-
-#: The fallback ladder's wait for releases (rung 2) ends when no release can come; this is
-#: only its safety bound: the seconds with no progress at all by any job (no piece
-#: prefilled, no token decoded, no release) after which the waiter gives up — an engine that
-#: hangs.  Generous: a slow machine (or a big model's long prefill piece) is not a hang.
-STALL_TIMEOUT_S = 300.0
 
 
 class Scheduler:

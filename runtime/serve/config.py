@@ -12,6 +12,7 @@ import attrs
 from cachepolicy.engine import EngineConfig
 from runtime.actions import Screen
 from runtime.config import DEFAULT_SCREEN, AgentConfig
+from scheduler.release import STALL_TIMEOUT_S
 from scheduler.sizes import UNLIMITED_BYTES
 
 
@@ -99,7 +100,7 @@ class ServeConfig:
     agent: AgentConfig = attrs.Factory(AgentConfig)  # episodes' defaults
     mode: str = attrs.field(default="terminal", validator=attrs.validators.in_(MODES))
     limits: Limits = attrs.Factory(Limits)
-    wait_s: float = 30.0  # the scheduler's wait-for-memory bound
+    wait_s: float = STALL_TIMEOUT_S  # the scheduler's wait for memory: its stall timeout
     #: an episode idle this long gives its slot to a new one when every slot is taken (its
     #: client is gone, or thinks longer than any VM action takes)
     idle_s: float = attrs.field(default=300.0, validator=attrs.validators.gt(0))
