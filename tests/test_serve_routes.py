@@ -86,3 +86,25 @@ def test_unknown_routes_get_openai_errors_from_both_apps() -> None:
             await router.http.aclose()
 
     anyio.run(main)
+
+
+def test_both_apps_refuse_web_pages_without_keys() -> None:
+    """A keyless model host and a keyless front door refuse a foreign Origin and a rebound
+    Host alike (``local_only.client_guards``, one list of guards for both)."""
+    async def main() -> None:
+        router = _router()
+        try:
+            for app in (create_app(ServeConfig()), create_front_door(router)):
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport,
+                                             base_url="http://127.0.0.1:8000") as c:
+                    r = await c.get("/v1/nothing", headers={"Origin": "http://evil.example"})
+                    assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden_origin"
+                    r = await c.get("/v1/nothing", headers={"Host": "rebound.example:8000"})
+                    assert r.status_code == 403, r.text
+                    r = await c.get("/v1/nothing")
+                    assert r.status_code == 404, r.text
+        finally:
+            await router.http.aclose()
+
+    anyio.run(main)

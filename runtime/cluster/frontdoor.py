@@ -26,7 +26,6 @@ import anyio
 import structlog
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
@@ -35,7 +34,8 @@ from runtime.cluster.forward import Forwarded, HostLost
 from runtime.cluster.lease import LeaseRelay
 from runtime.cluster.router import Router
 from runtime.serve.config import Limits
-from runtime.serve.http.auth import ApiKeys, RequireKey, owner_of
+from runtime.serve.http.auth import ApiKeys, owner_of
+from runtime.serve.http.local_only import client_guards
 from runtime.serve.http.body import parse_json, read_body
 from runtime.serve.http.chat_requests import CONVERSATION_HEADER
 from runtime.serve.http.errors import ApiError, bad_request, error_response, unavailable
@@ -94,11 +94,13 @@ def _guard(name: str, handler: Endpoint) -> Endpoint:
 
 
 def create_front_door(router: Router, limits: Limits = Limits(),
-                      keys: ApiKeys = ApiKeys()) -> Starlette:
+                      keys: ApiKeys = ApiKeys(), *, allow_hosts: tuple[str, ...] = (),
+                      allow_origins: tuple[str, ...] = ()) -> Starlette:
     """The front door's app (the router runs elsewhere: see ``runtime/commands/cluster``);
-    ``keys``: the clients' API keys."""
+    ``keys``: the clients' API keys (without any, web pages are refused as by a model host:
+    ``allow_hosts`` / ``allow_origins`` add names)."""
     return Starlette(routes=bind(FrontDoorHandlers(router, limits), _guard),
-                     middleware=[Middleware(RequireKey, keys=keys)],
+                     middleware=client_guards(keys, allow_hosts, allow_origins),
                      exception_handlers=unknown_route_handlers(not_allowed="not allowed"))
 
 

@@ -102,7 +102,9 @@ async def _main(args: argparse.Namespace, config: Any, keys: Any, wanted: int,
     router = Router(hosts, start_host=spawner.start, kill_host=spawner.kill,
                     idle_s=config.idle_s, lease_grace_s=config.lease_grace_s,
                     internal_key=internal)
-    server = uvicorn_server(create_front_door(router, config.limits, keys), config.limits,
+    server = uvicorn_server(create_front_door(router, config.limits, keys,
+                                              allow_hosts=config.allow_hosts,
+                                              allow_origins=config.allow_origins), config.limits,
                             grace_s=args.grace_seconds, lifespan="off")
     port = sock.getsockname()[1]
     async with anyio.create_task_group() as tg:

@@ -32,7 +32,6 @@ from contextlib import asynccontextmanager
 
 import structlog
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -40,11 +39,11 @@ from cachepolicy.errors import KvagentCacheError
 from runtime.errors import describe_error
 from runtime.serve.config import ServeConfig
 from runtime.serve.host import ModelHost
-from runtime.serve.http.auth import ApiKeys, RequireKey
+from runtime.serve.http.auth import ApiKeys
 from runtime.serve.http.body_budget import request_reservation
 from runtime.serve.http.errors import StartupRefusedError, api_error, error_response
 from runtime.serve.http.handlers import HostHandlers
-from runtime.serve.http.local_only import LocalOnly
+from runtime.serve.http.local_only import client_guards
 from runtime.serve.http.routes import Endpoint, bind, unknown_route_handlers
 
 log = structlog.get_logger("kvagent.serve")
@@ -100,10 +99,7 @@ def create_app(config: ServeConfig, *, keys: ApiKeys = ApiKeys(),
 
     # a keyless server refuses web pages of other origins and rebound host names
     # (local_only.py); with keys, the key protects
-    middleware = [Middleware(RequireKey, keys=keys)] if keys.required else [
-        Middleware(LocalOnly, allow_hosts=config.allow_hosts,
-                   allow_origins=config.allow_origins),
-        Middleware(RequireKey, keys=keys)]
+    middleware = client_guards(keys, config.allow_hosts, config.allow_origins)
     app = Starlette(routes=bind(handlers, guard), lifespan=lifespan, middleware=middleware,
                     exception_handlers=unknown_route_handlers())
     app.state.shutdown_error = None

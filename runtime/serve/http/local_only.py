@@ -27,8 +27,10 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 import structlog
+from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from runtime.serve.http.auth import ApiKeys, RequireKey
 from runtime.serve.http.errors import ApiError, error_response
 
 log = structlog.get_logger("kvagent.serve")
@@ -118,3 +120,14 @@ class LocalOnly:
         parts = urlsplit(normal)
         return (parts.port == own_port and parts.hostname is not None
                 and (_is_loopback(parts.hostname) or parts.hostname == own_host))
+
+
+def client_guards(keys: ApiKeys, allow_hosts: Iterable[str] = (),
+                  allow_origins: Iterable[str] = ()) -> list[Middleware]:
+    """What every app a client reaches (a model host, a cluster's front door) checks first:
+    the key, and on a server without keys the Origin and Host (``LocalOnly``)."""
+    if keys.required:
+        return [Middleware(RequireKey, keys=keys)]
+    return [Middleware(LocalOnly, allow_hosts=tuple(allow_hosts),
+                       allow_origins=tuple(allow_origins)),
+            Middleware(RequireKey, keys=keys)]
