@@ -158,6 +158,7 @@ class DecodeBatcher:
         self._results: dict[int, np.ndarray | BaseException] = {}
         self._waiting = 0  # RUNS: calls waiting for their turn
         self._running = False
+        self._exclusive = False  # a caller feeds every lane itself (``exclusive``)
         self._stats = DecodeStats()
         self.shape = shape
         self.set_shape(shape)
@@ -208,7 +209,8 @@ class DecodeBatcher:
         per call (one-row calls)."""
         with self._cv:
             # no call may be between choosing its pad lanes and running while we copy
-            self._cv.wait_for(lambda: len(self._busy) < self.rows and not self._running)
+            self._cv.wait_for(lambda: len(self._busy) < self.rows and not self._running
+                              and not self._exclusive)
             lane_id = next(lane for lane in self.lanes if lane not in self._busy)
             # free_text_alone is set on runs shapes only (``choose_shape``)
             alone = free_text and self.shape.free_text_alone
@@ -224,6 +226,20 @@ class DecodeBatcher:
                     del self._busy[lane_id]
                     self._pending.pop(lane_id, None)
                     self._cv.notify_all()  # a call may have been waiting for this row
+
+    @contextmanager
+    def exclusive(self) -> Iterator[tuple[int, ...]]:
+        """Every lane, for a caller that feeds them itself (the engine's ``raw_decode``):
+        waits until no generation holds a lane; generations wait until it is done."""
+        with self._cv:
+            self._cv.wait_for(lambda: not (self._busy or self._running or self._exclusive))
+            self._exclusive = True
+        try:
+            yield self.all_lanes
+        finally:
+            with self._cv:
+                self._exclusive = False
+                self._cv.notify_all()
 
     # ------------------------------------------------------------------ feeding
 

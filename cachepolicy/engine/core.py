@@ -7,8 +7,10 @@ The engine owns its parts, each given exactly what it needs: ``Native`` (the lla
 and the lock every call takes), ``Sequences`` (its record of what each sequence holds),
 ``Decoder`` (prefill and decode batches), ``SequenceState`` (checkpoints, edits, sizes) and
 ``Vision`` (the projector and the embedding cache).  Its public methods are the API the rest
-of kvagent uses; they delegate to those parts.  The class is synchronous; the scheduler runs
-its calls in worker threads (``anyio.to_thread``).
+of kvagent uses; they delegate to those parts.  The decoder, the decode batcher and the
+embedding cache are private: nothing outside the engine package reaches them
+(``tests/test_engine_closed.py``).  The class is synchronous; the scheduler runs its calls in
+worker threads (``anyio.to_thread``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import attrs
@@ -28,7 +31,7 @@ from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind,
 from cachepolicy.engine.drafts import BREAK, Drafting
 from cachepolicy.engine.gguf_meta import tensor_types
 from cachepolicy.engine.backend import init_backend
-from cachepolicy.engine.batcher import DecodeBatcher, DecodeStats
+from cachepolicy.engine.batcher import DecodeBatcher, DecodeStats, Lane
 from cachepolicy.engine.compute_thread import ComputeThread
 from cachepolicy.engine.decoder import Decoder
 from cachepolicy.engine.native import Native, locked, model_meta
@@ -39,6 +42,7 @@ from cachepolicy.engine.kv_access import KvAccess
 from cachepolicy.engine.kv_blob import KvRows
 from cachepolicy.engine.kv_patch import KvPatch, StoredKv
 from cachepolicy.engine.kv_rope import RopeSpec
+from cachepolicy.engine.raw_decode import RawLanes, raw_lanes
 from cachepolicy.engine.replay import RecurrentRebase, ReplayCut
 from cachepolicy.engine.row_classes import (
     MAX_RUN_ROWS, DecodeShape, RowClasses, choose_shape,
@@ -52,7 +56,9 @@ from cachepolicy.engine.state import SequenceState
 from cachepolicy.engine.vision import Vision
 from cachepolicy.engine.fast_kernels import fast_kernels_problem
 from cachepolicy.engine.errors import EngineError, FastKernelsUnavailableError, ModelLoadError
-from cachepolicy.engine.images import DecodedImage, EmbeddingCache, EncodedImage
+from cachepolicy.engine.images import (
+    DecodedImage, EmbeddingCache, EmbeddingCacheSnapshot, EncodedImage,
+)
 from cachepolicy.engine.sampling import SamplingParams
 
 log = structlog.get_logger("kvagent.engine")
@@ -351,6 +357,26 @@ class Engine:
     def image_tokens(self, png: bytes | DecodedImage) -> tuple[int, int]:
         return self.vision.image_tokens(png)
 
+    # the embedding cache (thread-safe: its own lock, not the engine's)
+    def image_cache_stats(self) -> EmbeddingCacheSnapshot:
+        """The embedding cache's entries, bytes, capacity, hits, misses and evictions, read
+        together under its lock (reads only)."""
+        return self.image_cache.snapshot()
+
+    def clear_image_cache(self) -> None:
+        """Drop every cached embedding (mutates; the capacity and the counters stay)."""
+        self.image_cache.clear()
+
+    def set_image_cache_bytes(self, max_bytes: int) -> int:
+        """Set the cache's capacity (mutates), evicting least recently used embeddings until
+        the rest fit; returns the bytes freed."""
+        return self.image_cache.resize(max_bytes)
+
+    def shrink_image_cache(self, by: int, *, floor: int = 0) -> int:
+        """Lower the cache's capacity by ``by`` bytes, not below ``floor`` (mutates; one
+        atomic step, see ``EmbeddingCache.shrink``); returns the capacity given up."""
+        return self.image_cache.shrink(by, floor=floor)
+
     @locked
     def memory(self) -> MemoryReport:
         """Bytes the engine holds, as llama.cpp reports them."""
@@ -419,6 +445,11 @@ class Engine:
     def decode_shape(self) -> DecodeShape:
         return self.batcher.shape
 
+    def decode_lanes(self) -> tuple[int, ...]:
+        """The sequence ids of every decode lane (reads only); the decode shape uses the
+        first ``decode_shape.lanes`` of them."""
+        return self.batcher.all_lanes
+
     def set_decode_shape(self, shape: DecodeShape) -> None:
         """Decode in another shape from now on (between generations; benchmarks and the
         oracle compare shapes on one engine)."""
@@ -475,8 +506,28 @@ class Engine:
 
     def decode_stats(self) -> DecodeStats:
         """The decode lanes' counters so far: calls, generated rows, seconds in the calls
-        (take two and subtract for one run)."""
+        (take two and subtract for one run; reads only)."""
         return self.batcher.stats()
+
+    def generating(self, seq: int, *, free_text: bool = False) -> AbstractContextManager[Lane]:
+        """A decode lane holding a copy of ``seq`` for one generation fed by the caller
+        (``Lane.decode`` / ``feed`` / ``keep``): waits for a free lane; the lane is cleared on
+        exit (mutates the lane only).  ``generate`` is this plus sampling; the oracle feeds
+        lanes itself."""
+        return self.batcher.generating(seq, free_text=free_text)
+
+    def yield_decode_round(self, timeout: float = 1.0) -> None:
+        """Between prefill pieces: when decode rows are waiting or running, wait (at most
+        ``timeout`` s) until one more decode call completes — a token ends some agent's
+        critical path (mutates nothing)."""
+        self.batcher.yield_round(timeout)
+
+    def raw_decode(self, seq: int, lanes: int = 1) -> AbstractContextManager[RawLanes]:
+        """Copies of ``seq`` in the first ``lanes`` decode lanes, fed straight to llama.cpp
+        (``RawLanes.run_tokens`` / ``run_lanes``: no batcher, no sampling, not counted in
+        ``decode_stats``) — the oracle's reference rows and ``bench-decode``'s call costs.
+        Holds every lane while open (generations wait); the copies are cleared on exit."""
+        return raw_lanes(self.decoder, self.batcher, seq, lanes)
 
     def sampler(self, params: SamplingParams) -> Sampler:
         """A sampler for ``params``; its grammar is matched here (kvagent's own grammars) or

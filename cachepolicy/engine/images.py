@@ -116,12 +116,16 @@ class EncodedImage:
 
 @attrs.frozen
 class EmbeddingCacheSnapshot:
-    """The embedding cache at one instant (every field read under its lock)."""
+    """The embedding cache at one instant (every field read under its lock;
+    ``Engine.image_cache_stats``)."""
 
     entries: int  # embeddings held
     nbytes: int  # the running byte count
     entry_bytes: int  # the entries' bytes summed afresh: equal to ``nbytes`` unless it drifted
     max_bytes: int  # the capacity
+    hits: int = 0  # lookups that found their embedding, since the engine loaded
+    misses: int = 0  # lookups that did not
+    evictions: int = 0  # entries dropped to stay within the capacity
 
 
 class EmbeddingCache:
@@ -220,7 +224,8 @@ class EmbeddingCache:
             return EmbeddingCacheSnapshot(
                 entries=len(self._items), nbytes=self.nbytes,
                 entry_bytes=sum(item.nbytes for item in self._items.values()),
-                max_bytes=self.max_bytes)
+                max_bytes=self.max_bytes, hits=self.hits, misses=self.misses,
+                evictions=self.evictions)
 
 
 def grid_for_tokens(target_tokens: int, aspect: float = 16 / 9) -> tuple[int, int]:
