@@ -50,7 +50,7 @@ class _OnlyClickOk:
 
 
 def test_an_env_registered_once_runs_through_kvagent_run(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(envs, "_ENVS", dict(envs._ENVS))  # registered for this test only
+    monkeypatch.setattr(envs, "ENVS", envs.ENVS.copy())  # registered for this test only
     envs.register(_OnlyClickOk())
     with pytest.raises(ValueError, match="registered already"):
         envs.register(_OnlyClickOk())

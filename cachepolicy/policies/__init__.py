@@ -6,7 +6,9 @@ command line takes its choices from.  A policy of your own subclasses
 ``cachepolicy.base.CachePolicy`` and is decorated with ``@register`` (from here).
 """
 
-from cachepolicy.policies.registry import POLICIES, make_policy, pinning_policies, register
+from cachepolicy.policies.registry import (
+    POLICIES, UnknownPolicyError, make_policy, pinning_policies, register,
+)
 from cachepolicy.policies.evict import EvictPolicy
 from cachepolicy.policies.faithful import FaithfulPolicy, FaithfulTailPolicy
 from cachepolicy.policies.kamera import KameraPolicy
@@ -28,5 +30,5 @@ def names() -> tuple[str, ...]:
 
 __all__ = ["BUILTIN", "POLICIES", "EvictPolicy", "FaithfulPolicy", "FaithfulTailPolicy",
            "KameraPolicy", "NoEvictPolicy", "RandomEvictPolicy", "RecencyEvictPolicy", "NoEvictTailPolicy", "RelocatePolicy", "TailReplayPolicy",
-           "TerminalScratchPolicy", "TerminalSlotPolicy", "make_policy", "names",
+           "TerminalScratchPolicy", "TerminalSlotPolicy", "UnknownPolicyError", "make_policy", "names",
            "pinning_policies", "register"]

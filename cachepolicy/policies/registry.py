@@ -1,4 +1,5 @@
-"""The policy registry: every cache policy by its name.
+"""The policy registry: every cache policy by its name (a ``cachepolicy.registry.Registry``,
+the shape the profiles and envs share).
 
 Policies register themselves with ``@register`` when their module is imported; the
 package's ``__init__`` imports the built-in ones, and since importing this module imports the
@@ -13,26 +14,30 @@ from cachepolicy.base import CachePolicy
 from cachepolicy.errors import PolicyError
 from cachepolicy.layouts import PromptKit
 from cachepolicy.plan import ModelInfo
+from cachepolicy.registry import Registry, UnknownNameError
 
-#: name -> policy class, built-in and user-registered
-POLICIES: dict[str, type[CachePolicy]] = {}
+
+class UnknownPolicyError(UnknownNameError, PolicyError):
+    """No cache policy has that name (a ``PolicyError`` too, as it always was)."""
+
+
+#: name -> policy class, built-in and user-registered; ``names()`` sorted (the display
+#: order, built-ins first, is ``cachepolicy.policies.names()``)
+POLICIES: Registry[type[CachePolicy]] = Registry("cache policy", error=UnknownPolicyError,
+                                                 sort=True)
 
 
 def register(cls: type[CachePolicy]) -> type[CachePolicy]:
     """Class decorator: make a policy available by its ``name``."""
-    if cls.name in POLICIES:
-        raise PolicyError(f"a policy named {cls.name!r} is already registered")
-    POLICIES[cls.name] = cls
-    return cls
+    return POLICIES.register(cls)
 
 
 def pinning_policies() -> str:
     """The policies whose layout can pin screenshots, for messages."""
-    return ", ".join(sorted(name for name, cls in POLICIES.items() if cls.pins))
+    return ", ".join(name for name, cls in POLICIES.items() if cls.pins)
 
 
 def make_policy(name: str, model: ModelInfo, kit: PromptKit, **options: object) -> CachePolicy:
-    """Instantiate a registered policy for a model; unknown names get the list of known ones."""
-    if name not in POLICIES:
-        raise PolicyError(f"unknown cache policy {name!r}; known: {', '.join(sorted(POLICIES))}")
-    return POLICIES[name](model, kit, **options)
+    """Instantiate a registered policy for a model; unknown names raise ``UnknownPolicyError``
+    listing the known ones."""
+    return POLICIES.get(name)(model, kit, **options)

@@ -1,5 +1,6 @@
 """The environments ``kvagent run --env NAME`` can run, by name (like the policy and profile
-registries): ``names()`` lists them, ``get(name)`` returns one.
+registries, one ``cachepolicy.registry.Registry`` shape): ``names()`` lists them,
+``get(name)`` returns one.
 
 A ``RunEnv`` adds its own options to ``kvagent run`` (``add_arguments``), checks them before
 anything loads (``check``) and turns them into the run's episodes (``setup``: the run's
@@ -13,43 +14,44 @@ from __future__ import annotations
 
 import argparse
 
+from cachepolicy.registry import Registry, UnknownNameError
 from runtime.run.envs.base import RunEnv, RunSetup
 from runtime.run.envs.replay import ReplayRunEnv
 from runtime.run.envs.simdesk import SimDeskRunEnv
 
-__all__ = ["RunEnv", "RunSetup", "foreign_options", "get", "names", "register"]
+__all__ = ["ENVS", "RunEnv", "RunSetup", "UnknownEnvError", "foreign_options", "get", "names",
+           "register"]
 
-_ENVS: dict[str, RunEnv] = {}
 
-
-class UnknownEnvError(ValueError):
+class UnknownEnvError(UnknownNameError):
     """No env has that name."""
 
 
+#: name -> env, in registration order (the first is the default): a
+#: ``cachepolicy.registry.Registry``, the shape the policies and profiles share.
+ENVS: Registry[RunEnv] = Registry("env", error=UnknownEnvError)
+
+
 def register(env: RunEnv) -> RunEnv:
-    """Make ``env`` available as ``kvagent run --env <env.name>``."""
-    if env.name in _ENVS:
-        raise ValueError(f"an env named {env.name!r} is registered already")
-    _ENVS[env.name] = env
-    return env
+    """Make ``env`` available as ``kvagent run --env <env.name>`` (``DuplicateNameError``,
+    a ``ValueError``, if the name is taken)."""
+    return ENVS.register(env)
 
 
 def names() -> tuple[str, ...]:
     """Every registered env, in registration order (the first is the default)."""
-    return tuple(_ENVS)
+    return ENVS.names()
 
 
 def get(name: str) -> RunEnv:
-    try:
-        return _ENVS[name]
-    except KeyError:
-        raise UnknownEnvError(f"unknown env {name!r}; known: {', '.join(_ENVS)}") from None
+    """The env ``name``; ``UnknownEnvError`` listing the known ones if there is none."""
+    return ENVS.get(name)
 
 
 def foreign_options(args: argparse.Namespace) -> str | None:
     """The first option given that belongs to an env other than ``args.env``, as a message
     (None if there is none)."""
-    for env in _ENVS.values():
+    for env in ENVS.values():
         if env.name == args.env:
             continue
         for dest, flag in env.options.items():
