@@ -1,6 +1,8 @@
 """One home for the model files and the engine's settings: which model, how big, whether it
 fits, and the load.
 
+* ``check_model_choice`` — the one check that the model options go together (a model and
+  its projector, or neither), made before anything loads.
 * ``resolve_model`` — the user's files, or the default model when none is given (the
   shipped trained agent, or a forged model forged once into the model cache; said once:
   ``ModelFiles.note``).  Every command, ``kvagent
@@ -37,9 +39,8 @@ if TYPE_CHECKING:  # loading libllama waits for ``load_engine``: a thin KvAgent(
     from cachepolicy.engine import Engine  # resolves nothing and loads nothing
 
 __all__ = ["BENCH_MODEL", "DEMO_MODEL", "Default", "DefaultModel", "ModelFiles", "ShippedAgent",
-           "available_memory",
-           "check_memory", "default_threads", "engine_config", "load_engine",
-           "resolve_model"]
+           "available_memory", "check_memory", "check_model_choice", "default_threads",
+           "engine_config", "load_engine", "resolve_model"]
 
 log = structlog.get_logger("kvagent.model")
 
@@ -135,21 +136,33 @@ class ModelChoiceError(ValueError):
     """The model options do not name a usable pair of files."""
 
 
+def check_model_choice(model: object, mmproj: object, *, vision: bool = True,
+                       options: tuple[str, str] = ("--model", "--mmproj")) -> None:
+    """The one check of a model choice, made before anything is resolved, forged or loaded
+    (every command, ``kvagent serve``'s and ``KvAgent``'s configurations, ``resolve_model``):
+    ``ModelChoiceError`` for a projector without its model, or — where screenshots are read
+    (``vision``) — a model without its projector.  ``options``: what the caller calls the two
+    (``KvAgent``: ``model_path``, ``mmproj_path``).  Missing files are the engine's to
+    report."""
+    if (model is None and mmproj is not None) or (vision and model is not None
+                                                  and mmproj is None):
+        model_opt, mmproj_opt = options
+        raise ModelChoiceError(f"give both {model_opt} and {mmproj_opt} (the model's vision "
+                               f"projector), or neither (the default model)")
+
+
 def resolve_model(model: str | Path | None, mmproj: str | Path | None, *,
                   default: Default = DEMO_MODEL, vision: bool = True) -> ModelFiles:
     """The user's ``model`` (+ ``mmproj`` when ``vision``), or ``default``'s files when
-    ``model`` is None.  ``ModelChoiceError`` for an mmproj without a model, or a model
-    without the mmproj a vision use needs; missing files are the engine's to report."""
+    ``model`` is None.  ``ModelChoiceError`` (``check_model_choice``) for an mmproj without a
+    model, or a model without the mmproj a vision use needs; missing files are the engine's
+    to report."""
+    check_model_choice(model, mmproj, vision=vision)
     if model is None:
-        if mmproj is not None:
-            raise ModelChoiceError("--mmproj needs --model (the projector belongs to a model)")
         text, projector = default.files(vision)
         files = ModelFiles(text, projector, default)
         log.info("model_default", model=str(files.model), name=files.name)
         return files
-    if vision and mmproj is None:
-        raise ModelChoiceError("--model and --mmproj go together (screenshots need a vision "
-                               "projector)")
     return ModelFiles(Path(model), Path(mmproj) if vision and mmproj is not None else None)
 
 

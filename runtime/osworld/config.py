@@ -23,7 +23,7 @@ import structlog
 from cachepolicy.engine.records import MAX_N_CTX_PER_SEQ, EngineConfig, default_threads
 from runtime.config import AgentConfig
 from runtime.context_budget import ContextNeed, context_need, estimate_image_tokens
-from runtime.engine_setup import ModelFiles, resolve_model
+from runtime.engine_setup import ModelFiles, check_model_choice, resolve_model
 from scheduler.sizes import parse_budget
 
 log = structlog.get_logger("kvagent.osworld")
@@ -74,9 +74,8 @@ class KvAgentConfig:
                              "is not supported")
         if self.observation_type != "screenshot":
             raise ValueError("KvAgent reads screenshots only (observation_type='screenshot')")
-        if (self.model_path is None) != (self.mmproj_path is None):
-            raise ValueError("give both model_path and mmproj_path (a vision projector), or "
-                             "neither (the default model)")
+        check_model_choice(self.model_path, self.mmproj_path,
+                           options=("model_path", "mmproj_path"))
         if len(self.screen_size) != 2 or min(self.screen_size) < 1:
             raise ValueError(f"screen_size must be (width, height), got {self.screen_size}")
         if self.engine.n_seq_max != 1:

@@ -12,6 +12,7 @@ import attrs
 from cachepolicy.engine import EngineConfig
 from runtime.actions import Screen
 from runtime.config import DEFAULT_SCREEN, AgentConfig
+from runtime.engine_setup import check_model_choice
 from scheduler.release import STALL_TIMEOUT_S
 from scheduler.sizes import UNLIMITED_BYTES
 
@@ -120,9 +121,7 @@ class ServeConfig:
     allow_origins: tuple[str, ...] = ()
 
     def __attrs_post_init__(self) -> None:
-        if (self.model_path is None) != (self.mmproj_path is None):
-            raise ValueError("give both --model and --mmproj (a vision projector), or "
-                             "neither (the forged tiny test model)")
+        check_model_choice(self.model_path, self.mmproj_path)
 
     @property
     def max_episodes(self) -> int:
