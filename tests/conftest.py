@@ -1,4 +1,8 @@
-"""Shared fixtures: tiny models forged once per test session into a temporary cache."""
+"""Shared fixtures: tiny models forged once per test session into a temporary cache.
+
+The fixtures are kvagent's pytest plugin's (``runtime.testing.plugin``, loaded through its
+``pytest11`` entry point, so not named in ``pytest_plugins`` here); ``forged``, ``engines``
+and ``kv_agents`` are the names the suite has always used for them."""
 
 from __future__ import annotations
 
@@ -6,45 +10,25 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from cachepolicy.forge import ForgedModel, forge_cached
+from cachepolicy.forge import ForgedModel
 
 
 @pytest.fixture(scope="session")
-def forged(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., ForgedModel]:
-    """``forged(arch, vision=True, size="tiny")`` → a ForgedModel, forged at most once."""
-    cache = tmp_path_factory.mktemp("models")
-
-    def get(arch: str, vision: bool = True, size: str = "tiny") -> ForgedModel:
-        return forge_cached(arch, size, vision=vision, cache_dir=cache)
-
-    return get
+def forged(kvagent_forged: Callable[..., ForgedModel]) -> Callable[..., ForgedModel]:
+    """``forged(arch, vision=True, size="tiny")`` → a ForgedModel, forged at most once (the
+    plugin's ``kvagent_forged``)."""
+    return kvagent_forged
 
 
 @pytest.fixture(scope="session")
-def engines(forged: Callable[..., ForgedModel]) -> Iterator[Callable[..., object]]:
-    """``engines(arch, vision=True)`` → a shared Engine (n_seq_max=3, n_batch=32).
+def engines(kvagent_engine: Callable[..., object]) -> Callable[..., object]:
+    """``engines(arch, vision=True)`` → a shared Engine (n_seq_max=3, n_batch=32): the
+    plugin's ``kvagent_engine``.
 
     A small n_batch makes every prefill of more than 32 rows split into several batches, so
     the tests exercise chunking.  Tests must leave the sequences they use cleared.
     """
-    from cachepolicy.engine import Engine, EngineConfig
-
-    made: dict[tuple[str, bool], Engine] = {}
-
-    def get(arch: str, vision: bool = True) -> Engine:
-        key = (arch, vision)
-        if key not in made:
-            m = forged(arch, vision)
-            made[key] = Engine(m.model_path, m.mmproj_path,
-                               EngineConfig(n_ctx_per_seq=2048, n_seq_max=3, n_batch=32,
-                                            n_threads=1))
-        for s in range(3):
-            made[key].clear(s)
-        return made[key]
-
-    yield get
-    for e in made.values():
-        e.close()
+    return kvagent_engine
 
 
 @pytest.fixture(autouse=True)
@@ -75,25 +59,11 @@ def _integrity_checks_everywhere() -> Iterator[None]:
 
 
 @pytest.fixture
-def kv_agents(forged: Callable[..., ForgedModel]) -> Iterator[Callable[..., object]]:
+def kv_agents(kvagent_agent: Callable[..., object]) -> Callable[..., object]:
     """``kv_agents(**options)`` → a ``KvAgent`` on the forged tiny qwen35, with one thread,
-    n_batch 64 and a 320x240 screen unless ``options`` say otherwise; closed after the test."""
-    from runtime.osworld import KvAgent
-
-    m = forged("qwen35")
-    made: list[KvAgent] = []
-
-    def make(**options: object) -> KvAgent:
-        opts: dict[str, object] = {"model_path": m.model_path, "mmproj_path": m.mmproj_path,
-                                   "n_threads": 1, "n_batch": 64, "screen_size": (320, 240)}
-        opts.update(options)
-        agent = KvAgent(**opts)  # type: ignore[arg-type]
-        made.append(agent)
-        return agent
-
-    yield make
-    for agent in made:
-        agent.close()
+    n_batch 64 and a 320x240 screen unless ``options`` say otherwise; closed after the test
+    (the plugin's ``kvagent_agent``)."""
+    return kvagent_agent
 
 
 def skip_without_fast_kernels(model_path: object) -> None:
