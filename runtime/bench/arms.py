@@ -117,7 +117,7 @@ async def run_arm(engine: Engine, arm: str, traj: Trajectory, agent: AgentConfig
     ``<policy>@<budget>``: with that replay budget)."""
     spec = ArmSpec.parse(arm)
     policy, overlap = spec.policy, spec.overlap
-    engine.image_cache.clear()  # every arm starts cold, as an episode on a fresh host would
+    engine.clear_image_cache()  # every arm starts cold, as an episode on a fresh host would
     try:
         config = replay_run_config(spec.agent(agent), traj, vm_seconds=vm_seconds)
         run = await run_replay(engine, config, traj, prefix=f"bench-{arm}", on_event=on_event)

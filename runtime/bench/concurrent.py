@@ -61,8 +61,8 @@ async def measure_concurrency(engine: Engine, traj: Trajectory, agent: AgentConf
     cpu: dict[str, float] = {}  # this process's CPU seconds (all threads) per phase
 
     async def run_phase(phase: str, phase_config: RunConfig, sequential: bool) -> None:
-        engine.image_cache.clear()  # every phase starts cold: the same work in each
-        before = engine.batcher.stats()
+        engine.clear_image_cache()  # every phase starts cold: the same work in each
+        before = engine.decode_stats()
         cpu0 = time.process_time()
         last = {"summary": ""}
 
@@ -78,7 +78,7 @@ async def measure_concurrency(engine: Engine, traj: Trajectory, agent: AgentConf
             phases[phase] = await run_replay(engine, phase_config, traj, prefix=phase[:3],
                                              sequential=sequential, on_event=on_event)
             tg.cancel_scope.cancel()
-        decode[phase] = (engine.batcher.stats() - before).as_dict()
+        decode[phase] = (engine.decode_stats() - before).as_dict()
         cpu[phase] = time.process_time() - cpu0
 
     if compare_rung:  # A B, B A, ...: a drift in the machine's load weighs on both alike

@@ -1,8 +1,8 @@
 """What decode calls cost per row class, and what a lone generation pays in each decode shape
 — measured side by side in one process (``kvagent bench-decode``).
 
-* **cost per call** — the engine's decoder straight (no sampling): a lane call of R rows
-  (R = 1..lanes, every lane a copy of one prompt) and a run of k tokens of one sequence
+* **cost per call** — llama.cpp straight (``Engine.raw_decode``: no sampling): a lane call
+  of R rows (R = 1..lanes, every lane a copy of one prompt) and a run of k tokens of one sequence
   (k = 1..``max_run``), each timed over a few calls, the shapes visited forward then
   backward every round; reported as medians relative to a one-row call of the same round;
 * **a lone generation** — ``Engine.generate`` (the path agents use) on one prompt, per
@@ -46,8 +46,7 @@ class CallCosts:
 def call_costs(engine: Engine, prompt: Sequence[int], rounds: int) -> CallCosts:
     """Time lane calls of 1..lanes rows and runs of 1..max_run tokens (sequence 0 holds
     ``prompt`` while it runs; cleared after)."""
-    decoder = engine.decoder
-    lanes = engine.batcher.all_lanes
+    lanes = engine.decode_lanes()
     max_run = engine.shape_for(True).max_run
     shapes = [("lanes", r) for r in range(1, len(lanes) + 1)] + [
         ("runs", k) for k in range(1, max_run + 1)]
@@ -58,16 +57,15 @@ def call_costs(engine: Engine, prompt: Sequence[int], rounds: int) -> CallCosts:
     try:
         for rnd in range(rounds):
             for kind, n in shapes if rnd % 2 == 0 else reversed(shapes):
-                pos = [decoder.copy_to_lane(0, lane) for lane in lanes]
-                t0 = time.perf_counter()
-                for c in range(CALLS_PER_SHAPE):
-                    if kind == "lanes":
-                        decoder.run_lanes([(lanes[i], token, pos[i] + c) for i in range(n)])
-                    else:
-                        decoder.run_tokens(lanes[0], [token] * n, pos[0] + c * n)
-                times[(kind, n)].append((time.perf_counter() - t0) / CALLS_PER_SHAPE)
-                for lane in lanes:
-                    decoder.clear_lane(lane)
+                # every lane a copy of the prompt (copied before, cleared after the timing)
+                with engine.raw_decode(0, len(lanes)) as raw:
+                    t0 = time.perf_counter()
+                    for _ in range(CALLS_PER_SHAPE):
+                        if kind == "lanes":
+                            raw.run_lanes(token, n)
+                        else:
+                            raw.run_tokens([token] * n)
+                    times[(kind, n)].append((time.perf_counter() - t0) / CALLS_PER_SHAPE)
     finally:
         engine.clear(0)
     one = times[("lanes", 1)]

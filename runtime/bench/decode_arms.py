@@ -71,7 +71,7 @@ def parse_variants(text: str) -> tuple[str, ...]:
 
 def shape_of(engine: Engine, variant: DecodeVariant) -> DecodeShape:
     if variant.runs is None:
-        lanes = min(FIXED_LANES, len(engine.batcher.all_lanes))
+        lanes = min(FIXED_LANES, len(engine.decode_lanes()))
         return DecodeShape(DecodeMode.LANES, lanes, (lanes,), why="every call feeds all lanes")
     return engine.shape_for(variant.runs)
 

@@ -219,8 +219,8 @@ def run(args: argparse.Namespace) -> int:
         # Room for one window of screenshots plus the new one: retained screenshots are
         # re-prefilled from the cache instead of re-running the vision encoder.
         per_image = engine.encode_image(traj.frames[0].screenshot).nbytes
-        engine.image_cache.max_bytes = (args.agent.window + 1) * per_image * args.episodes
-        engine.image_cache.clear()  # every arm starts with a cold cache
+        engine.set_image_cache_bytes((args.agent.window + 1) * per_image * args.episodes)
+        engine.clear_image_cache()  # every arm starts with a cold cache
         rss_loaded = rss_bytes()  # model, mmproj and the preallocated KV buffers are in
 
         def progress(arm: str, e) -> None:

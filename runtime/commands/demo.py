@@ -94,5 +94,5 @@ def run(args: argparse.Namespace) -> int:
         mem = engine.memory()
         print(f"engine holds {mem.total_held} bytes: sequences {mem.seq_state_bytes}, "
               f"{mem.live_checkpoints} checkpoint(s) {mem.live_checkpoint_bytes} B, image cache "
-              f"{mem.image_cache_bytes} B ({engine.image_cache.hits} hit(s))")
+              f"{mem.image_cache_bytes} B ({engine.image_cache_stats().hits} hit(s))")
         return 0 if same else 1

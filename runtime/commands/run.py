@@ -215,7 +215,7 @@ def _load(files: Any, args: argparse.Namespace, config: Any, probe: bytes) -> An
     try:
         # room for every episode's window plus the incoming screenshot, no more
         per_image = engine.encode_image(probe).nbytes
-        engine.image_cache.max_bytes = per_image * (config.agent.window + 1) * config.episodes
+        engine.set_image_cache_bytes(per_image * (config.agent.window + 1) * config.episodes)
     except BaseException:
         engine.close()
         raise
