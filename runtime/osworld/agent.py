@@ -72,7 +72,7 @@ from vmenv.errors import ScreenshotError
 from vmenv.png import screenshot_png
 
 if TYPE_CHECKING:
-    from runtime.osworld.local import LocalBackend, RuntimeStatus
+    from runtime.osworld.local import RuntimeStatus
 
 __all__ = ["AgentClosedError", "AgentStepError", "ContextBudgetError", "KvAgent",
            "KvAgentConfig", "KvAgentError", "ScreenSizeError"]
@@ -193,26 +193,21 @@ class KvAgent:
 
     @property
     def n_ctx(self) -> int:
-        """The context positions the agent loads (or loaded) with (in-process agents)."""
-        backend = self._local("n_ctx")
-        if backend.started:
-            return backend.engine.config.n_ctx_per_seq
-        return backend.plan.n_ctx
+        """The context positions the agent loads (or loaded) with (in-process agents; with
+        ``server=`` a ``KvAgentError``: they are the server's)."""
+        return self._backend.n_ctx
 
     @property
     def server(self) -> str | None:
         """The ``kvagent serve`` URL this agent decides on (None: in-process)."""
-        return (self._backend.client.base_url if isinstance(self._backend, RemoteBackend)
-                else None)
+        return self._backend.server
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> Self:
         """Load the model and start the background loop now (else on first use); a remote
         agent checks that its server answers."""
-        self._ensure_started()
-        if isinstance(self._backend, RemoteBackend):
-            self._backend.client.health()
+        self._ensure_started().ping()
         return self
 
     def close(self) -> None:
@@ -321,16 +316,10 @@ class KvAgent:
         if not self._started:
             self._started = True
             a = self.config.agent
-            if not isinstance(backend, RemoteBackend):
-                backend.engine  # type: ignore[attr-defined]  # noqa: B018  loads the model
+            backend.start()  # in-process: loads the model
             for differs in a.make_profile().layout.unhonoured:  # once per agent
                 self._log.info("profile_layout_differs", profile=a.profile, differs=differs)
         return backend
-
-    def _local(self, what: str) -> LocalBackend:
-        if isinstance(self._backend, RemoteBackend):
-            raise KvAgentError(f"{what} is the server's (kvagent serve flags)")
-        return self._backend  # type: ignore[return-value]
 
     def _wait(self, why: str) -> tuple[str, list[str], dict[str, Any]]:
         self._log.warning("osworld_no_screenshot", episode_id=self._episode_id, reason=why)

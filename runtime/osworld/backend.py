@@ -30,6 +30,26 @@ class Decision:
 
 
 class AgentBackend(Protocol):
+    """What ``KvAgent`` asks of where it decides — it never asks which backend it holds."""
+
+    @property
+    def server(self) -> str | None:
+        """The ``kvagent serve`` URL steps are decided on (None: in this process)."""
+
+    @property
+    def n_ctx(self) -> int:
+        """The context positions the model loads (or loaded) with; ``KvAgentError`` where
+        they are the server's."""
+
+    def start(self) -> None:
+        """Called once, on the agent's first use: in-process, load the model and start the
+        loop (a configuration the model cannot run fails here); remote, nothing (the
+        server's episode opens with the first step)."""
+
+    def ping(self) -> None:
+        """``KvAgent.start()``'s check that steps can be decided now: remote, the server
+        answers its health check; in-process, ``start`` already said so."""
+
     def new_episode(self) -> str | None:
         """End the current episode (its cache is freed); the next ``decide`` starts one."""
 

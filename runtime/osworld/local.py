@@ -85,6 +85,22 @@ class LocalBackend:
     def engine(self) -> Engine:
         return self._start().engine
 
+    @property
+    def server(self) -> None:
+        return None  # decided here
+
+    @property
+    def n_ctx(self) -> int:
+        if self._running is not None:
+            return self._running.engine.config.n_ctx_per_seq
+        return self.plan.n_ctx
+
+    def start(self) -> None:
+        self._start()
+
+    def ping(self) -> None:
+        self._start()  # started is ready: nothing else to ask
+
     def new_episode(self) -> str:
         running = self._start()
         episode_id: str = running.call(running.new_episode)

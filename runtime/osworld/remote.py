@@ -29,7 +29,7 @@ from runtime.actions import parse_action_strict
 from runtime.config import AgentConfig
 from runtime.osworld.backend import Decision
 from runtime.osworld.episode_client import EpisodeApiError, EpisodeClient
-from runtime.osworld.errors import AgentClosedError, AgentStepError
+from runtime.osworld.errors import AgentClosedError, AgentStepError, KvAgentError
 from runtime.osworld.lease import LeaseKeeper
 from vmenv.actions import ActionError, NoOp
 
@@ -59,6 +59,21 @@ class RemoteBackend:
         self._closed = False
         #: holds the open episode's lease (None: no lease, e.g. a server without leases)
         self.leases = LeaseKeeper(client.base_url, client.headers, name=name) if lease else None
+
+    @property
+    def server(self) -> str:
+        return self.client.base_url
+
+    @property
+    def n_ctx(self) -> int:
+        raise KvAgentError("n_ctx is the server's (kvagent serve flags)")
+
+    def start(self) -> None:
+        self._check_open()  # nothing to load: the episode opens with the first step
+
+    def ping(self) -> None:
+        self._check_open()
+        self.client.health()
 
     def new_episode(self) -> str | None:
         self._check_open()
