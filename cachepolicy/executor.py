@@ -168,7 +168,7 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
                              approximate=_approximate(engine, seq), replay_tokens=replayed,
                              new_stored=early, store_tokens=store_tokens,
                              splice_s=edit_clock.seconds, store_s=store_s)
-        engine.batcher.yield_round()
+        engine.yield_decode_round()
         logits = _prefill_piece(engine, seq, plan.pieces[i], plan.decode and i == last, clock)
         i += 1
     if len(plan.pieces) in takes:

@@ -31,7 +31,6 @@ import numpy as np
 from cachepolicy.engine import Engine
 from cachepolicy.engine.kv_patch import StoredKv
 from cachepolicy.engine.records import MemoryReport
-from cachepolicy.engine.images import EmbeddingCache
 from scheduler.errors import IntegrityError
 from scheduler.ledger import MemoryLedger
 from scheduler.slots import IMAGE_CACHE, Slot
@@ -45,7 +44,7 @@ def _arrays(kv: StoredKv) -> list[np.ndarray]:
     return out
 
 
-def check_integrity(engine: Engine, ledger: MemoryLedger, image_cache: EmbeddingCache,
+def check_integrity(engine: Engine, ledger: MemoryLedger,
                     slots: Mapping[str, Slot], free_seqs: Iterable[int],
                     spare_seq: int | None) -> None:
     """Raise ``IntegrityError`` listing every mismatch (see the module docstring)."""
@@ -73,7 +72,7 @@ def check_integrity(engine: Engine, ledger: MemoryLedger, image_cache: Embedding
     if strays:
         problems.append(f"the ledger holds bytes for owners that are not open: {sorted(strays)}")
 
-    cache = image_cache.snapshot()  # one read: an encode ahead may be filling it now
+    cache = engine.image_cache_stats()  # one read: an encode ahead may be filling it now
     if holdings.get(IMAGE_CACHE, 0) != cache.max_bytes:
         problems.append(f"the ledger holds {holdings.get(IMAGE_CACHE, 0)} bytes for the image "
                         f"cache, whose capacity is {cache.max_bytes}")

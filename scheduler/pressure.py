@@ -42,7 +42,6 @@ import attrs
 import structlog
 
 from cachepolicy.engine import Engine
-from cachepolicy.engine.images import EmbeddingCache
 from cachepolicy.plan import CacheState
 from scheduler.admitted import Admitted
 from scheduler.errors import BudgetExceededError
@@ -118,13 +117,13 @@ class MemoryPressure:
     def __init__(self, engine: Engine, ledger: MemoryLedger, slots: dict[str, Slot], *,
                  engine_call: EngineCall, notify_release: Callable[[], None],
                  wake_waiters: Callable[[], None] | None = None,
-                 counters: Counter[str], image_cache: EmbeddingCache,
+                 counters: Counter[str],
                  image_cache_floor: int = 0, image_cache_target: int | None = None) -> None:
         self.engine, self.ledger, self.slots = engine, ledger, slots
-        # A ledger owner (``IMAGE_CACHE``) holding its capacity, so encoding never takes the
-        # ledger past its budget.  Rung 1 shrinks the capacity (``Shrink``); once memory is
-        # free again ``regrow_image_cache`` gives it back, up to ``image_cache_target``.
-        self.image_cache = image_cache
+        # The engine's embedding cache is a ledger owner (``IMAGE_CACHE``) holding its
+        # capacity, so encoding never takes the ledger past its budget.  Rung 1 shrinks the
+        # capacity (``Shrink``); once memory is free again ``regrow_image_cache`` gives it
+        # back, up to ``image_cache_target``.
         # ``notify_release``: what an admitted job's release does (the scheduler's: wake the
         # waiters, maybe regrow the cache); ``wake_waiters``: what rung 1's own effects do
         # (wake the waiters only — a cache regrowing on them would undo the rung)
@@ -132,7 +131,7 @@ class MemoryPressure:
         self._wake = wake_waiters or notify_release
         self.counters = counters
         self.image_cache_floor = image_cache_floor
-        self.image_cache_target = (image_cache.snapshot().max_bytes
+        self.image_cache_target = (engine.image_cache_stats().max_bytes
                                    if image_cache_target is None else image_cache_target)
         self._log = structlog.get_logger("kvagent.scheduler")
 
@@ -176,7 +175,7 @@ class MemoryPressure:
                     return DropRecurrent(victim)
         for victim in victims:  # least recently used first
             return Evict(victim)
-        cache = self.image_cache.snapshot()
+        cache = self.engine.image_cache_stats()
         if cache.max_bytes > self.image_cache_floor:
             return Shrink(max(1, txn.need_bytes - self.ledger.free))
         # a job in flight, or an episode being closed, will release what it holds
@@ -309,9 +308,9 @@ class MemoryPressure:
         step of the cache (evictions and the new capacity under its lock, whatever encoders
         do meanwhile), then the ledger's holding follows the capacity.  Synchronous: no other
         decision can interleave."""
-        freed = self.image_cache.shrink(need, floor=self.image_cache_floor)
+        freed = self.engine.shrink_image_cache(need, floor=self.image_cache_floor)
         if freed:
-            self.ledger.publish(IMAGE_CACHE, self.image_cache.snapshot().max_bytes, None)
+            self.ledger.publish(IMAGE_CACHE, self.engine.image_cache_stats().max_bytes, None)
             self.counters["image_cache_shrinks"] += 1
             self._log.info("evict", owner=IMAGE_CACHE, freed=freed)
             self._wake()
@@ -322,7 +321,7 @@ class MemoryPressure:
         capacity it gave up — up to its target, taking at most half of the ledger's free
         bytes (the rest stays for the next step).  The ledger takes the bytes before the
         cache may fill them.  Returns the capacity regained (0: nothing to do, or no room)."""
-        cap = self.image_cache.snapshot().max_bytes
+        cap = self.engine.image_cache_stats().max_bytes
         grow = min(self.image_cache_target - cap, self.ledger.free // 2)
         if grow <= 0:
             return 0
@@ -330,7 +329,7 @@ class MemoryPressure:
             self.ledger.publish(IMAGE_CACHE, cap + grow, None)
         except BudgetExceededError:  # another owner took the bytes meanwhile: next time
             return 0
-        self.image_cache.resize(cap + grow)
+        self.engine.set_image_cache_bytes(cap + grow)
         self.counters["image_cache_regrows"] += 1
         self._log.info("image_cache_regrown", owner=IMAGE_CACHE, capacity=cap + grow)
         return grow

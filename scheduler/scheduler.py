@@ -31,7 +31,6 @@ import structlog
 from cachepolicy.base import CachePolicy
 from cachepolicy.context_log import Segment
 from cachepolicy.engine import Engine
-from cachepolicy.engine.images import EmbeddingCache
 from cachepolicy.errors import ContextFullError, DecodeError, Preempted, RestoreError
 from cachepolicy.segments import SegmentFactory
 from scheduler.admission import Admission
@@ -60,7 +59,7 @@ __all__ = ["IMAGE_CACHE", "Priority", "STALL_TIMEOUT_S", "Scheduler"]
 class Scheduler:
     def __init__(self, engine: Engine, ledger: MemoryLedger, factory: SegmentFactory, *,
                  options: StepOptions = StepOptions(), wait_s: float = STALL_TIMEOUT_S,
-                 image_cache: EmbeddingCache | None = None, image_cache_floor: int = 0,
+                 image_cache_floor: int = 0,
                  spare_sequence: bool = False,
                  fault: Callable[[str], None] | None = None,
                  debug: bool | None = None) -> None:
@@ -69,9 +68,6 @@ class Scheduler:
         such policies sets it.  ``wait_s``: the stall timeout of a wait for memory (see
         ``STALL_TIMEOUT_S``)."""
         self.engine, self.ledger, self.factory, self.options = engine, ledger, factory, options
-        # the embedding cache is a ledger owner: the scheduler holds its capacity (default:
-        # the engine's own cache, taken once here and handed to whoever needs it)
-        self.image_cache = image_cache if image_cache is not None else engine.image_cache
         self.wait_s = wait_s
         self.fault = fault  # test hook, called in the worker thread before publication
         # debug: check integrity (ledger vs engine) whenever the scheduler goes idle
@@ -86,20 +82,20 @@ class Scheduler:
         self.shutdown = Shutdown()
         self._clock = itertools.count(1)
         self._log = structlog.get_logger("kvagent.scheduler")
-        # The image cache is held at its capacity, so encoding never takes the ledger past
-        # its budget: at most a quarter of the budget (its target), which rung 1 may shrink
-        # and releases give back (``MemoryPressure.regrow_image_cache``); the cache's own
-        # capacity is restored on close.
-        self._cache_capacity = self.image_cache.snapshot().max_bytes
+        # The engine's embedding cache is a ledger owner, held at its capacity, so encoding
+        # never takes the ledger past its budget: at most a quarter of the budget (its
+        # target), which rung 1 may shrink and releases give back
+        # (``MemoryPressure.regrow_image_cache``); the cache's own capacity is restored on
+        # close.
+        self._cache_capacity = engine.image_cache_stats().max_bytes
         target = min(self._cache_capacity, ledger.budget // 4)
-        self.image_cache.resize(target)
+        engine.set_image_cache_bytes(target)
         ledger.publish(IMAGE_CACHE, target, None)
         self.pressure = MemoryPressure(
             engine, ledger, self._slots, counters=self.counters,
             engine_call=functools.partial(self._engine_call, priority=Priority.CRITICAL),
             notify_release=self._notify_release, wake_waiters=self._released.notify,
-            image_cache=self.image_cache, image_cache_floor=image_cache_floor,
-            image_cache_target=target)
+            image_cache_floor=image_cache_floor, image_cache_target=target)
         self.admission = Admission(engine, ledger, factory.kit, self.pressure, self._slots,
                                    self._released, self.counters, wait_s=wait_s,
                                    shutdown=self.shutdown)
@@ -119,7 +115,7 @@ class Scheduler:
             if self.debug:
                 self.check_integrity()
             self.ledger.drop(IMAGE_CACHE)
-            self.image_cache.resize(self._cache_capacity)
+            self.engine.set_image_cache_bytes(self._cache_capacity)
 
     def shut_down(self, reason: str) -> int:
         """Stop all work (``scheduler.shutdown``): from now on a critical job raises
@@ -254,7 +250,7 @@ class Scheduler:
         """Compare the ledger's holdings with the engine's own report (see
         ``scheduler.integrity``); raises ``IntegrityError``.  Call it when idle; it blocks on
         the engine briefly."""
-        check_integrity(self.engine, self.ledger, self.image_cache, self._slots,
+        check_integrity(self.engine, self.ledger, self._slots,
                         self._free_seqs, self._spare_seq)
         self.counters["integrity_checks"] += 1
 

@@ -128,8 +128,8 @@ def test_lanes_are_empty_between_generations(forged) -> None:
             _generate(e, [0, 1], 6, gate=threading.Barrier(2))
             assert e.seq_info(0).n_tokens == len(_prompt(0))
             assert e.memory().lanes_in_use == ()
-            with e.batcher.generating(0):
-                assert e.memory().lanes_in_use == (e.batcher.lanes[0],)
+            with e.generating(0):
+                assert e.memory().lanes_in_use == (e.decode_lanes()[0],)
             assert e.memory().lanes_in_use == ()
 
 
@@ -153,7 +153,7 @@ def test_a_gap_between_lanes_is_padded(forged) -> None:
         lanes: dict[int, int] = {}
 
         def work(seq: int) -> None:
-            with e.batcher.generating(seq) as lane:
+            with e.generating(seq) as lane:
                 lanes[seq] = lane.lane
                 entered[seq].set()
                 if seq == 1:
@@ -173,7 +173,7 @@ def test_a_gap_between_lanes_is_padded(forged) -> None:
         threads[0].join(timeout=30)
         threads[2].join(timeout=30)
         stats = e.decode_stats() - before
-    assert lanes == {s: e.batcher.lanes[s] for s in range(3)}
+    assert lanes == {s: e.decode_lanes()[s] for s in range(3)}
     assert (stats.calls, stats.rows, stats.pad_rows) == (1, 2, 1)
 
 
@@ -234,12 +234,10 @@ def test_runs_never_exceed_a_call_and_the_probe_measures_only_what_fits(forged) 
                                                  n_threads=1, decode_rows=2,
                                                  row_class_cache=False)) as e:
         assert max(e.row_classes.runs) <= 6 and e.decode_shape.max_run <= 6
-        lane = e.batcher.all_lanes[0]
         e.prefill_tokens(0, _prompt(0), logits=False)
-        pos = e.decoder.copy_to_lane(0, lane)
-        with pytest.raises(ValueError, match="exceeds a call's 6 rows"):
-            e.decoder.run_tokens(lane, [5] * 7, pos)
-        e.decoder.clear_lane(lane)
+        with e.raw_decode(0) as raw, pytest.raises(ValueError, match="exceeds a call's 6 rows"):
+            raw.run_tokens([5] * 7)
+        assert e.memory().lanes_in_use == ()  # the raw lane was cleared
         e.clear(0)
         out = _generate(e, [0], 12)
         assert len(out[0]) == 12

@@ -54,7 +54,8 @@ def test_encoder_checks_pass_and_catch_a_one_ulp_perturbation(engines) -> None:
     # the third call is the re-encode after the eviction: a nudged copy there must show
     again = encoder_after_eviction(e, SHOT, OTHER, _prompt(e), encode=_perturb_call(e, 3))
     assert not again.bitwise and again.detail.startswith("embeddings")
-    assert e.image_cache.max_bytes > 0 and len(e.image_cache) == 0  # capacity restored
+    cache = e.image_cache_stats()
+    assert cache.max_bytes > 0 and cache.entries == 0  # capacity restored
 
 
 def test_encoder_flash_attention_reaches_mtmd_and_both_kernels_pass_the_checks(forged) -> None:
@@ -110,9 +111,9 @@ def test_the_encoder_runs_beside_when_the_cores_hold_both_teams() -> None:
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_use_cache_false_leaves_the_cache_alone(engines, use_cache: bool) -> None:
     e = engines("qwen35")
-    e.image_cache.clear()
+    e.clear_image_cache()
     first = e.encode_image(SHOT, use_cache=use_cache)
-    assert len(e.image_cache) == (1 if use_cache else 0)
+    assert e.image_cache_stats().entries == (1 if use_cache else 0)
     again = e.encode_image(SHOT, use_cache=use_cache)
     assert (again is first) == use_cache
-    e.image_cache.clear()
+    e.clear_image_cache()

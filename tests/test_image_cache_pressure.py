@@ -29,12 +29,12 @@ def _png(k: int, i: int) -> bytes:
 
 async def test_concurrent_encoders_against_a_shrinking_cache(engines) -> None:
     engine = engines("qwen35")
-    engine.image_cache.clear()
+    engine.clear_image_cache()
     one = engine.encode_image(_png(99, 0)).nbytes
     ledger = MemoryLedger(16 * one * 4)  # the cache's target: a quarter, 16 embeddings
     async with Scheduler(engine, ledger, SegmentFactory(engine)) as sched:
-        cache, pressure = sched.image_cache, sched.pressure
-        target = cache.snapshot().max_bytes
+        pressure = sched.pressure
+        target = engine.image_cache_stats().max_bytes
         assert target == 16 * one and ledger.held_by(IMAGE_CACHE) == target
         stop = threading.Event()
         encoded = [0] * 4
@@ -57,9 +57,9 @@ async def test_concurrent_encoders_against_a_shrinking_cache(engines) -> None:
                 # (their pace is the machine's load, not the test's)
                 while n < 40 or sum(encoded) <= 10:
                     n += 1
-                    before = cache.snapshot().max_bytes
+                    before = engine.image_cache_stats().max_bytes
                     reason = await pressure.carry_out(Shrink(one + n % 3))
-                    snap = cache.snapshot()
+                    snap = engine.image_cache_stats()
                     shrunk += before - snap.max_bytes
                     # what was freed is exactly the capacity given up; it holds its entries
                     assert reason == "" or f"by {before - snap.max_bytes} bytes" in reason
@@ -71,13 +71,13 @@ async def test_concurrent_encoders_against_a_shrinking_cache(engines) -> None:
             finally:  # the encoder threads end only when told
                 stop.set()
         assert sum(encoded) > 10 and shrunk == target  # the pressure took all of it...
-        assert cache.snapshot().max_bytes == 0 and cache.snapshot().nbytes == 0
+        assert engine.image_cache_stats().max_bytes == 0 and engine.image_cache_stats().nbytes == 0
         # ...and, the pressure gone, releases give it back (half the free bytes each time)
         for _ in range(64):
             pressure.regrow_image_cache()
-        snap = cache.snapshot()
+        snap = engine.image_cache_stats()
         assert snap.max_bytes == target and ledger.held_by(IMAGE_CACHE) == target
         engine.encode_image(_png(7, 7))
-        assert len(cache) >= 1  # it caches again
+        assert engine.image_cache_stats().entries >= 1  # it caches again
         sched.check_integrity()
     assert ledger.snapshot().held == 0

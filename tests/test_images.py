@@ -45,10 +45,10 @@ def test_reencoding_a_retained_screenshot_hits_the_cache(engines) -> None:
     e = engines("qwen35")
     shot = oracle_screenshot(192, 128)
     first = e.encode_image(shot)
-    hits = e.image_cache.hits
+    hits = e.image_cache_stats().hits
     again = e.encode_image(_png(Image.open(io.BytesIO(shot)), compress_level=1))
     assert again is first
-    assert e.image_cache.hits == hits + 1
+    assert e.image_cache_stats().hits == hits + 1
 
 
 def test_cache_is_bounded_by_bytes(engines) -> None:

@@ -32,7 +32,7 @@ from structlog.testing import capture_logs
 
 from cachepolicy.context_log import ContextLog, Segment, SegmentKind
 from cachepolicy.engine.checkpoint import GENESIS, ModelKind
-from cachepolicy.engine.images import EmbeddingCache, EncodedImage
+from cachepolicy.engine.images import EmbeddingCache, EmbeddingCacheSnapshot, EncodedImage
 from cachepolicy.engine.records import SeqInfo
 from cachepolicy.layouts import PromptKit
 from cachepolicy.plan import ByteForecast, CacheState, ModelInfo, Plan, Start, StartKind
@@ -81,14 +81,25 @@ def policy(name: str = "terminal-slot", window: int = 3):
 
 class FakeEngine:
     """What admission and rung 1 ask of the engine: a sequence's size (10 bytes a token),
-    clearing it, cutting it back; and the context's size."""
+    clearing it, cutting it back; the context's size; its embedding cache (a real
+    ``EmbeddingCache``)."""
 
     kind = ModelKind.ATTENTION
 
-    def __init__(self, n_ctx_per_seq: int = 4096) -> None:
+    def __init__(self, n_ctx_per_seq: int = 4096, cache: EmbeddingCache | None = None) -> None:
         self.config = SimpleNamespace(n_ctx_per_seq=n_ctx_per_seq)
         self.tokens: dict[int, int] = {}
         self.calls: list[str] = []
+        self.embeddings = cache if cache is not None else EmbeddingCache(0)
+
+    def image_cache_stats(self) -> EmbeddingCacheSnapshot:
+        return self.embeddings.snapshot()
+
+    def set_image_cache_bytes(self, max_bytes: int) -> int:
+        return self.embeddings.resize(max_bytes)
+
+    def shrink_image_cache(self, by: int, *, floor: int = 0) -> int:
+        return self.embeddings.shrink(by, floor=floor)
 
     def seq_info(self, seq: int) -> SeqInfo:
         n = self.tokens.get(seq, 0)
@@ -159,10 +170,10 @@ def entry(i: int) -> EncodedImage:
 
 
 def world(s: Situation, *, wait_s: float = 5.0) -> World:
-    engine, ledger = FakeEngine(s.n_ctx), MemoryLedger(s.budget)
     cache = EmbeddingCache(s.cache[0])
     for i in range(s.cache[1]):
         cache.put(entry(i))
+    engine, ledger = FakeEngine(s.n_ctx, cache), MemoryLedger(s.budget)
     if s.cache[0]:
         ledger.publish(IMAGE_CACHE, s.cache[0], None)
     slots: dict[str, Slot] = {}
@@ -188,7 +199,7 @@ def world(s: Situation, *, wait_s: float = 5.0) -> World:
 
     pressure = MemoryPressure(engine, ledger, slots, engine_call=engine_call,
                               notify_release=released.notify, counters=counters,
-                              image_cache=cache, image_cache_floor=s.floor)
+                              image_cache_floor=s.floor)
     admission = Admission(engine, ledger, KIT, pressure, slots, released, counters,
                           wait_s=wait_s)
     return World(s, engine, ledger, cache, slots, released, pressure, admission, counters,

@@ -135,8 +135,9 @@ class EmbeddingCache:
     the engine's) while the scheduler may shrink it from another.  Invariant after every
     method: ``nbytes <= max_bytes`` (``put`` evicts, ``resize`` evicts).
 
-    The scheduler holds the capacity in its memory ledger and changes it only through
-    ``resize`` and ``evict_lru``; it reads it through ``snapshot``.
+    The scheduler holds the capacity in its memory ledger and changes it only through the
+    engine's ``set_image_cache_bytes`` and ``shrink_image_cache`` (``resize``, ``shrink``); it
+    reads it through ``image_cache_stats`` (``snapshot``).
     """
 
     def __init__(self, max_bytes: int) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cachepolicy.engine import Engine
-from cachepolicy.engine.images import EncodedImage, decode_png
+from cachepolicy.engine.images import EncodedImage
 from cachepolicy.oracle.sweeps import SweepResult
 
 #: (png, use_cache) → the encoded image
@@ -93,21 +93,21 @@ def encoder_after_eviction(engine: Engine, png: bytes, other: bytes,
     the while), then through the cache again: the two embeddings, and ``prompt(seq, image)``'s
     logits with each (on a cleared sequence 0), bitwise equal."""
     encode = encode or engine_encode(engine)
-    cache = engine.image_cache
-    image_id = decode_png(png).image_id
-    capacity = cache.max_bytes
+    capacity = engine.image_cache_stats().max_bytes
     try:
-        cache.clear()
+        engine.clear_image_cache()
         first = encode(png, True)
-        cache.resize(first.nbytes)  # room for one image: the next one evicts it
-        evictions = cache.evictions
+        engine.set_image_cache_bytes(first.nbytes)  # room for one image: the next evicts it
+        before = engine.image_cache_stats()
         encode(other, True)
-        evicted = cache.evictions > evictions and cache.get(image_id) is None
-        cache.resize(capacity)
+        after = engine.image_cache_stats()
+        # the cache held ``png``'s embedding alone: an eviction is its eviction
+        evicted = before.entries == 1 and after.evictions > before.evictions
+        engine.set_image_cache_bytes(capacity)
         again = encode(png, True)
     finally:
-        cache.resize(capacity)
-        cache.clear()
+        engine.set_image_cache_bytes(capacity)
+        engine.clear_image_cache()
     if not evicted:
         return SweepResult(False, float("inf"), "the cache did not evict the image")
     diff, bad = _differences(first, again)

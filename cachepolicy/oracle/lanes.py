@@ -35,7 +35,7 @@ def decode_lanes(engine: Engine, prompts: tuple[Sequence[int], Sequence[int]],
         engine.clear(seq)
         engine.prefill_tokens(seq, tuple(prompt), logits=False)
     alone = _decode(engine, 0, feeds[0], None)
-    rows = engine.batcher.rows
+    rows = engine.decode_shape.lanes  # generations that can decode at once
     others = max(1, rows - 1)
     work = [(0, list(feeds[0]))] + [(1, list(feeds[1][k:]) + list(feeds[1][:k]))
                                     for k in range(others)]
@@ -74,7 +74,7 @@ async def _in_thread(engine: Engine, key: int, seq: int, feed: Sequence[int],
 def _decode(engine: Engine, seq: int, feed: Sequence[int],
             joined: _Rendezvous | None) -> list[np.ndarray]:
     out = []
-    with engine.batcher.generating(seq) as lane:
+    with engine.generating(seq) as lane:
         if joined is not None:
             joined.arrive()
         for token in feed:

@@ -84,15 +84,10 @@ def decode_runs(engine: Engine, prompt: Sequence[int], feed: Sequence[int]) -> S
 
 def _plain_rows(engine: Engine, feed: Sequence[int], per_call: int) -> list[np.ndarray]:
     """Straight to llama.cpp: calls of ``per_call`` tokens on a copy of sequence 0."""
-    decoder, lane = engine.decoder, engine.batcher.lanes[0]
-    pos = decoder.copy_to_lane(0, lane)
     rows: list[np.ndarray] = []
-    try:
+    with engine.raw_decode(0) as raw:
         for start in range(0, len(feed) - len(feed) % per_call, per_call):
-            out, _ = decoder.run_tokens(lane, list(feed[start:start + per_call]), pos + start)
-            rows += out
-    finally:
-        decoder.clear_lane(lane)
+            rows += raw.run_tokens(feed[start:start + per_call])
     return rows
 
 
@@ -104,7 +99,7 @@ def _speculated_rows(engine: Engine, feed: Sequence[int],
     n = len(feed) - len(feed) % shape.min_run
     rows: list[np.ndarray] = []
     calls, rolled_back = 0, 0
-    with engine.batcher.generating(0) as lane:
+    with engine.generating(0) as lane:
         i = 0
         while i < n:
             known = min(1 + calls % 3, n - i)

@@ -139,7 +139,7 @@ class ModelHost:
         # capacity (rung 1 shrinks it, releases give it back up to the target), what its
         # entries hold, and what the ledger holds for it
         scheduler = self.pool.scheduler
-        cache = scheduler.image_cache.snapshot()
+        cache = self.engine.image_cache_stats()
         for kind, value in (("capacity", cache.max_bytes), ("entries", cache.entry_bytes),
                             ("target", scheduler.pressure.image_cache_target),
                             ("ledger", self.ledger.held_by(IMAGE_CACHE))):
