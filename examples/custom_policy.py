@@ -28,9 +28,9 @@ from cachepolicy.engine import EngineConfig
 from cachepolicy.pieces import Piece, image_piece, merge_text, text_piece
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
 from cachepolicy.policies import register
+from runtime.bench.agent_defaults import bench_agent_defaults
 from runtime.bench.arms import run_arms
 from runtime.bench.trajectory import trajectory
-from runtime.commands.options import bench_agent_defaults
 from runtime.engine_setup import load_engine, resolve_model
 from runtime.logs import configure_logging
 

@@ -5,8 +5,9 @@ configuration — the same names, defaults and bounds in every command.
 ``model_files`` / ``engine_fields`` / ``agent_config`` read them back, raising ``ValueError``
 naming the option at fault (values are parsed and bounded by ``runtime.arg_parsers``; the
 model is resolved and the engine sized by ``runtime.engine_setup``).  The bench states its
-own measurement defaults explicitly (``bench_agent_defaults``: a fixed number of decoded
-tokens, no grammar, so arms compare).
+own measurement defaults explicitly (``bench_agent_defaults``, from
+``runtime.bench.agent_defaults``: a fixed number of decoded tokens, no grammar, so arms
+compare).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from cachepolicy.engine.records import MAX_DECODE_ROWS, MAX_N_BATCH, default_thr
 from cachepolicy.policies import names
 from cachepolicy.tail import BASES
 from runtime.arg_parsers import check_decode_rows, check_threads
+from runtime.bench.agent_defaults import bench_agent_defaults  # re-exported: the bench's flags
 from runtime.config import GUESS_MODES, MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig, PinningError
 from runtime.engine_setup import DefaultModel, ModelFiles, resolve_model
 from runtime.profiles import names as profile_names
@@ -178,11 +180,3 @@ def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> Agen
         return AgentConfig(**fields)
     except PinningError as exc:  # checked against the policy and the window: name the option
         raise ValueError(f"--pin-first {fields['pinned']}: {exc}") from None
-
-
-def bench_agent_defaults() -> AgentConfig:
-    """What the bench decodes: 16 tokens every step, greedy, no grammar, end-of-generation
-    ignored — a fixed amount of decode work per step, so arms compare; and no
-    unchanged-screenshot guess (the policies' own work: ``--decode-arms`` measures it)."""
-    return attrs.evolve(AgentConfig(), grammar=False, decode_tokens=16, stop_at_eog=False,
-                        guess="off")
