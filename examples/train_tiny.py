@@ -20,6 +20,7 @@ from pathlib import Path
 from PIL import Image
 
 from cachepolicy.engine import Engine, EngineConfig
+from runtime.engine_setup import ModelFiles, load_engine
 from cachepolicy.forge import TextSpec
 from cachepolicy.forge.tokenizer import build_vocab
 from runtime.train import (
@@ -71,7 +72,7 @@ def main() -> None:
     mmproj = write_mmproj_for(SPEC, work / "mmproj.gguf")  # frozen, random, 128 wide
     print(f"model: {count_params(params)} params; files in {work}")
 
-    with Engine(init_path, mmproj, CONFIG) as engine:  # the data pipeline's view of the model
+    with load_engine(ModelFiles(init_path, mmproj), CONFIG) as engine:  # the data pipeline's view of the model
         examples = []
         for rgb, answer in TASKS.items():
             pieces = prompt(engine, screen(rgb))
@@ -92,7 +93,7 @@ def main() -> None:
 
     trained = export_gguf(work / "trained.gguf", SPEC, state.params, vocab=vocab)
     print(f"exported {trained.path} ({trained.n_bytes} bytes, sha256 {trained.sha256[:12]})")
-    with Engine(trained.path, mmproj, CONFIG) as engine:
+    with load_engine(ModelFiles(trained.path, mmproj), CONFIG) as engine:
         loaded = load_gguf(trained.path)
         report = compare_with_engine(engine, SPEC, loaded.params,
                                      prompt(engine, screen((200, 40, 40))))

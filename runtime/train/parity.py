@@ -43,6 +43,7 @@ import numpy as np
 import structlog
 
 from cachepolicy.engine import Engine, EngineConfig
+from runtime.engine_setup import ModelFiles, load_engine
 from cachepolicy.forge import TextSpec
 from runtime.train.example import ImagePiece, Piece, TextPiece, build_example, to_rows
 from runtime.train.gguf_io import load_gguf
@@ -209,7 +210,8 @@ def compare(model_path: str | Path, mmproj_path: str | Path | None,
     loaded = load_gguf(model_path)
     config = engine_config or EngineConfig(n_ctx_per_seq=8192, n_seq_max=1, n_batch=512,
                                            n_threads=2, decode_rows=1)
-    with Engine(model_path, mmproj_path, config) as engine:
+    files = ModelFiles(Path(model_path), Path(mmproj_path) if mmproj_path is not None else None)
+    with load_engine(files, config, vision=mmproj_path is not None) as engine:
         return compare_with_engine(engine, loaded.spec,
                                    loaded.params if params is None else params,
                                    prompt_segments, options=options, tolerance=tolerance)

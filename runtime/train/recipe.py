@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 import structlog
 
-from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.engine import EngineConfig
 from cachepolicy.forge import TextSpec
 from vmenv.trajectory_writer import write_durably
 from runtime.train.agents import (AGENT_ARCHES, TYPED_WORDS, X_PIECES, Y_PIECES, agent_shape,
@@ -55,6 +55,7 @@ from runtime.train.word_copy import ASK_PIECES, WordCopy, design_copy, frozen_co
 from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
                                       train_recogniser)
 from vmenv.simdesk.seeds import eval_seeds, train_seeds
+from runtime.engine_setup import ModelFiles, load_engine
 
 __all__ = ["MMPROJ_NAME", "RecipeConfig", "model_name", "train_agents"]
 
@@ -139,7 +140,7 @@ def train_agents(config: RecipeConfig, out: Path, *,
                             init_params(hybrid.spec, seed=config.seed), vocab=vocab)
     engine_config = EngineConfig(n_seq_max=1, n_threads=config.threads)
     progress(f"dataset: {config.episodes} episodes into {data}")
-    with Engine(data_init.path, mmproj, engine_config) as engine:
+    with load_engine(ModelFiles(data_init.path, mmproj), engine_config) as engine:
         manifest = generate(engine, config.dataset(), data, progress=progress)
     record: dict[str, Any] = {
         "config": attrs.asdict(config), "mmproj": {"file": MMPROJ_NAME, "sha256": _sha256(mmproj),

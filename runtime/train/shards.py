@@ -214,8 +214,8 @@ class Shard:
         return self.a["png"][o[i]: o[i + 1]].tobytes()
 
     def encoded(self, i: int) -> EncodedImage:
-        """Image ``i`` as the engine's vision encoder gave it (put it in an engine's
-        embedding cache, ``engine.image_cache.put``, and ``build_example`` never encodes)."""
+        """Image ``i`` as the engine's vision encoder gave it (the trainer's stand-in
+        encoder serves it, ``fit``, so ``build_example`` never encodes)."""
         a, p = self.a, self.projector
         r0, r1 = a["embd_offsets"][i], a["embd_offsets"][i + 1]
         w, h = (int(x) for x in a["size"][i])
