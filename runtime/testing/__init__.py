@@ -13,7 +13,7 @@ from typing import Any
 
 #: public name → the module of this package that defines it
 _EXPORTS = {
-    "FIXED_DECODE": "exactness", "NotExactError": "exactness",
+    "FIXED_DECODE": "exactness", "NotExactError": "exactness", "SAMPLED_DECODE": "exactness",
     "assert_engine_exact": "exactness", "assert_exact": "exactness",
     "assert_same_outputs": "exactness",
     "FORGED_CONFIG": "engines", "SHIPPED_CONFIG": "engines", "Shelf": "engines",

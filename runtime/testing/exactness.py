@@ -4,12 +4,16 @@ an engine's edits against one uninterrupted prefill.
 * ``assert_same_outputs`` — two runs decoded the same tokens at every step (what
   ``kvagent bench`` compares as ``output_sha256``), said with the first step that differs;
 * ``assert_exact`` — replays the bench trajectory through a policy and its reference on one
-  engine (the loop that ships, fixed greedy decode) and asserts the above;
+  engine (the loop that ships; a fixed number of tokens, sampled) and asserts the above;
 * ``assert_engine_exact`` — ``kvagent check-exact``'s checks (``cachepolicy.oracle``) on an
   engine: every logits comparison bitwise.
 
 A run with no steps, a refused policy or a failed step never passes: a comparison of
-nothing checks nothing.
+nothing checks nothing.  Nor do outputs that are one token repeated: greedy decoding on a
+forged model (random weights) picks the same token whatever the prompt — evict and
+terminal-scratch, whose prompts differ, "agree" — so ``assert_exact`` samples
+(``SAMPLED_DECODE``: temperature 1, a fixed seed): each token is drawn from the whole
+distribution, and the same logits give the same draw.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from runtime.metrics import EpisodeResult
 if TYPE_CHECKING:
     from cachepolicy.engine import Engine
 
-__all__ = ["FIXED_DECODE", "NotExactError", "assert_engine_exact", "assert_exact",
+__all__ = ["FIXED_DECODE", "NotExactError", "SAMPLED_DECODE", "assert_engine_exact", "assert_exact",
            "assert_same_outputs"]
 
 #: What ``kvagent bench`` decodes (``bench_agent_defaults``, defined with the command line,
@@ -36,6 +40,8 @@ __all__ = ["FIXED_DECODE", "NotExactError", "assert_engine_exact", "assert_exact
 #: of generation, no guess — the same decode work in every arm, so outputs compare.
 FIXED_DECODE = attrs.evolve(AgentConfig(), grammar=False, decode_tokens=16,
                             stop_at_eog=False, guess="off")
+#: ``FIXED_DECODE`` sampled at temperature 1 with seed 0 (both runs draw from the same seed).
+SAMPLED_DECODE = attrs.evolve(FIXED_DECODE, temperature=1.0, seed=0)
 
 
 class NotExactError(AssertionError):
@@ -63,8 +69,13 @@ def assert_same_outputs(got: EpisodeResult | ArmResult,
         raise NotExactError(f"failed steps {failed}: nothing to compare there")
     if a.n_steps != b.n_steps:
         raise NotExactError(f"{a.n_steps} steps against the reference's {b.n_steps}")
-    if not any(s.output_tokens for s in a.steps):
+    tokens = {t for s in b.steps for t in s.output_tokens}
+    if not tokens:
         raise NotExactError("no step decoded a token: nothing to compare")
+    if len(tokens) == 1 and sum(len(s.output_tokens) for s in b.steps) > 1:
+        raise NotExactError(f"the reference decoded token {tokens.pop()} over and over: "
+                            f"outputs that do not depend on the prompt compare nothing "
+                            f"(sample them: SAMPLED_DECODE)")
     for sa, sb in zip(a.steps, b.steps, strict=True):
         if tuple(sa.output_tokens) != tuple(sb.output_tokens):
             raise NotExactError(f"step {sa.step} differs: {list(sa.output_tokens)} against the "
@@ -74,12 +85,12 @@ def assert_same_outputs(got: EpisodeResult | ArmResult,
 
 async def assert_exact(engine: Engine, policy: str, reference: str, *, steps: int = 6,
                        screen: tuple[int, int] = (128, 96), window: int = 3,
-                       agent: AgentConfig = FIXED_DECODE,
+                       agent: AgentConfig = SAMPLED_DECODE,
                        ) -> tuple[ArmResult, ArmResult]:
     """Replay a ``steps``-step bench trajectory of ``screen``-sized screenshots through
     ``policy`` and through ``reference`` (bench arm names: ``"terminal-slot+overlap"`` works)
-    on ``engine`` with a ``window``-screenshot window, and assert they decoded the same
-    tokens at every step.  Returns (policy's run, reference's run) for further checks."""
+    on ``engine`` with a ``window``-screenshot window (``agent``'s decode: sampled), and
+    assert they decoded the same tokens at every step.  Returns (policy's run, reference's run) for further checks."""
     traj = trajectory(steps, *screen)
     config = attrs.evolve(agent, window=window)
     runs = [await run_arm(engine, arm, traj, config) for arm in (policy, reference)]
