@@ -112,3 +112,27 @@ def test_shutdown_ends_a_grammar_completion_within_the_grace(forged, tmp_path) -
     asking.join(timeout=60)
     assert not asking.is_alive() and len(answered) == 1
     assert took < 20.0, took
+
+
+def test_a_client_that_leaves_stops_its_grammar_completion(server) -> None:
+    """A streamed completion under a client grammar that never ends: the client hangs up
+    after its first chunk; the step stops at its next token (each grammar call is bounded),
+    the server logs the disconnect, holds nothing, and answers the next grammar request."""
+    with httpx.Client(base_url=server.url, timeout=120) as h:
+        model = h.get("/v1/models").json()["data"][0]["id"]
+        endless = 'root ::= "a" ("a" | "b")*'
+        with h.stream("POST", "/v1/chat/completions",
+                      json=_body(model, endless, stream=True, max_tokens=4000)) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and '"content"' in line:
+                    break  # one chunk, then hang up
+        deadline = time.monotonic() + 30
+        while "chat_client_disconnected" not in server.stderr():
+            assert time.monotonic() < deadline, "the server did not see the client leave"
+            time.sleep(0.2)
+        while h.get("/health").json()["ledger"]["reserved_bytes"]:  # the step rolled back
+            assert time.monotonic() < deadline, "the left client's step still holds memory"
+            time.sleep(0.2)
+        ok = h.post("/v1/chat/completions", json=_body(model, CLICK_GRAMMAR, max_tokens=24))
+        assert ok.status_code == 200, ok.text
