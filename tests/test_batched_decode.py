@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
@@ -131,6 +132,34 @@ def test_lanes_are_empty_between_generations(forged) -> None:
             with e.generating(0):
                 assert e.memory().lanes_in_use == (e.decode_lanes()[0],)
             assert e.memory().lanes_in_use == ()
+
+
+def test_raw_decode_holds_every_lane_and_generations_wait(forged) -> None:
+    """``Engine.raw_decode`` feeds lanes itself: while it is open a generation waits for a
+    lane (it would share calls with rows it knows nothing of), and its rows are a plain
+    call's; on exit the copies are gone and the generation runs."""
+    with _engine(forged, "llama", rows=2) as e:
+        for s in (0, 1):
+            e.prefill_tokens(s, _prompt(s), logits=False)
+        took, leave = threading.Event(), threading.Event()
+
+        def work() -> None:
+            with e.generating(1):
+                took.set()
+                leave.wait(timeout=30)
+
+        with e.raw_decode(0, 2) as raw:
+            thread = threading.Thread(target=work)
+            thread.start()
+            rows = raw.run_lanes(5, 2)
+            assert not took.wait(timeout=0.3)  # the generation waits for the raw lanes
+            assert e.memory().lanes_in_use == e.decode_lanes()[:2]
+            assert np.array_equal(rows[0], rows[1])  # two copies of one sequence, one token
+        assert took.wait(timeout=30)
+        leave.set()
+        thread.join(timeout=30)
+        assert e.memory().lanes_in_use == ()
+        assert e.decode_stats().calls == 0  # raw calls are not the lanes' counters
 
 
 def test_rows_1_is_one_generation_per_call(forged) -> None:

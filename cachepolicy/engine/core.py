@@ -174,7 +174,7 @@ class Engine:
         # clients' grammars are matched in child processes (started at the first one)
         self._grammars = GrammarWorkers(model_path)
         self._seqs = Sequences(config.n_seq_max)
-        self.decoder = Decoder(native, self._seqs, kind=self.kind, n_batch=config.n_batch,
+        self._decoder = Decoder(native, self._seqs, kind=self.kind, n_batch=config.n_batch,
                                n_ctx_per_seq=config.n_ctx_per_seq, n_vocab=self.n_vocab,
                                n_embd=self.n_embd)
         self.states = SequenceState(native, self._seqs, model_id=self.model_id,
@@ -185,8 +185,8 @@ class Engine:
         self.rebase = RecurrentRebase(native, self._seqs, model_id=self.model_id,
                                       kind=self.kind)
         self._lane_ids = tuple(range(config.n_seq_max, config.n_seq_total))
-        self.image_cache = EmbeddingCache(config.image_cache_bytes)
-        self.vision = Vision(native, self.image_cache, n_embd=self.n_embd,
+        self._image_cache = EmbeddingCache(config.image_cache_bytes)
+        self.vision = Vision(native, self._image_cache, n_embd=self.n_embd,
                              beside=encoder_runs_beside(config))
         self.mmproj_path = Path(mmproj_path) if mmproj_path is not None else None
         try:
@@ -196,13 +196,13 @@ class Engine:
             (self.kv_bytes_per_token, self.recurrent_bytes_per_seq,
              self.state_overhead_bytes) = self._measure_state_bytes()
             self.row_classes = row_classes or self._row_classes()
-            self.batcher = DecodeBatcher(
+            self._batcher = DecodeBatcher(
                 lanes=self._lane_ids, n_ctx=config.n_ctx_per_seq,
-                shape=self.shape_for(config.decode_runs), decoder=self.decoder,
+                shape=self.shape_for(config.decode_runs), decoder=self._decoder,
                 recurrent=self.kind.has_recurrent_state)
             log.info("engine_decode_shape", model_id=self.model_id,
                      classes=self.row_classes.describe(),
-                     shape=self.batcher.shape.describe(), reason=self.batcher.shape.why)
+                     shape=self._batcher.shape.describe(), reason=self._batcher.shape.why)
         except BaseException:
             self.close()
             raise
@@ -219,7 +219,7 @@ class Engine:
                 llama_cpp.llama_model_free(native.model)
                 native.closed = True
                 native.compute.close()
-            self.image_cache.clear()
+            self._image_cache.clear()
 
     def __enter__(self) -> Engine:
         return self
@@ -295,13 +295,13 @@ class Engine:
     def prefill_tokens(self, seq: int, tokens: Sequence[int], *, logits: bool = True,
                        allow_single: bool = False, all_logits: bool = False,
                        at: int | None = None) -> np.ndarray | None:
-        return self.decoder.prefill_tokens(seq, tokens, logits=logits,
+        return self._decoder.prefill_tokens(seq, tokens, logits=logits,
                                            allow_single=allow_single, all_logits=all_logits,
                                            at=at)
 
     def prefill_image(self, seq: int, image: EncodedImage, *, logits: bool = False,
                       all_logits: bool = False) -> np.ndarray | None:
-        return self.decoder.prefill_image(seq, image, logits=logits, all_logits=all_logits)
+        return self._decoder.prefill_image(seq, image, logits=logits, all_logits=all_logits)
 
 
     # checkpoints, edits and sizes: the SequenceState
@@ -361,21 +361,21 @@ class Engine:
     def image_cache_stats(self) -> EmbeddingCacheSnapshot:
         """The embedding cache's entries, bytes, capacity, hits, misses and evictions, read
         together under its lock (reads only)."""
-        return self.image_cache.snapshot()
+        return self._image_cache.snapshot()
 
     def clear_image_cache(self) -> None:
         """Drop every cached embedding (mutates; the capacity and the counters stay)."""
-        self.image_cache.clear()
+        self._image_cache.clear()
 
     def set_image_cache_bytes(self, max_bytes: int) -> int:
         """Set the cache's capacity (mutates), evicting least recently used embeddings until
         the rest fit; returns the bytes freed."""
-        return self.image_cache.resize(max_bytes)
+        return self._image_cache.resize(max_bytes)
 
     def shrink_image_cache(self, by: int, *, floor: int = 0) -> int:
         """Lower the cache's capacity by ``by`` bytes, not below ``floor`` (mutates; one
         atomic step, see ``EmbeddingCache.shrink``); returns the capacity given up."""
-        return self.image_cache.shrink(by, floor=floor)
+        return self._image_cache.shrink(by, floor=floor)
 
     @locked
     def memory(self) -> MemoryReport:
@@ -387,10 +387,10 @@ class Engine:
             recurrent_bytes_per_seq=self.recurrent_bytes_per_seq,
             seq_state_bytes={s: self.states.held_bytes(s) for s in self._seqs.non_empty()},
             live_checkpoints=count, live_checkpoint_bytes=nbytes,
-            image_cache_bytes=self.image_cache.nbytes,
+            image_cache_bytes=self._image_cache.nbytes,
             live_stored_kv=stored, live_stored_kv_bytes=stored_bytes,
             lanes_in_use=tuple(lane for lane in self._lane_ids
-                               if self.decoder.occupied(lane)))
+                               if self._decoder.occupied(lane)))
 
     def _measure_state_bytes(self) -> tuple[int, int, int]:
         """KV bytes per cell, recurrent bytes per sequence and a sequence state's fixed part
@@ -416,7 +416,7 @@ class Engine:
         """Measure which decode calls compute a row alike on this model and CPU (no cache;
         every sequence and lane must be empty)."""
         prompt, feeds = row_probe.probe_tokens(self.tokenize)
-        return row_probe.measure(self.decoder, scratch=0, clear=self.clear,
+        return row_probe.measure(self._decoder, scratch=0, clear=self.clear,
                                  lanes=self._lane_ids, prompt=prompt, feeds=feeds,
                                  max_run=self._max_run)
 
@@ -443,17 +443,17 @@ class Engine:
 
     @property
     def decode_shape(self) -> DecodeShape:
-        return self.batcher.shape
+        return self._batcher.shape
 
     def decode_lanes(self) -> tuple[int, ...]:
         """The sequence ids of every decode lane (reads only); the decode shape uses the
         first ``decode_shape.lanes`` of them."""
-        return self.batcher.all_lanes
+        return self._batcher.all_lanes
 
     def set_decode_shape(self, shape: DecodeShape) -> None:
         """Decode in another shape from now on (between generations; benchmarks and the
         oracle compare shapes on one engine)."""
-        self.batcher.set_shape(shape)
+        self._batcher.set_shape(shape)
 
     # ------------------------------------------------------------------ generation
 
@@ -478,14 +478,14 @@ class Engine:
         drafting = drafting or Drafting()
         context = self._draft_context(seq) if drafting.lookup else ()
         try:  # free text decodes alone in the default runs shape (``generating``)
-            with self.batcher.generating(seq, free_text=not sampler.constrained) as lane:
+            with self._batcher.generating(seq, free_text=not sampler.constrained) as lane:
                 out, counts = generation.generate(
                     lane, sampler, logits, max_tokens, drafting=drafting, context=context,
                     spelling=self._spelling() if sampler.constrained and lane.runs else None,
                     is_eog=self.is_end_of_generation, stop_at_eog=stop_at_eog,
                     should_stop=should_stop, stop_when=stop_when, on_token=on_token,
                     trace=trace)
-            self.batcher.note(counts)
+            self._batcher.note(counts)
         finally:
             sampler.close()
         return out
@@ -507,27 +507,27 @@ class Engine:
     def decode_stats(self) -> DecodeStats:
         """The decode lanes' counters so far: calls, generated rows, seconds in the calls
         (take two and subtract for one run; reads only)."""
-        return self.batcher.stats()
+        return self._batcher.stats()
 
     def generating(self, seq: int, *, free_text: bool = False) -> AbstractContextManager[Lane]:
         """A decode lane holding a copy of ``seq`` for one generation fed by the caller
         (``Lane.decode`` / ``feed`` / ``keep``): waits for a free lane; the lane is cleared on
         exit (mutates the lane only).  ``generate`` is this plus sampling; the oracle feeds
         lanes itself."""
-        return self.batcher.generating(seq, free_text=free_text)
+        return self._batcher.generating(seq, free_text=free_text)
 
     def yield_decode_round(self, timeout: float = 1.0) -> None:
         """Between prefill pieces: when decode rows are waiting or running, wait (at most
         ``timeout`` s) until one more decode call completes — a token ends some agent's
         critical path (mutates nothing)."""
-        self.batcher.yield_round(timeout)
+        self._batcher.yield_round(timeout)
 
     def raw_decode(self, seq: int, lanes: int = 1) -> AbstractContextManager[RawLanes]:
         """Copies of ``seq`` in the first ``lanes`` decode lanes, fed straight to llama.cpp
         (``RawLanes.run_tokens`` / ``run_lanes``: no batcher, no sampling, not counted in
         ``decode_stats``) — the oracle's reference rows and ``bench-decode``'s call costs.
         Holds every lane while open (generations wait); the copies are cleared on exit."""
-        return raw_lanes(self.decoder, self.batcher, seq, lanes)
+        return raw_lanes(self._decoder, self._batcher, seq, lanes)
 
     def sampler(self, params: SamplingParams) -> Sampler:
         """A sampler for ``params``; its grammar is matched here (kvagent's own grammars) or
