@@ -100,12 +100,17 @@ class RecipeConfig:
     slipped: float = _DATA.slipped.default
     early_typing: float = _DATA.early_typing.default
     max_slip_run: int = _DATA.max_slip_run.default
+    #: every demonstration ends with the solved state labelled ``done()``: the agents end
+    #: their own episodes, as OSWorld's loop needs (it stops only on DONE / FAIL or at
+    #: max_steps); the files shipped before 2026-12-06 were trained without it
+    with_done: bool = True
 
     def dataset(self) -> DatasetConfig:
         """The dataset this recipe trains on; ValueError if its settings are not valid."""
         return DatasetConfig(seed=self.seed, episodes=self.episodes, shard_episodes=128,
                              perturbed=self.perturbed, slipped=self.slipped,
-                             early_typing=self.early_typing, max_slip_run=self.max_slip_run)
+                             early_typing=self.early_typing, max_slip_run=self.max_slip_run,
+                             with_done=self.with_done)
 
 
 def _sha256(path: Path) -> str:
