@@ -1,4 +1,6 @@
-"""The ``kvagent`` command line: one sub-command per module in ``runtime/commands``."""
+"""The ``kvagent`` command line: one sub-command per module in ``runtime/commands``, and the
+benches as one family, ``kvagent bench [NAME]`` (``runtime/commands/bench.py``: ``FAMILY``;
+each bench's older spelling, ``kvagent bench-peer``, still runs it)."""
 
 from __future__ import annotations
 
@@ -6,23 +8,18 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from runtime.commands import (
-    bench, bench_decode, bench_encode, bench_eval, bench_kernels, bench_peer,
-    bench_replay_prefix, bench_serve, check_exact, demo, forge, run, serve, train,
-)
+from runtime.bench.family import FamilyParser
+from runtime.commands import check_exact, demo, forge, run, serve, train
+from runtime.commands.bench import FAMILY
 from runtime.logs import configure_logging
 
-COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo, "bench": bench,
-            "bench-decode": bench_decode, "bench-encode": bench_encode,
-            "bench-eval": bench_eval,
-            "bench-kernels": bench_kernels, "bench-peer": bench_peer,
-            "bench-replay-prefix": bench_replay_prefix,
-            "bench-serve": bench_serve, "run": run,
+#: the commands other than the benches, in --help's order (the benches follow demo)
+COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo, "run": run,
             "serve": serve, "train": train}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FamilyParser(
         prog="kvagent",
         description="Exact, bounded KV/recurrent caching for screenshot-driven GUI agents "
                     "on llama.cpp.")
@@ -35,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(run=module.run)
+        if name == "demo":
+            FAMILY.add_to(sub)
     return parser
 
 

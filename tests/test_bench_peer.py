@@ -15,7 +15,7 @@ import pytest
 from runtime.bench.chat_layout import bounded_messages, history_line, sliding_window_messages
 from runtime.bench.peer import PeerStep, parse_answer, percentile, summary
 from runtime.cli import main
-from runtime.commands import bench_peer
+from runtime.bench import run_peer
 
 
 @attrs.frozen
@@ -94,8 +94,8 @@ def test_kvagent_side_of_the_workload(forged, tmp_path: Path) -> None:
     m = forged("qwen35")
     args = argparse.Namespace(steps=4, screenshots=2, max_tokens=4, vm_seconds=0.05, ctx=4096,
                               threads=1, llama_server=None, decode_rows=1)
-    out = bench_peer.run_arm(args, "kvagent", "evict", 2, (96, 64), m.model_path,
-                             m.mmproj_path, tmp_path)
+    out = run_peer.run_arm(args, "kvagent", "evict", 2, (96, 64), m.model_path,
+                           m.mmproj_path, tmp_path)
     # --decode-rows reached the server: one lane, the generations take turns
     shape = next(line for line in (tmp_path / "kvagent-serve.log").read_text().splitlines()
                  if "engine_decode_shape" in line)

@@ -95,7 +95,7 @@ def test_tokens_that_do_not_add_up_are_caught(hybrid) -> None:
     (["--lengths", "1K,abc"], "'abc' is not a length"),
     (["--lengths", "9000"], "trained for 8192 positions"),
     (["--repeats", "0"], "--repeats must be 1..50"),
-    (["--mmproj", "x.gguf"], "--mmproj needs --model"),
+    (["--mmproj", "x.gguf"], "give both --model and --mmproj"),
 ])
 def test_argument_errors_say_what_is_wrong(capsys, args: list[str], message: str) -> None:
     assert main(["bench-replay-prefix", "--threads", "1", *args]) == 2

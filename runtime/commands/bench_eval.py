@@ -1,5 +1,6 @@
-"""``kvagent bench-eval``: task success per cache policy on held-out simdesk instances
-(``runtime.bench.evaluate``).
+"""``kvagent bench eval`` (``kvagent bench-eval``): task success per cache policy on held-out
+simdesk instances (``runtime.bench.evaluate``; the run and its report:
+``runtime.bench.run_eval``; here, the options and their checks).
 
 A sibling of ``kvagent bench`` rather than a mode of it: the bench measures cost on one
 replayed, teacher-forced trajectory with a fixed decode (16 tokens, no grammar, end of
@@ -16,16 +17,10 @@ that does not load.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from cachepolicy.engine import Engine
-    from runtime.config import AgentConfig
-    from runtime.engine_setup import ModelFiles
-    from runtime.run.agents import EpisodeEvent
+from runtime.bench.family import Bench
 
 HELP = ("task success per cache policy on held-out simdesk instances (95% CI, per kind) and "
         "per-step agreement with each policy's exact reference")
@@ -78,6 +73,7 @@ def _check(args: argparse.Namespace) -> str | None:
     from runtime.arg_parsers import check_range, parse_wxh
     from runtime.bench.arms import ArmSpec
     from runtime.commands.options import agent_config, engine_fields
+    from runtime.engine_setup import check_model_choice
     from runtime.run.instances import CLASSIC, check_task, episode_tasks, parse_seeds
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -94,6 +90,7 @@ def _check(args: argparse.Namespace) -> str | None:
     if not 1 <= args.max_steps <= 100 or not 1 <= args.concurrency <= 64:
         return "--max-steps must be 1..100 and --concurrency 1..64"
     try:
+        check_model_choice(args.model, args.mmproj)
         if args.task is not None and "@" in check_task(args.task):
             return "--task takes a kind here (instances come from --seeds)"
         seeds = parse_seeds(args.seeds)
@@ -108,45 +105,8 @@ def _check(args: argparse.Namespace) -> str | None:
         args.agent = agent_config(args)
     except ValueError as exc:
         return str(exc)
-    if args.model is not None and args.mmproj is None:
-        return "--model needs --mmproj: the agents read screenshots"
     args.arm_list = arms
     return None
-
-
-def _load(args: argparse.Namespace, files: ModelFiles, arms: list[str]) -> Engine:
-    """The engine, each sequence sized for the largest arm's prompt (measured with the
-    projector on a real first screen)."""
-    from cachepolicy.errors import PolicyRefusedError
-    from runtime.bench.arms import ArmSpec
-    from runtime.context_budget import ContextNeed, estimate_image_tokens
-    from runtime.engine_setup import engine_config, load_engine
-    from runtime.run.agents import RunConfig
-    from vmenv.simdesk import DeskState, resolve_task
-    from vmenv.simdesk.render import render_png
-    from vmenv.simdesk.tasks import default_tasks
-
-    def arm_agent(arm: str) -> AgentConfig | None:
-        try:
-            return ArmSpec.parse(arm).agent(args.agent)
-        except PolicyRefusedError:
-            return None  # refused when its turn comes (the others run): nothing to size
-
-    agents = [c for c in map(arm_agent, arms) if c is not None] or [args.agent]
-
-    def need(image_tokens: int) -> ContextNeed:
-        return max((RunConfig(agent=agent, max_steps=args.max_steps, screen=args.screen_wh)
-                    .context_need(image_tokens) for agent in agents), key=lambda c: c.tokens)
-
-    w, h = args.screen_wh
-    probe = render_png(resolve_task(args.tasks[0], default_tasks()).setup(DeskState.empty(w, h)))
-    return load_engine(
-        files, lambda n_ctx: engine_config(
-            files.model, what="--max-steps, --concurrency, --window and --screen",
-            n_ctx_per_seq=max(n_ctx, 512), n_seq_max=args.concurrency + 1,
-            **args.engine_fields),
-        need=lambda e: need(e.image_tokens(probe)[0]),
-        n_ctx=need(estimate_image_tokens(files.mmproj, args.screen_wh)).tokens)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,67 +114,8 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"kvagent bench-eval: error: {problem}", file=sys.stderr)
         return 2
-    from cachepolicy.errors import KvagentCacheError
-    from runtime.bench.evaluate import (
-        cost_table, judge, kind_table, run_arms, success_table, with_references,
-    )
-    from runtime.commands.options import model_files
-    from runtime.engine_setup import DEMO_MODEL
-
-    arms = list(with_references(args.arm_list))
-    try:
-        files = model_files(args, DEMO_MODEL)
-        engine = _load(args, files, arms)
-    except (KvagentCacheError, ValueError, OSError) as exc:
-        print(f"kvagent bench-eval: error: {exc}", file=sys.stderr)
-        return 2
-    if (note := files.note()) is not None:
-        print(note, file=sys.stderr, flush=True)
-    w, h = args.screen_wh
-    with engine:
-        print(f"held-out evaluation: {len(args.tasks)} instance(s) ({args.seeds} seeds) x "
-              f"{len(arms)} arm(s), up to {args.max_steps} steps, {engine.kind.value} model "
-              f"{files.model.name}, profile {args.agent.profile}, window {args.agent.window_label}, "
-              f"screen {w}x{h}", file=sys.stderr, flush=True)
-
-        def progress(arm: str, e: EpisodeEvent) -> None:
-            if e.kind == "end":
-                print(f"[{arm}] {e.spec.task}: {e.status} after {e.step} step(s), reward "
-                      f"{e.reward or 0:g}", file=sys.stderr, flush=True)
-
-        runs = run_arms(engine, arms, args.tasks, args.agent, max_steps=args.max_steps,
-                        screen=args.screen_wh, vm_seconds=args.vm_seconds,
-                        clock_step_s=args.clock_step,
-                        concurrency=args.concurrency, on_event=progress)
-        judged = judge(runs, args.tasks, args.agent.window)
-        report = {"config": {
-            "model": str(files.model), "mmproj": str(files.mmproj),
-            "model_kind": engine.kind.value, "instances": len(args.tasks), "seeds": args.seeds,
-            "max_steps": args.max_steps, "screen": [w, h], "vm_seconds": args.vm_seconds,
-            "clock_step_s": args.clock_step,
-            "concurrency": args.concurrency, "agent": _agent_dict(args.agent)},
-            "tasks": list(args.tasks), "arms": judged}
-    print(success_table(judged))
-    print()
-    print(cost_table(judged))
-    print()
-    print(kind_table(judged))
-    if args.json_out is not None:
-        from vmenv.trajectory_writer import write_durably
-
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        write_durably(args.json_out, json.dumps(report, indent=1).encode())
-        print(f"wrote {args.json_out}")
-    broken = [a["arm"] for a in judged if a.get("agreement") and a["exact_expected"]
-              and not a["agreement"]["exact_holds"]]
-    if broken:
-        print(f"exact arm(s) differ from their reference: {', '.join(broken)}",
-              file=sys.stderr)
-        return 1
-    return 0
+    from runtime.bench import run_eval
+    return run_eval.run(args)
 
 
-def _agent_dict(agent: object) -> dict[str, object]:
-    import attrs
-
-    return json.loads(json.dumps(attrs.asdict(agent), default=str))  # type: ignore[arg-type]
+BENCH = Bench("eval", HELP, add_arguments, run, alias="bench-eval")

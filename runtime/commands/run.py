@@ -74,7 +74,7 @@ def _check(args: argparse.Namespace) -> str | None:
     ``agent``."""
     from runtime.arg_parsers import check_range, parse_memory_budget, parse_wxh
     from runtime.commands.options import agent_config, engine_fields
-    from runtime.engine_setup import available_memory
+    from runtime.engine_setup import available_memory, check_model_choice
 
     for name, top in (("episodes", MAX_EPISODES), ("max_steps", MAX_STEPS)):
         if not 1 <= getattr(args, name) <= top:
@@ -94,8 +94,10 @@ def _check(args: argparse.Namespace) -> str | None:
         return (f"--vm-seconds {args.vm_seconds:g} would time out every step "
                 f"(--env-timeout {args.env_timeout:g})")
     args.budget = available_memory() if budget.unlimited else budget.resolve()
-    if (args.model is None) != (args.mmproj is None):
-        return "--model and --mmproj go together (screenshots need a vision projector)"
+    try:
+        check_model_choice(args.model, args.mmproj)
+    except ValueError as exc:
+        return str(exc)
     from runtime.run import envs
 
     problem = envs.foreign_options(args) or envs.get(args.env).check(args)
