@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GgufUnreadable", "metadata", "tensor_types"]
+__all__ = ["GgufUnreadable", "metadata", "tensor_bytes", "tensor_types"]
 
 
 class GgufUnreadable(ValueError):
@@ -48,3 +48,8 @@ def metadata(path: str | Path) -> dict[str, Any]:
 def tensor_types(path: str | Path) -> dict[str, str]:
     """Each tensor's GGUF type name (``F16``, ``Q8_0``...), by tensor name."""
     return {t.name: t.tensor_type.name for t in _reader(Path(path)).tensors}
+
+
+def tensor_bytes(path: str | Path) -> dict[str, int]:
+    """Each tensor's size in the file, by tensor name (what a device copy of it takes)."""
+    return {t.name: int(t.n_bytes) for t in _reader(Path(path)).tensors}
