@@ -244,7 +244,7 @@ class Plan:
 
 @attrs.frozen
 class PolicyManifest:
-    """A policy's declared contract (README, "Cache policies")."""
+    """A policy's declared contract (docs/runtime.md, "Cache policies")."""
 
     changes: str  # the state it changes
     evidence: str  # what it uses to decide

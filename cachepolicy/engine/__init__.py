@@ -1,6 +1,6 @@
 """The llama.cpp engine: the only code in kvagent that imports ``llama_cpp``.
 
-Numerical contract (README "The engine's exactness contract", and ``kvagent check-exact``):
+Numerical contract (docs/engine.md, and ``kvagent check-exact``):
 * flash attention is OFF and n_ubatch == n_batch, so splitting a prefill into several calls
   gives bitwise the same logits as one call (within the limits below);
 * quantized weights are NOT repacked (``use_extra_bufts = False``) unless
