@@ -12,7 +12,9 @@ fits, and the load.
 * ``engine_config`` — an ``EngineConfig`` within its bounds whose KV cache and attention
   workspace fit in the memory available now (``check_memory``, from the GGUF metadata), or
   a ``ValueError`` naming the options that sized it: a context sized from a long step limit
-  is an error message before loading, not an OOM kill after.
+  is an error message before loading, not an OOM kill after.  Host and device memory are
+  checked apart: with ``n_gpu_layers`` the offloaded layers' cells, weights and workspace
+  must fit the GPU's free memory, the rest the host's.
 * ``load_engine`` — the one construction of an ``Engine`` outside the engine and its tests;
   with a ``ContextNeed`` callback it checks the loaded projector's real screenshot cost and
   reloads once at the measured size when the size was derived.
@@ -29,7 +31,8 @@ import structlog
 
 from cachepolicy.engine import EngineConfig
 from cachepolicy.engine.records import default_threads
-from cachepolicy.engine.sizing import context_cost
+from cachepolicy.engine.gguf_meta import metadata
+from cachepolicy.engine.sizing import context_cost, device_weight_bytes
 from cachepolicy.forge import forge_cached
 from runtime.agent_models import MissingAgentError, agent_files
 from runtime.context_budget import ContextNeed
@@ -181,16 +184,48 @@ def available_memory() -> int:
 def check_memory(model: Path, config: EngineConfig, *, what: str,
                  available: int | None = None) -> None:
     """ValueError if llama.cpp's allocation for ``config`` would exceed the memory available
-    (``what`` names the options that sized it, for the message)."""
-    cost = context_cost(model, config)
+    (``what`` names the options that sized it, for the message): host memory for what stays
+    on the host, and — when ``config.n_gpu_layers`` offloads layers on this build — the GPU
+    devices' free memory for what goes there."""
+    offload = _planned_offload(model, config)
+    cost = context_cost(model, config, offloaded=offload.layers if offload else 0)
     avail = available_memory() if available is None else available
-    if cost is not None and cost.total_bytes > avail:
+    if cost is not None and cost.host_bytes > avail:
+        where = " in host memory" if cost.device_bytes else ""
         raise ValueError(
             f"{what} size the context to {config.n_seq_max} sequence(s) x "
             f"{config.n_ctx_per_seq} tokens: llama.cpp would allocate about "
-            f"{format_bytes(cost.total_bytes)} (KV cache {format_bytes(cost.kv_bytes)}, "
-            f"attention workspace {format_bytes(cost.workspace_bytes)}), more than the "
-            f"{format_bytes(avail)} available")
+            f"{format_bytes(cost.host_bytes)}{where} (KV cache "
+            f"{format_bytes(cost.kv_bytes - cost.device_kv_bytes)}, attention workspace "
+            f"{format_bytes(cost.workspace_bytes - cost.device_workspace_bytes)}), more than "
+            f"the {format_bytes(avail)} available")
+    if offload is not None and offload.layers:
+        need = device_weight_bytes(model, offload.layers) + (cost.device_bytes if cost else 0)
+        free = sum(d.free_bytes for d in offload.devices)
+        if free and need > free:
+            raise ValueError(
+                f"--gpu-layers {config.n_gpu_layers} and {what} put about "
+                f"{format_bytes(need)} on {offload.backend} (weights of "
+                f"{offload.layers} layers, their KV cache and the workspace), more than its "
+                f"{format_bytes(free)} free: offload fewer layers or shrink the context")
+
+
+def _planned_offload(model: Path, config: EngineConfig) -> Any:
+    """Where ``config.n_gpu_layers`` would put the model's layers on this build
+    (``cachepolicy.engine.devices.Offload``); None when no layer is asked for or the file
+    does not say how many it has (llama.cpp then decides)."""
+    if config.n_gpu_layers == 0:
+        return None
+    # imported here: asking ggml for its devices loads libllama, which a CPU-only
+    # configuration (n_gpu_layers 0, every default) must not need before its load
+    from cachepolicy.engine.devices import plan
+
+    try:
+        meta = metadata(model)
+        n_layer = int(meta[f"{meta['general.architecture']}.block_count"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return plan(config.n_gpu_layers, n_layer)
 
 
 def engine_config(model: Path, *, what: str, **fields: Any) -> EngineConfig:

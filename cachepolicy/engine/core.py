@@ -26,7 +26,7 @@ import llama_cpp
 import numpy as np
 import structlog
 
-from cachepolicy.engine import generation
+from cachepolicy.engine import devices, generation
 from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind, Run, RunKind
 from cachepolicy.engine.drafts import BREAK, Drafting
 from cachepolicy.engine.gguf_meta import tensor_types
@@ -86,7 +86,7 @@ def _load(model_path: Path, config: EngineConfig,
     back with what depends on the model (the decode lanes, the prefill call's rows)
     resolved."""
     mparams = llama_cpp.llama_model_default_params()
-    mparams.n_gpu_layers = 0
+    mparams.n_gpu_layers = config.n_gpu_layers  # -1: all (llama.cpp's convention)
     # Repacked weight layouts pick a matmul kernel by the batch's row count, which breaks
     # split == one-call on quantized models; off unless speed was asked for.
     mparams.use_extra_bufts = config.fast_kernels
@@ -170,6 +170,9 @@ class Engine:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(native.vocab)
         self.n_embd = llama_cpp.llama_model_n_embd_inp(native.model)
         self.n_params = int(llama_cpp.llama_model_n_params(native.model))
+        #: where the layers went: "CPU", or a GPU's share (says so when none went: devices)
+        self.offload = devices.offload_for(model_path, config,
+                                           llama_cpp.llama_model_n_layer(native.model))
         self._chars: CharTokens | None = None
         # clients' grammars are matched in child processes (started at the first one)
         self._grammars = GrammarWorkers(model_path)
@@ -192,7 +195,8 @@ class Engine:
         try:
             if self.mmproj_path is not None:
                 self.vision.load(self.mmproj_path, n_threads=config.n_threads,
-                                 flash_attn=config.encoder_flash_attn)
+                                 flash_attn=config.encoder_flash_attn,
+                                 use_gpu=self.offload.layers > 0)
             (self.kv_bytes_per_token, self.recurrent_bytes_per_seq,
              self.state_overhead_bytes) = self._measure_state_bytes()
             self.row_classes = row_classes or self._row_classes()
@@ -390,7 +394,8 @@ class Engine:
             image_cache_bytes=self._image_cache.nbytes,
             live_stored_kv=stored, live_stored_kv_bytes=stored_bytes,
             lanes_in_use=tuple(lane for lane in self._lane_ids
-                               if self._decoder.occupied(lane)))
+                               if self._decoder.occupied(lane)),
+            device_bytes=self.offload.device_bytes)
 
     def _measure_state_bytes(self) -> tuple[int, int, int]:
         """KV bytes per cell, recurrent bytes per sequence and a sequence state's fixed part
@@ -427,12 +432,14 @@ class Engine:
 
     def _row_classes(self) -> RowClasses:
         key = row_probe.cache_key(self.model_id, fast_kernels=self.config.fast_kernels,
-                                  lanes=len(self._lane_ids), max_run=self._max_run)
+                                  lanes=len(self._lane_ids), max_run=self._max_run,
+                                  backend=self.offload.cache_key)
         if self.config.row_class_cache and (cached := row_probe.load(key)) is not None:
             return cached
         classes = self.measure_row_classes()
         if self.config.row_class_cache:
-            row_probe.store(key, classes, model=str(self.model_path))
+            row_probe.store(key, classes, model=str(self.model_path),
+                            backend=self.offload.cache_key)
         return classes
 
     def shape_for(self, runs: bool | None) -> DecodeShape:

@@ -44,6 +44,8 @@ MAX_N_SEQ = 256  # llama.cpp's LLAMA_MAX_SEQ
 MAX_N_BATCH = 8192
 MAX_THREADS = 256  # libgomp fails far beyond the core count (100000 threads: a segfault)
 MAX_DECODE_ROWS = 16  # decode lanes: rows of every decode call
+#: ``n_gpu_layers`` above this is a typo (no model has that many layers; -1 means all)
+MAX_GPU_LAYERS = 1 << 16
 #: Overrides the default thread count of every engine (``default_threads``).
 THREADS_ENV = "KVAGENT_THREADS"
 #: Without ``$KVAGENT_THREADS`` an engine embedded in someone else's process takes at most
@@ -126,6 +128,12 @@ class EngineConfig:
     # Read and write the measured row classes in the kvagent cache (``row_probe``); False
     # measures at every load.
     row_class_cache: bool = True
+    # Layers llama.cpp places on a GPU (its ``n_gpu_layers``, ``llama-server -ngl``): the
+    # last N of the model's blocks + output layer, -1 every layer (``devices``). 0: CPU
+    # only. On a build without a GPU backend nothing is offloaded whatever is asked (the
+    # engine says so: ``Engine.offload``); the GPU's kernels are exact only as far as
+    # check-exact reports on that machine.
+    n_gpu_layers: int = attrs.field(default=0, validator=_within(-1, MAX_GPU_LAYERS))
 
     def __attrs_post_init__(self) -> None:
         if self.n_ctx_per_seq < self.n_batch:
@@ -226,6 +234,13 @@ class MemoryReport:
     #: screenshot KV kept outside sequences (``Engine.kv_keep``) and still referenced
     live_stored_kv: int = 0
     live_stored_kv_bytes: int = 0
+    #: device (GPU) memory the load placed there: offloaded layers' weights, KV cells and the
+    #: compute workspace (an estimate, fixed for the engine's life; 0 on the CPU).  Not in
+    #: ``total_held``: the ledger's budget is host memory, where checkpoints, stored KV and
+    #: embeddings live (llama.cpp copies a state out of the device); a sequence's state is
+    #: counted there by its serialised size wherever its cells sit (so never too little);
+    #: the device's memory is spent once, at load, and checked then (``check_memory``)
+    device_bytes: int = 0
 
     @property
     def total_held(self) -> int:

@@ -16,7 +16,9 @@ still agree on some rows (``PROBE_TEXTS``).  ``check-exact``'s ``decode_runs`` a
 ``speculative_generation`` compare on other tokens again.  The cache
 (``<kvagent cache>/row-classes/<key>.json``) is keyed by the model file's identity, the
 kernels (repacked or not), the lanes measured, the probe's version, llama-cpp-python's
-version and the CPU's model name and flags; a file that does not parse is measured again.
+version, the CPU's model name and flags and the backend that computes the layers ("CPU", or
+the GPU devices and how many layers they hold: ``devices.Offload.cache_key`` — a GPU's
+kernels form other classes); a file that does not parse is measured again.
 """
 
 from __future__ import annotations
@@ -179,11 +181,13 @@ def cpu_signature() -> str:
 
 
 def cache_key(model_id: str, *, fast_kernels: bool, lanes: int,
-              max_run: int = MAX_RUN_ROWS) -> str:
+              max_run: int = MAX_RUN_ROWS, backend: str = "CPU") -> str:
+    """The cache entry's name for these measured facts (``backend``: what computes the
+    layers, ``Offload.cache_key``)."""
     import llama_cpp
 
     raw = json.dumps([PROBE_VERSION, model_id, fast_kernels, lanes, max_run,
-                      llama_cpp.__version__, cpu_signature()])
+                      llama_cpp.__version__, cpu_signature(), backend])
     return hashlib.blake2b(raw.encode(), digest_size=12).hexdigest()
 
 
@@ -202,11 +206,11 @@ def load(key: str) -> RowClasses | None:
         return None
 
 
-def store(key: str, classes: RowClasses, *, model: str) -> None:
+def store(key: str, classes: RowClasses, *, model: str, backend: str = "CPU") -> None:
     """Write atomically (a temp file renamed into place); failures are only logged."""
     folder = cache_dir()
     body = json.dumps({"classes": classes.as_dict(), "model": model, "cpu": cpu_signature(),
-                       "probe_version": PROBE_VERSION}, indent=1)
+                       "backend": backend, "probe_version": PROBE_VERSION}, indent=1)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{key}-", dir=folder)

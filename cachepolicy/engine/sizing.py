@@ -12,6 +12,13 @@ small and left out.  Recurrent layers (qwen35's Gated-DeltaNet blocks, a per-lay
 count of 0) hold no cells.  The test suite checks the per-cell figure against the engine's
 own measurement.  ``train_context`` reads the context the model was trained for, so a
 command can size its context to it before loading.
+
+Host and device memory are counted apart.  With layers offloaded to a GPU
+(``EngineConfig.n_gpu_layers``, ``devices``) llama.cpp puts the last ``offloaded`` of the
+``n_layer + 1`` layers on the device — their weights and their KV cells — and computes the
+workspace there; ``context_cost(..., offloaded=N)`` moves those cells and the workspace into
+``device_*`` and ``device_weight_bytes`` sums the offloaded weights.  With nothing offloaded
+(every CPU build) the device figures are 0 and the estimate is what it always was.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from cachepolicy.engine.gguf_meta import metadata
+from cachepolicy.engine.gguf_meta import metadata, tensor_bytes
 from cachepolicy.engine.records import EngineConfig
 
 _F16 = 2
@@ -33,12 +40,24 @@ class ContextCost:
     """Bytes llama.cpp will allocate for a context (an estimate; see the module docstring)."""
 
     kv_bytes_per_cell: int
-    kv_bytes: int
+    kv_bytes: int  # every layer's cells, wherever they sit
     workspace_bytes: int
+    #: of those, what sits in device memory (offloaded layers' cells; the workspace when any
+    #: layer is offloaded)
+    device_kv_bytes: int = 0
+    device_workspace_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         return self.kv_bytes + self.workspace_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        return self.device_kv_bytes + self.device_workspace_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        return self.total_bytes - self.device_bytes
 
 
 def _per_layer(value: Any, n_layer: int) -> list[int]:
@@ -47,8 +66,17 @@ def _per_layer(value: Any, n_layer: int) -> list[int]:
     return [int(value)] * n_layer
 
 
-def context_cost(model_path: str | Path, config: EngineConfig) -> ContextCost | None:
-    """The estimate for ``config`` on this model; None when the metadata does not say
+def first_offloaded(n_layer: int, offloaded: int) -> int:
+    """The first block llama.cpp places on the device when ``offloaded`` of the
+    ``n_layer + 1`` layers go there (the output layer is the first to go, then the blocks
+    from the last one down: ``llama_model::load_tensors``' ``i_gpu_start``)."""
+    return max(n_layer + 1 - offloaded, 0)
+
+
+def context_cost(model_path: str | Path, config: EngineConfig, *,
+                 offloaded: int = 0) -> ContextCost | None:
+    """The estimate for ``config`` on this model with ``offloaded`` layers on a device
+    (``devices.Offload.layers``; 0: all on the host); None when the metadata does not say
     (an unreadable file or an architecture without the usual keys: llama.cpp decides)."""
     try:
         f = metadata(model_path)
@@ -65,10 +93,35 @@ def context_cost(model_path: str | Path, config: EngineConfig) -> ContextCost | 
     interval = f.get(f"{arch}.full_attention_interval")
     attention = [i for i in range(n_layer) if kv_heads[i] > 0
                  and (interval is None or (i + 1) % int(interval) == 0)]
-    per_cell = sum(kv_heads[i] * (k_len + v_len) * _F16 for i in attention)
+    cell = {i: kv_heads[i] * (k_len + v_len) * _F16 for i in attention}
+    per_cell = sum(cell.values())
     n_head = max((heads[i] for i in attention), default=0)
     workspace = config.n_ctx_per_seq * config.n_batch * n_head * _F32 if attention else 0
-    return ContextCost(per_cell, per_cell * config.n_ctx, workspace)
+    start = first_offloaded(n_layer, offloaded)
+    device_cell = sum(b for i, b in cell.items() if i >= start)
+    return ContextCost(per_cell, per_cell * config.n_ctx, workspace,
+                       device_kv_bytes=device_cell * config.n_ctx,
+                       device_workspace_bytes=workspace if offloaded > 0 else 0)
+
+
+def device_weight_bytes(model_path: str | Path, offloaded: int) -> int:
+    """Bytes of the weights llama.cpp copies to the device with ``offloaded`` layers there:
+    the blocks from ``first_offloaded`` on and the output layer (``output``,
+    ``output_norm``; the input embedding stays on the host).  0 when nothing is offloaded
+    (the file is not read)."""
+    if offloaded <= 0:
+        return 0
+    f = metadata(model_path)
+    arch = str(f["general.architecture"])
+    start = first_offloaded(int(f[f"{arch}.block_count"]), offloaded)
+    total = 0
+    for name, nbytes in tensor_bytes(model_path).items():
+        if name.startswith("blk."):
+            if int(name.split(".")[1]) >= start:
+                total += nbytes
+        elif name.startswith("output"):
+            total += nbytes
+    return total
 
 
 def train_context(model_path: str | Path) -> int | None:

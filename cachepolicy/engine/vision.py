@@ -107,19 +107,21 @@ class Vision:
     def loaded(self) -> bool:
         return self._mtmd is not None
 
-    def load(self, path: Path, *, n_threads: int, flash_attn: bool) -> None:
+    def load(self, path: Path, *, n_threads: int, flash_attn: bool,
+             use_gpu: bool = False) -> None:
         """Load the projector for this engine's model (ModelLoadError if mtmd refuses, or if
         the projector belongs to another model family: ``check_pairing``).
 
         ``flash_attn`` picks the encoder's attention kernel (see the module docstring); the
         warmup lets mtmd size its compute buffers at load time instead of on the first
-        screenshot's critical path.
+        screenshot's critical path.  ``use_gpu``: the encoder on the GPU device too (the
+        engine asks it when the model's layers went to one; a CPU build ignores it).
         """
         check_pairing(path, projector_type(path),
                       llama_cpp.llama_model_rope_type(self._native.model),
                       position_features=declares_position_features(path))
         params = mtmd_cpp.mtmd_context_params_default()
-        params.use_gpu = False
+        params.use_gpu = use_gpu
         params.print_timings = False
         params.n_threads = n_threads
         params.warmup = True

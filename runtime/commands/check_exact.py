@@ -15,7 +15,7 @@ HELP = ("check that checkpoint / restore / truncate reproduce a from-scratch pre
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from runtime.commands.options import add_model_arguments
+    from runtime.commands.options import add_gpu_argument, add_model_arguments
     from runtime.engine_setup import DEMO_MODEL
 
     add_model_arguments(p, DEMO_MODEL, vision=False)
@@ -26,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fast-kernels", action="store_true",
                    help="load the model as --fast-kernels engines do (repacked quantized weights: "
                         "faster, but their kernels depend on a batch's row count)")
+    add_gpu_argument(p)  # the checks then run on the GPU's kernels: they report on those
 
 
 def _rows(rows: list[int]) -> str:
@@ -42,6 +43,7 @@ def _rows(rows: list[int]) -> str:
 def run(args: argparse.Namespace) -> int:
     from cachepolicy.oracle.checks import run_checks, short_piece_rows
     from cachepolicy.oracle.sweeps import PROBE_ROWS, remainder_tokens
+    from runtime.commands.options import gpu_layers
     from runtime.engine_setup import DEMO_MODEL, engine_config, load_engine, resolve_model
 
     try:  # the image checks run when there is a projector: the default's, or --mmproj
@@ -52,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         config = engine_config(
             args.model, what="--n-batch / --threads",
             n_ctx_per_seq=max(4096, remainder_tokens(args.n_batch) + 256), n_seq_max=2,
-            n_batch=args.n_batch, n_threads=args.threads, fast_kernels=args.fast_kernels)
+            n_batch=args.n_batch, n_threads=args.threads, fast_kernels=args.fast_kernels,
+            n_gpu_layers=gpu_layers(args))
     except ValueError as exc:
         print(f"kvagent check-exact: error: {exc}", file=sys.stderr)
         return 2
@@ -62,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"model: {args.model} ({engine.kind.value}, {engine.n_params / 1e6:.2f}M "
                       f"params{', vision' if engine.has_vision else ''}, "
                       f"{'fast' if args.fast_kernels else 'exact'} kernels, prefill calls of "
-                      f"up to {engine.config.n_batch} rows)")
+                      f"up to {engine.config.n_batch} rows), backend "
+                      f"{engine.offload.describe()}")
+                if engine.offload.note:
+                    print(f"note: {engine.offload.note}")
             results = run_checks(engine)
             short = short_piece_rows(engine)
     except KvagentCacheError as exc:
@@ -72,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     classes, shape = engine.row_classes, engine.decode_shape
     if args.json:
         print(json.dumps({"checks": [r.as_dict() for r in results], "bitwise": ok,
+                          "backend": engine.offload.as_dict(),
                           "fast_kernels": args.fast_kernels,
                           "prefill_rows": engine.config.n_batch,
                           "short_pieces_not_one_call": short,
@@ -86,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{r.name:<{width}}  max|diff| {r.max_abs_diff:.3g}  "
                   f"bitwise: {str(r.bitwise).lower()}")
         details = {r.name: r.detail for r in results}
-        print(f"note: row classes on this model and CPU: {classes.describe()}; decoding in "
-              f"{shape.describe()}")
+        print(f"note: row classes on this model and {engine.offload.backend}: "
+              f"{classes.describe()}; decoding in {shape.describe()}")
         for name in ("decode_runs", "speculative_generation"):
             if name in details:
                 print(f"note: {name}: {details[name]}")

@@ -18,7 +18,9 @@ from typing import Any
 
 import attrs
 
-from cachepolicy.engine.records import MAX_DECODE_ROWS, MAX_N_BATCH, default_threads
+from cachepolicy.engine.records import (
+    MAX_DECODE_ROWS, MAX_GPU_LAYERS, MAX_N_BATCH, default_threads,
+)
 from cachepolicy.policies import names
 from cachepolicy.tail import BASES
 from runtime.arg_parsers import check_decode_rows, check_threads
@@ -47,8 +49,9 @@ def model_files(args: argparse.Namespace, default: DefaultModel, *,
 
 def add_engine_arguments(p: argparse.ArgumentParser, *, n_batch: bool = False,
                          ctx: int | None = None) -> None:
-    """``--threads`` and ``--decode-rows``; ``--n-batch`` if asked; ``--ctx`` (context
-    tokens per sequence, defaulting to ``ctx``) if given."""
+    """``--threads``, ``--decode-rows``, ``--decode-shape`` and ``--gpu-layers``;
+    ``--n-batch`` if asked; ``--ctx`` (context tokens per sequence, defaulting to ``ctx``)
+    if given."""
     if ctx is not None:
         p.add_argument("--ctx", type=int, default=ctx, help="context tokens per episode")
     if n_batch:
@@ -67,6 +70,32 @@ def add_engine_arguments(p: argparse.ArgumentParser, *, n_batch: bool = False,
                         "them (Q8_0, K-quants, one lane), else runs for generations under a "
                         "grammar and one-row calls for the others.  Each is exact; they may "
                         "compute other bits on some models (see docs/benchmarks.md section 4)")
+    add_gpu_argument(p)
+
+
+def add_gpu_argument(p: argparse.ArgumentParser) -> None:
+    """``--gpu-layers N|all`` (``EngineConfig.n_gpu_layers``; read by ``gpu_layers``)."""
+    p.add_argument("--gpu-layers", default="0", metavar="N|all",
+                   help="layers llama.cpp places on the GPU, as llama-server's -ngl (the "
+                        "last N blocks and the output layer; all or -1: every layer; default "
+                        "0, CPU only).  Needs llama-cpp-python built with CUDA or Metal "
+                        "(docs/gpu.md); on a CPU build nothing is offloaded and the load says "
+                        "so.  Exact on the GPU as far as check-exact reports there")
+
+
+def gpu_layers(args: argparse.Namespace) -> int:
+    """``--gpu-layers`` as ``n_gpu_layers`` (all → -1); ValueError naming the option."""
+    raw = str(args.gpu_layers).strip().lower()
+    if raw == "all":
+        return -1
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or not -1 <= value <= MAX_GPU_LAYERS:
+        raise ValueError(f"--gpu-layers must be a layer count 0..{MAX_GPU_LAYERS}, or all "
+                         f"(-1), got {args.gpu_layers!r}")
+    return value
 
 
 def engine_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,7 +103,8 @@ def engine_fields(args: argparse.Namespace) -> dict[str, Any]:
     option)."""
     fields: dict[str, Any] = {"n_threads": check_threads(args.threads),
                               "decode_rows": check_decode_rows(args.decode_rows),
-                              "decode_runs": DECODE_SHAPES[args.decode_shape]}
+                              "decode_runs": DECODE_SHAPES[args.decode_shape],
+                              "n_gpu_layers": gpu_layers(args)}
     if hasattr(args, "n_batch"):
         if not 2 <= args.n_batch <= MAX_N_BATCH:
             raise ValueError(f"--n-batch must be 2..{MAX_N_BATCH} (a 1-row batch takes "

@@ -116,7 +116,9 @@ class KvAgent:
     onto it rather than refused (module docstring); ``n_ctx``: context positions (None: derived from the window,
     ``max_steps`` and ``screen_size``); ``max_steps``: steps per episode the context is sized
     for (default 15, run.py's); ``n_threads``: default ``$KVAGENT_THREADS`` or min(4, cores);
-    ``memory_budget``: bytes or "8GiB" for the ledger.  Other keyword arguments: see
+    ``memory_budget``: bytes or "8GiB" for the ledger (host memory); ``n_gpu_layers``
+    (keyword): layers on the GPU as ``--gpu-layers`` (-1 all; default 0; docs/gpu.md).
+    Other keyword arguments: see
     ``KvAgentConfig``.  Raises ``ContextBudgetError`` (a ValueError) when the context
     cannot hold the configuration.
 
@@ -152,7 +154,8 @@ class KvAgent:
                 raise ValueError(f"{', '.join(sorted(servers | set(options)))}: with server= "
                                  "the model and its sizes are the server's (kvagent serve "
                                  "flags)")
-        engine = agent_engine(n_threads=n_threads, n_batch=options.pop("n_batch", 512))
+        engine = agent_engine(n_threads=n_threads, n_batch=options.pop("n_batch", 512),
+                              n_gpu_layers=options.pop("n_gpu_layers", 0))
         chosen = {"window": window} if window is not None else {}  # else the profile's
         agent = AgentConfig(profile=profile, policy=policy, pinned=pinned, overlap=overlap,
                             convention=coord_convention, decode_tokens=max_tokens,

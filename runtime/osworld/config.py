@@ -37,12 +37,14 @@ def _budget(value: int | str | None) -> int | None:
     return None if budget.unlimited else budget.resolve()
 
 
-def agent_engine(*, n_threads: int | None = None, n_batch: int = 512) -> EngineConfig:
-    """An agent's engine settings: one sequence; ``n_threads`` default: the shared rule.
-    Its ``n_ctx_per_seq`` is a placeholder until ``plan_context`` sizes it."""
+def agent_engine(*, n_threads: int | None = None, n_batch: int = 512,
+                 n_gpu_layers: int = 0) -> EngineConfig:
+    """An agent's engine settings: one sequence; ``n_threads`` default: the shared rule;
+    ``n_gpu_layers``: layers on the GPU (``EngineConfig``).  Its ``n_ctx_per_seq`` is a
+    placeholder until ``plan_context`` sizes it."""
     return EngineConfig(n_ctx_per_seq=max(_PLANNED, n_batch), n_seq_max=1, n_batch=n_batch,
                         n_threads=default_threads(shared=True) if n_threads is None
-                        else n_threads)
+                        else n_threads, n_gpu_layers=n_gpu_layers)
 
 
 @attrs.frozen
