@@ -20,7 +20,7 @@ from runtime.engine_setup import ModelChoiceError, check_model_choice
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: a usage synopsis, not a command line: optional parts, elisions, alternatives, placeholders
-SYNOPSIS = re.compile(r"[\[\]…<>|]|(?<![\w/.-])(N|B|F|WxH|KIND|R)(?![\w/.-])")
+SYNOPSIS = re.compile(r"[\[\]…<>|]|(?<![\w/.-])(N|B|F|WxH|KIND|R|NAME)(?![\w/.-])")
 
 
 def doc_command_lines() -> list[tuple[str, str]]:
