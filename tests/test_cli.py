@@ -82,11 +82,15 @@ def test_bad_arguments_get_clear_messages(tmp_path: Path) -> None:
 
 def test_help_lists_every_command() -> None:
     from runtime.cli import COMMANDS
+    from runtime.commands.bench import FAMILY
 
     res = kvagent("--help")
     assert res.returncode == 0, res.stderr
-    assert all(name in res.stdout for name in COMMANDS)
-    assert "95% CI" in res.stdout  # a HELP's percent sign is text, not a format
+    assert all(name in res.stdout for name in [*COMMANDS, "bench"])
+    benches = kvagent("bench", "--help")
+    assert benches.returncode == 0, benches.stderr
+    assert all(f"    {name}" in benches.stdout for name in FAMILY.names())
+    assert "95% CI" in benches.stdout  # a HELP's percent sign is text, not a format
 
 
 def test_demo_runs_on_the_embedded_tiny_model(tmp_path: Path) -> None:
