@@ -9,12 +9,13 @@ import sys
 from collections.abc import Sequence
 
 from runtime.bench.family import FamilyParser
-from runtime.commands import check_exact, demo, forge, run, serve, train
+from runtime.commands import check_exact, check_model, demo, forge, run, serve, train
 from runtime.commands.bench import FAMILY
 from runtime.logs import configure_logging
 
 #: the commands other than the benches, in --help's order (the benches follow demo)
-COMMANDS = {"forge": forge, "check-exact": check_exact, "demo": demo, "run": run,
+COMMANDS = {"forge": forge, "check-exact": check_exact, "check-model": check_model,
+            "demo": demo, "run": run,
             "serve": serve, "train": train}
 
 

@@ -49,6 +49,17 @@ def read_rope(model: object) -> RopeSpec:
                     scaling=model_meta(model, f"{arch}.rope.scaling.type") or "none")
 
 
+def edit_problem(kind: ModelKind, rope: RopeSpec, uses_mrope: bool) -> str | None:
+    """Why a model of ``kind`` rotating keys by ``rope`` (with a projector placing images by
+    M-RoPE: ``uses_mrope``) cannot have its KV rows moved and patched (None: it can) — the
+    engine's answer once loaded, ``kvagent check-model``'s from the file."""
+    if kind is not ModelKind.ATTENTION:
+        return f"a {kind.value} model's recurrent state cannot be re-rotated or patched"
+    if uses_mrope:
+        return "the vision projector's M-RoPE positions (cell extensions) are not handled"
+    return rope.problem
+
+
 class KvAccess:
     def __init__(self, native: Native, seqs: Sequences, *, kind: ModelKind,
                  n_ctx_per_seq: int) -> None:
@@ -60,12 +71,7 @@ class KvAccess:
 
     def problem(self, uses_mrope: bool) -> str | None:
         """Why this model's KV rows cannot be moved and patched (None: they can)."""
-        if self.kind is not ModelKind.ATTENTION:
-            return (f"a {self.kind.value} model's recurrent state cannot be re-rotated or "
-                    "patched")
-        if uses_mrope:
-            return "the vision projector's M-RoPE positions (cell extensions) are not handled"
-        return self.rope.problem
+        return edit_problem(self.kind, self.rope, uses_mrope)
 
     @property
     def live_stored(self) -> tuple[int, int]:
