@@ -73,15 +73,22 @@ def policy_fits(facts: ModelFacts) -> tuple[PolicyFit, ...]:
 
 def suggest_profile(facts: ModelFacts) -> tuple[str, str]:
     """The profile whose output format the model was trained on, and why (a guess from the
-    file's name and architecture: check the model card when it is not kvagent's own)."""
-    if facts.name.startswith("kvagent-"):
-        return "kvagent", (f"{facts.name} is one of kvagent's own models (a shipped agent or "
-                           f"a forged one): kvagent's action language")
+    file's name and architecture: check the model card when it is not kvagent's own).
+    kvagent's shipped agents speak kvagent's language; a forged stand-in of a GUI agent's
+    architecture (qwen2vl, qwen3vl) the format of the agents it stands in for; the other
+    forged models (random weights) kvagent's, as ``kvagent run``'s default model does."""
+    own = facts.name.startswith("kvagent-")
+    if own and facts.name.endswith("-agent"):
+        return "kvagent", (f"{facts.name} is one of kvagent's shipped agents, trained on "
+                           f"kvagent's action language")
     if facts.arch in ("qwen3vl", "qwen3vlmoe"):
         return "qwen3vl", f"{facts.arch} is Qwen3-VL: computer_use tool calls on a 0-999 grid"
     if facts.arch == "qwen2vl":
         return "uitars", ("qwen2vl is Qwen2.5-VL, the base of UI-TARS-1.5 (also OpenCUA and "
                           "GUI-Owl: check their output format against the uitars profile)")
+    if own:
+        return "kvagent", (f"{facts.name} is a model kvagent forged (random weights): "
+                           f"kvagent's action language, as kvagent run's default model")
     if facts.arch in ("qwen35", "qwen35moe"):
         return "qwen3vl", (f"{facts.arch} is the Qwen3.5 family (Holo3): Qwen-VL computer_use "
                            f"tool calls")

@@ -111,6 +111,27 @@ def test_profiles_follow_the_files(forged) -> None:
     renamed = [suggest_profile(attrs_evolve(facts, arch=a, name="x"))[0]
                for a in ("qwen3vl", "qwen3vlmoe", "qwen2vl", "qwen35", "gemma3")]
     assert renamed == ["qwen3vl", "qwen3vl", "uitars", "qwen3vl", "kvagent"]
+    # a forged stand-in of a GUI agent's arch gets that agent's format
+    assert suggest_profile(attrs_evolve(facts, arch="qwen2vl"))[0] == "uitars"
+
+
+@pytest.mark.parametrize("arch, profile", [("qwen2vl", "uitars"), ("qwen3vl", "qwen3vl"),
+                                           ("qwen3vlmoe", "qwen3vl")])
+def test_the_gui_agent_archs(forged, arch, profile) -> None:
+    from cachepolicy.forge import ARCHES
+
+    if arch not in ARCHES:
+        pytest.skip(f"the forge does not make {arch} yet")
+    m = forged(arch, vision=True)
+    report = check_model(m.model_path, m.mmproj_path)
+    assert report.facts.arch == arch and report.facts.mrope and report.runs
+    assert report.profile == profile and report.window == 5
+    assert report.facts.kind is ModelKind.ATTENTION
+    # the splicing policies follow the engine's KV-edit condition on M-RoPE, not the kind
+    kamera = next(p for p in report.policies if p.name == "kamera")
+    assert kamera.applies == (report.facts.kv_edit_problem is None)
+    if not kamera.applies:
+        assert report.facts.kv_edit_problem in kamera.why
 
 
 def attrs_evolve(facts: object, **changes: object) -> object:
