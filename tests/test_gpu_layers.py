@@ -235,3 +235,20 @@ def test_check_exact_names_the_backend_it_checked(forged, tmp_path: Path) -> Non
     assert lines[0].endswith("backend CPU") and f"note: {devices.NO_GPU_BACKEND}" in lines
     assert lines[-1] == "bitwise: true"
     assert any(ln.startswith("note: row classes on this model and CPU:") for ln in lines)
+
+
+def test_the_command_lines_in_docs_gpu_parse() -> None:
+    """docs/gpu.md's kvagent lines (synopses with [optional] parts stripped of them)."""
+    import re
+    import shlex
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "gpu.md").read_text()
+    lines = []
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip().startswith("kvagent "):
+                lines.append(re.sub(r"\[[^\]]*\]", "", line.split(" #")[0]).strip())
+    assert any("--gpu-layers all" in ln for ln in lines)
+    assert any(ln.startswith("kvagent check-model") for ln in lines)
+    for line in lines:
+        build_parser().parse_args(shlex.split(line)[1:])
