@@ -41,6 +41,7 @@ from runtime.env_loop import DEFAULT_ENV_TIMEOUT_S, run_episode
 from runtime.errors import describe_error
 from runtime.metrics import EpisodeResult, StepMetrics
 from runtime.run.recording import EpisodeRecorder, ResultLayout
+from runtime.run.success import OSWORLD_RULE, success_rule
 from runtime.session import Teacher
 from scheduler.ledger import MemoryLedger
 from scheduler.scheduler import Scheduler
@@ -75,6 +76,14 @@ class RunConfig:
     env_timeout_s: float | None = attrs.field(
         default=DEFAULT_ENV_TIMEOUT_S,
         validator=attrs.validators.optional(attrs.validators.gt(0.0)))
+    #: simdesk also ends an episode when its checker passes (False: OSWorld's rule, only
+    #: done() / fail() or max_steps end it; ``runtime.run.success``)
+    stop_on_success: bool = False
+
+    @property
+    def success_rule(self) -> str:
+        """The rule its success figures are counted by: ``osworld`` or ``stop-on-success``."""
+        return success_rule(self.stop_on_success)
 
     def context_need(self, image_tokens: int) -> ContextNeed:
         """Positions one episode's sequence may need (the engine's ``n_ctx_per_seq``: see
@@ -104,10 +113,12 @@ def simdesk_specs(config: RunConfig) -> tuple[EpisodeSpec, ...]:
 
 
 def simdesk_env(config: RunConfig) -> Callable[[EpisodeSpec], Env]:
-    """A fresh simulated desktop per episode, ``vm_seconds`` per action."""
+    """A fresh simulated desktop per episode, ``vm_seconds`` per action, ending its episodes
+    by ``config.success_rule``."""
     w, h = config.screen
     return lambda spec: SimDesk(SimDeskConfig(width=w, height=h,
                                               action_latency_s=config.vm_seconds,
+                                              done_on_success=config.stop_on_success,
                                               clock_step_s=config.clock_step_s))
 
 
@@ -150,6 +161,7 @@ class RunResult:
     counters: dict[str, int]
     summary: str  # the scheduler's summary line at the end
     directories: dict[str, Path] = attrs.Factory(dict)  # episode id → its result directory
+    success_rule: str = OSWORLD_RULE  # what ended the episodes (``runtime.run.success``)
 
     @property
     def errors(self) -> tuple[EpisodeResult, ...]:
@@ -184,7 +196,7 @@ async def run_agents(engine: Engine, config: RunConfig, layout: ResultLayout | N
                                             on_event=on_event)
         summary, counters = sched.summary(), dict(sched.counters)
     return RunResult(results, time.perf_counter() - t0, ledger.snapshot().peak, counters,
-                     summary, directories)
+                     summary, directories, config.success_rule)
 
 
 async def run_on(sched: Scheduler, config: RunConfig, layout: ResultLayout | None,

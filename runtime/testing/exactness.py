@@ -27,6 +27,7 @@ from cachepolicy.oracle.checks import run_checks
 from runtime.bench.arms import ArmResult, run_arm
 from runtime.bench.trajectory import trajectory
 from runtime.config import AgentConfig
+from runtime.bench.agent_defaults import bench_agent_defaults
 from runtime.metrics import EpisodeResult
 
 if TYPE_CHECKING:
@@ -35,11 +36,10 @@ if TYPE_CHECKING:
 __all__ = ["FIXED_DECODE", "NotExactError", "SAMPLED_DECODE", "assert_engine_exact", "assert_exact",
            "assert_same_outputs"]
 
-#: What ``kvagent bench`` decodes (``bench_agent_defaults``, defined with the command line,
-#: above this layer): a fixed number of greedy tokens a step, no grammar, no stop at the end
-#: of generation, no guess — the same decode work in every arm, so outputs compare.
-FIXED_DECODE = attrs.evolve(AgentConfig(), grammar=False, decode_tokens=16,
-                            stop_at_eog=False, guess="off")
+#: What ``kvagent bench`` decodes (``bench_agent_defaults``): a fixed number of greedy tokens
+#: a step, no grammar, no stop at the end of generation, no guess — the same decode work in
+#: every arm, so outputs compare.
+FIXED_DECODE = bench_agent_defaults()
 #: ``FIXED_DECODE`` sampled at temperature 1 with seed 0 (both runs draw from the same seed).
 SAMPLED_DECODE = attrs.evolve(FIXED_DECODE, temperature=1.0, seed=0)
 
