@@ -157,7 +157,10 @@ def main() -> None:
                     screen_size=(640, 480) if args.fake else (1920, 1080))
     with agent:
         scores = run_fake(agent, args) if args.fake else run_osworld(agent, args)
-    print(f"{len(scores)} task(s), success rate {sum(scores) / max(len(scores), 1):.2f}; "
+    # OSWorld's loop: an episode ends on the agent's DONE / FAIL or at --max-steps, and the
+    # score is the checker on the final state (never simdesk's stop-on-success oracle)
+    print(f"{len(scores)} task(s), success rate {sum(scores) / max(len(scores), 1):.2f} "
+          "(OSWorld's rule: ends on DONE/FAIL or max steps); "
           f"results under {args.result_dir}")
 
 

@@ -68,6 +68,16 @@ def test_every_policy_on_held_out_instances(forged: Callable[..., object], tmp_p
             assert ep["task"] == task and len(ep["actions"]) == ep["steps"] <= 2
             assert ep["success"] == (ep["reward"] >= 1.0)
     assert "task success (95% CI)" in printed and "vs terminal-scratch: exact" in printed
+    # OSWorld's rule unless told: named in the report, per arm and above the table
+    assert report["config"]["success_rule"] == "osworld"
+    assert {a["success_rule"] for a in arms.values()} == {"osworld"}
+    assert "task success by OSWorld's rule: ends on done()/fail() or max steps" in printed
+    for a in arms.values():
+        if not a["refused"]:
+            said = [ep["ended_by_done"] for ep in a["episodes"]]
+            assert said == [bool(ep["actions"]) and ep["actions"][-1] == "done()"
+                            for ep in a["episodes"]]
+            assert a["ended_by_done"] == sum(said)
     assert "open-terminal" in printed.split("kind", 2)[-1]  # the per-kind table
     assert report["config"]["clock_step_s"] == 7  # simdesk's moving clock, the default
     cost = arms["terminal-scratch"]["cost"]  # no overlap, so no guess of the next screen
@@ -80,9 +90,12 @@ def test_relocate_is_measured_where_the_model_allows_it(
         forged: Callable[..., object], tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     code, report, printed = _eval(forged, "llama", tmp_path, "--instances", "2",
-                                  "--arms", "relocate", "--task", "click-ok", capsys=capsys)
+                                  "--arms", "relocate", "--task", "click-ok",
+                                  "--stop-on-success", capsys=capsys)
     assert code == 0
     assert report["tasks"] == [f"click-ok@{s}" for s in eval_seeds(2)]
+    assert report["config"]["success_rule"] == "stop-on-success"  # the old rule, asked for
+    assert "task success by stop-on-success: also ends when the checker passes" in printed
     arms = {a["arm"]: a for a in report["arms"]}
     assert list(arms) == ["terminal-scratch", "relocate"]  # the reference runs too
     r = arms["relocate"]

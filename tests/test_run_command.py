@@ -56,7 +56,15 @@ def test_run_writes_osworld_results_summary_and_plot(cache_dir: Path, tmp_path: 
     dirs = _episode_dirs(out)
     # sampled instances on the held-out evaluation seeds, episode i of kind i mod 8
     assert list(dirs) == ["open-terminal@1-ep0", "type-in-field@9-ep1"]
-    assert "task success: " in res.stdout and "95% CI" in res.stdout
+    # success counted by OSWorld's rule, named beside the figure and in the manifest; a rerun
+    # under the other rule is another run (refused before anything loads)
+    assert "task success (OSWorld's rule: ends on done()/fail() or max steps): " in res.stdout
+    assert "95% CI" in res.stdout and "ended by the agent's done(): " in res.stdout
+    written = json.loads((out / "pyautogui" / "screenshot" / "kvagent-agent-qwen35" / "simdesk"
+                          / "kvagent_run.json").read_text())
+    assert {m["success_rule"] for m in written["tasks"].values()} == {"osworld"}
+    other = kvagent_run(cache_dir, *FAST, "--stop-on-success", "--result-dir", str(out))
+    assert other.returncode == 2 and "success_rule" in other.stderr, other.stderr
     for d in dirs.values():
         traj = _traj(d)
         assert 1 <= len(traj) <= 3

@@ -381,9 +381,10 @@ async def test_simdesk_runs_a_sampled_instance() -> None:
     env = SimDesk(SimDeskConfig(width=640, height=360), tasks={task.name: task})
     obs = await env.reset(task.name)
     assert obs.instruction == task.instruction and obs.size == SMALL
-    outs = [await env.step(a) for a in env.solution()]
-    assert outs[-1].done and outs[-1].reward == 1.0
-    assert [o.reward for o in outs[:-1]] == [0.0] * (len(outs) - 1)
+    outs = [await env.step(a) for a in [*env.solution(), Done()]]
+    assert outs[-1].done and outs[-1].reward == 1.0  # the agent's done() ends it (OSWorld)
+    assert not any(o.done for o in outs[:-1]) and outs[-2].reward == 1.0
+    assert [o.reward for o in outs[:-2]] == [0.0] * (len(outs) - 2)
     plain = SimDesk(SimDeskConfig(width=640, height=360))  # by name, on the default table
     obs = await plain.reset("dialog-button@3")
     assert obs.instruction == sample_task("dialog-button", 3).instruction

@@ -89,7 +89,8 @@ async def test_observation_record() -> None:
 @pytest.mark.parametrize("size", [(1280, 720), (640, 480)])
 @pytest.mark.parametrize("task", TASKS)
 async def test_each_task_is_solved_by_its_script(task: str, size: tuple[int, int]) -> None:
-    env = SimDesk(SimDeskConfig(width=size[0], height=size[1]))
+    # the stop-on-success rule: the episode ends at the step whose state passes the checker
+    env = SimDesk(SimDeskConfig(width=size[0], height=size[1], done_on_success=True))
     await env.reset(task)
     script = env.solution()
     outs = [await env.step(a) for a in script]
@@ -128,6 +129,35 @@ async def test_reward_is_evaluated_at_done_and_episode_ends_on_done_or_fail() ->
     await env.reset("open-terminal")
     out = await env.step(Fail())
     assert (out.reward, out.done) == (0.0, True)
+
+
+async def test_by_default_only_the_agent_ends_the_episode_and_undoing_scores_zero() -> None:
+    """OSWorld's rule (the default): solving the task does not end the episode; the score is
+    the checker on the final state, so typing the word and then deleting it scores 0, and a
+    final fail() scores 0 even on a solved screen.  done_on_success (the old rule) ends the
+    same episode the moment it is solved, with reward 1."""
+    env = SimDesk()
+    await env.reset("type-in-field@9")
+    solve = env.solution()
+    outs = [await env.step(a) for a in solve]
+    assert (outs[-1].reward, outs[-1].done) == (1.0, False)
+    undo = [await env.step(Press("backspace")) for _ in range(3)]
+    assert [(o.reward, o.done) for o in undo] == [(0.0, False)] * 3
+    out = await env.step(Done())
+    assert (out.reward, out.done, out.info["success"]) == (0.0, True, False)
+
+    await env.reset("type-in-field@9")
+    for a in solve:
+        out = await env.step(a)
+    out = await env.step(Fail())
+    assert (out.reward, out.done) == (0.0, True)
+
+    old = SimDesk(SimDeskConfig(done_on_success=True))
+    await old.reset("type-in-field@9")
+    outs = [await old.step(a) for a in solve]
+    assert (outs[-1].reward, outs[-1].done) == (1.0, True)
+    with pytest.raises(EpisodeOverError):
+        await old.step(Press("backspace"))
 
 
 async def test_max_steps_truncates() -> None:

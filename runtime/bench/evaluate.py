@@ -6,8 +6,11 @@ instance as an ordinary ``run_agents`` episode on a real ``SimDesk`` with its ch
 agent's own actions executed (no teacher forcing), decoded as ``kvagent run`` decodes
 (greedy under the profile's grammar unless told otherwise).
 
-Per arm: task success (the env's checker passed; 95 % Wilson interval) overall and per
-kind, and per step whether the action equals its reference arm's on the same instance:
+Per arm: task success (the env's checker passed on the episode's final state; 95 % Wilson
+interval) overall and per kind, counted by OSWorld's rule unless told otherwise (an episode
+ends on the agent's done() / fail() or at max_steps; ``stop_on_success``: also the moment the
+checker passes — ``runtime.run.success``, named in every entry as ``success_rule``), how many
+episodes the agent ended with done(), and per step whether the action equals its reference arm's on the same instance:
 
 * ``terminal-scratch`` is the reference of the terminal layout (``terminal-slot``, and
   ``relocate``, whose drift the executor measures against it too); ``evict`` of the
@@ -51,7 +54,10 @@ from runtime.config import AgentConfig
 from runtime.metrics import EpisodeResult
 from runtime.run.agents import EpisodeEvent, RunConfig, run_agents, simdesk_specs
 from runtime.run.instances import kind_of
-from runtime.run.success import PairedDifference, SuccessRate, succeeded
+from runtime.run.success import (
+    OSWORLD_RULE, PairedDifference, SuccessRate, ended_by_done, rule_label, succeeded,
+    success_rule,
+)
 from vmenv.simdesk.render import SECONDS_PER_STEP
 
 #: The arms evaluated when none are given (relocate is refused on hybrid models).
@@ -104,20 +110,24 @@ class ArmRun:
     refused: str | None
     episodes: tuple[EpisodeResult, ...] = ()
     wall_s: float = 0.0
+    success_rule: str = OSWORLD_RULE  # what ended its episodes (``runtime.run.success``)
 
 
 def run_arms(engine: Engine, arms: Sequence[str], tasks: Sequence[str], agent: AgentConfig, *,
              max_steps: int, screen: tuple[int, int], vm_seconds: float = 0.0,
              concurrency: int = 4, clock_step_s: int = SECONDS_PER_STEP,
+             stop_on_success: bool = False,
              on_event: Callable[[str, EpisodeEvent], None] | None = None) -> list[ArmRun]:
     """Every arm over every task (blocking: runs its own event loop); ``concurrency``
     episodes at once through one scheduler (the engine needs ``concurrency + 1``
     sequences: relocate's drift is measured on the last); simdesk's clock advances
-    ``clock_step_s`` a step."""
+    ``clock_step_s`` a step; ``stop_on_success`` ends an episode when its checker passes
+    (default: OSWorld's rule)."""
     async def main() -> list[ArmRun]:
         return [await _run_arm(engine, arm, tasks, agent, max_steps=max_steps, screen=screen,
                                vm_seconds=vm_seconds, concurrency=concurrency,
-                               clock_step_s=clock_step_s, on_event=on_event)
+                               clock_step_s=clock_step_s, stop_on_success=stop_on_success,
+                               on_event=on_event)
                 for arm in arms]
 
     return anyio.run(main)
@@ -125,15 +135,16 @@ def run_arms(engine: Engine, arms: Sequence[str], tasks: Sequence[str], agent: A
 
 async def _run_arm(engine: Engine, arm: str, tasks: Sequence[str], agent: AgentConfig, *,
                    max_steps: int, screen: tuple[int, int], vm_seconds: float,
-                   concurrency: int, clock_step_s: int,
+                   concurrency: int, clock_step_s: int, stop_on_success: bool,
                    on_event: Callable[[str, EpisodeEvent], None] | None) -> ArmRun:
     try:
         arm_agent = ArmSpec.parse(arm).agent(agent)
     except PolicyRefusedError as exc:
-        return ArmRun(arm, str(exc))
+        return ArmRun(arm, str(exc), success_rule=success_rule(stop_on_success))
     config = RunConfig(agent=arm_agent, episodes=len(tasks),
                        tasks=tuple(tasks), max_steps=max_steps, screen=screen,
-                       vm_seconds=vm_seconds, clock_step_s=clock_step_s)
+                       vm_seconds=vm_seconds, clock_step_s=clock_step_s,
+                       stop_on_success=stop_on_success)
     specs = simdesk_specs(config)
     episodes: list[EpisodeResult] = []
     wall = 0.0
@@ -142,10 +153,10 @@ async def _run_arm(engine: Engine, arm: str, tasks: Sequence[str], agent: AgentC
             run = await run_agents(engine, config, None, specs=specs[i: i + concurrency],
                                    on_event=(lambda e: on_event(arm, e)) if on_event else None)
         except PolicyRefusedError as exc:
-            return ArmRun(arm, str(exc))
+            return ArmRun(arm, str(exc), success_rule=config.success_rule)
         episodes += run.episodes
         wall += run.wall_s
-    return ArmRun(arm, None, tuple(episodes), wall)
+    return ArmRun(arm, None, tuple(episodes), wall, config.success_rule)
 
 
 # ---------------------------------------------------------------------------- judging
@@ -181,6 +192,7 @@ def _agreement(pairs: Sequence[tuple[EpisodeResult, EpisodeResult]], exact: bool
 def _episode(e: EpisodeResult, agree: list[bool] | None) -> dict[str, Any]:
     return {"episode_id": e.episode_id, "task": e.task, "status": e.status,
             "reward": e.reward, "success": succeeded(e.reward, e.status),
+            "ended_by_done": ended_by_done([s.action for s in e.steps]),
             "steps": e.n_steps, "actions": [s.action for s in e.steps],
             "degraded_steps": sum(s.status == "degraded" for s in e.steps),
             "unparsable": e.unparsable, "output_sha256": e.output_sha256,
@@ -240,13 +252,15 @@ def judge(runs: Sequence[ArmRun], tasks: Sequence[str], window: int) -> list[dic
         entry: dict[str, Any] = {"arm": r.arm, "policy": policy, "overlap": overlap,
                                  "reference": ref_arm, "exact_expected": exact,
                                  "expectation": RELATIONS.get(policy, _UNKNOWN)[2] or "exact",
-                                 "refused": r.refused}
+                                 "refused": r.refused, "success_rule": r.success_rule}
         if r.refused is not None:
             out.append(entry)
             continue
         ref = by_arm.get(ref_arm)
         entry["success"] = _success(r.episodes).as_dict()
         entry["success_by_kind"] = {k: _success(r.episodes, k).as_dict() for k in kinds}
+        entry["ended_by_done"] = sum(ended_by_done([s.action for s in e.steps])
+                                     for e in r.episodes)
         agrees: list[list[bool] | None] = [None] * len(r.episodes)
         entry["agreement"] = None  # the reference itself (or its reference was refused)
         entry["success_vs_reference"] = None
@@ -278,12 +292,14 @@ def _rate(d: dict[str, Any]) -> str:
 
 
 def success_table(arms: Sequence[dict[str, Any]]) -> str:
-    """One row per arm: success (95 % CI), agreement with the reference, identical outputs."""
-    rows = [("arm", "task success (95% CI)", "vs reference (95% CI)", "steps",
+    """One row per arm: success (95 % CI, under the rule named above the table), episodes
+    the agent ended with done(), agreement with the reference, identical outputs."""
+    rules = sorted({a.get("success_rule", OSWORLD_RULE) for a in arms})
+    rows = [("arm", "task success (95% CI)", "vs reference (95% CI)", "steps", "done()",
              "agreement with reference", "identical episodes")]
     for a in arms:
         if a["refused"] is not None:
-            rows.append((a["arm"], "refused", "", "", a["refused"].split(";")[0], ""))
+            rows.append((a["arm"], "refused", "", "", "", a["refused"].split(";")[0], ""))
             continue
         ag = a["agreement"]
         n = a["success"]["n"]
@@ -299,8 +315,9 @@ def success_table(arms: Sequence[dict[str, Any]]) -> str:
             agree = (f"{ag['agreed_steps']}/{ag['compared_steps']} ({rate}) vs "
                      f"{a['reference']}: {verdict}")
             same = f"{ag['identical_episodes']}/{n}"
-        rows.append((a["arm"], _rate(a["success"]), delta, str(a["steps"]), agree, same))
-    return grid(rows)
+        rows.append((a["arm"], _rate(a["success"]), delta, str(a["steps"]),
+                     f"{a.get('ended_by_done', 0)}/{n}", agree, same))
+    return "task success by " + "; ".join(map(rule_label, rules)) + "\n" + grid(rows)
 
 
 def cost_table(arms: Sequence[dict[str, Any]]) -> str:

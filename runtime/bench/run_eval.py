@@ -25,6 +25,7 @@ from runtime.config import AgentConfig
 from runtime.context_budget import ContextNeed, estimate_image_tokens
 from runtime.engine_setup import DEMO_MODEL, ModelFiles, engine_config, load_engine, resolve_model
 from runtime.run.agents import EpisodeEvent, RunConfig
+from runtime.run.success import rule_label, success_rule
 from vmenv.simdesk import DeskState, resolve_task
 from vmenv.simdesk.render import render_png
 from vmenv.simdesk.tasks import default_tasks
@@ -51,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
               f"{len(arms)} arm(s), up to {args.max_steps} steps, {engine.kind.value} model "
               f"{files.model.name}, profile {args.agent.profile}, window "
               f"{args.agent.window_label}, "
-              f"screen {w}x{h}", file=sys.stderr, flush=True)
+              f"screen {w}x{h}, success by {rule_label(success_rule(args.stop_on_success))}",
+              file=sys.stderr, flush=True)
 
         def progress(arm: str, e: EpisodeEvent) -> None:
             if e.kind == "end":
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
         runs = run_arms(engine, arms, args.tasks, args.agent, max_steps=args.max_steps,
                         screen=args.screen_wh, vm_seconds=args.vm_seconds,
-                        clock_step_s=args.clock_step,
+                        clock_step_s=args.clock_step, stop_on_success=args.stop_on_success,
                         concurrency=args.concurrency, on_event=progress)
         judged = judge(runs, args.tasks, args.agent.window)
         report = {"config": {
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
             "model_kind": engine.kind.value, "instances": len(args.tasks), "seeds": args.seeds,
             "max_steps": args.max_steps, "screen": [w, h], "vm_seconds": args.vm_seconds,
             "clock_step_s": args.clock_step,
+            "success_rule": success_rule(args.stop_on_success),
             "concurrency": args.concurrency, "agent": _agent_dict(args.agent)},
             "tasks": list(args.tasks), "arms": judged}
     print(success_table(judged))

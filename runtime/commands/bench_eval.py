@@ -59,6 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{SECONDS_PER_STEP}: every screenshot differs; 0: the clock stands "
                         "still, so a step that changed nothing shows the same pixels — what "
                         "the unchanged-screenshot guess and kamera's +recall can reuse)")
+    p.add_argument("--stop-on-success", action="store_true",
+                   help="also end an episode the moment simdesk's checker passes (the old "
+                        "rule; default: OSWorld's — only the agent's done() / fail() or "
+                        "--max-steps end it, success is the checker on the final state)")
     p.add_argument("--concurrency", type=int, default=4,
                    help="episodes at once through the scheduler (outputs do not depend on it)")
     add_engine_arguments(p)

@@ -56,6 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds an env step may take before it is abandoned and recorded "
                         f"as failed (default {DEFAULT_ENV_TIMEOUT_S:g}: OSWorld's 120 s "
                         "execute timeout, its pause and a screenshot)")
+    p.add_argument("--stop-on-success", action="store_true",
+                   help="also end an episode the moment simdesk's checker passes (the old "
+                        "rule; default: OSWorld's — only the agent's done() / fail() or "
+                        "--max-steps end it, and success is the checker on the final state)")
     add_agent_arguments(p)
 
 
@@ -122,7 +126,7 @@ def _setup(args: argparse.Namespace) -> Any:
     setup = envs.get(args.env).setup(args, {
         "agent": args.agent, "episodes": args.episodes, "max_steps": args.max_steps,
         "screen": args.screen_wh, "vm_seconds": args.vm_seconds, "memory_budget": args.budget,
-        "env_timeout_s": args.env_timeout})
+        "env_timeout_s": args.env_timeout, "stop_on_success": args.stop_on_success})
     return (setup.config, setup.specs, setup.make_env, setup.teacher,
             ResultLayout(args.result_dir, args.model_name, setup.domain))
 
@@ -175,7 +179,7 @@ def _manifest(args: argparse.Namespace, config: Any, files: Any) -> dict[str, An
         mmproj={"name": files.mmproj.name, "identity": file_identity(files.mmproj)},
         env=args.env, trajectory=str(args.trajectory.resolve()) if args.trajectory else None,
         agent=attrs.asdict(config.agent), max_steps=config.max_steps,
-        screen=list(config.screen))
+        screen=list(config.screen), success_rule=config.success_rule)
 
 
 def _probe_screenshot(make_env: Any, spec: Any) -> bytes:
@@ -236,6 +240,7 @@ def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any
     from runtime.run.agents import run_agents
     from runtime.run.recording import RecordingError
     from runtime.run.result_dir import remove_stale_temporaries
+    from runtime.run.success import rule_label
     from scheduler.sizes import format_bytes
 
     agent = config.agent
@@ -252,7 +257,8 @@ def _run_loaded(args: argparse.Namespace, config: Any, specs: Any, make_env: Any
               f"{len(specs)} episode(s) x {config.max_steps} steps, policy "
               f"{agent.policy}, profile {agent.profile}, window {agent.window_label}, overlap "
               f"{'on' if agent.overlap else 'off'}, screen "
-              f"{config.screen[0]}x{config.screen[1]}", flush=True)
+              f"{config.screen[0]}x{config.screen[1]}, success by "
+              f"{rule_label(config.success_rule)}", flush=True)
         for differs in agent.make_profile().layout.unhonoured:
             print(f"profile {agent.profile}: unlike its training, {differs}", flush=True)
         try:  # a policy this model cannot run is refused before anything is written

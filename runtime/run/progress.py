@@ -14,7 +14,7 @@ import sys
 from typing import TextIO
 
 from runtime.run.agents import EpisodeEvent, RunResult
-from runtime.run.success import SuccessRate, succeeded
+from runtime.run.success import SuccessRate, ended_by_done, rule_label, succeeded
 
 
 _UP = "\x1b[{n}A"  # cursor up n lines
@@ -105,5 +105,8 @@ def summary_table(result: RunResult) -> str:
     for e in result.errors:
         lines.append(f"{e.episode_id}: {e.error}")
     wins = sum(succeeded(e.reward, e.status) for e in result.episodes)
-    lines.append(f"task success: {SuccessRate(wins, len(result.episodes))}")
+    said = sum(ended_by_done([s.action for s in e.steps]) for e in result.episodes)
+    lines.append(f"task success ({rule_label(result.success_rule)}): "
+                 f"{SuccessRate(wins, len(result.episodes))}; ended by the agent's done(): "
+                 f"{said}/{len(result.episodes)}")
     return "\n".join(lines)

@@ -1,7 +1,11 @@
 """Task success as a rate with its uncertainty: the Wilson score interval (and, for two arms on
-the same instances, the paired difference).
+the same instances, the paired difference), and the rule that says when an episode ends.
 
-An episode succeeds when the env's checker passed at its end (simdesk's reward 1.0).  With a
+An episode succeeds when the env's checker passed at its end (simdesk's reward 1.0).  Where
+that end is, is the *success rule*, named beside every success figure: ``osworld`` (the
+default: the agent's done() / fail() or max_steps end it, as in OSWorld's own loop) or
+``stop-on-success`` (simdesk also ends it the moment its checker passes: an oracle OSWorld
+does not have, so an agent that never says done() and would undo its work still scores).  With a
 few dozen episodes the normal approximation is useless near 0 % and 100 % (exactly where a
 random model and a trained one sit); the Wilson interval stays inside [0, 1] and is not
 degenerate there.
@@ -13,6 +17,32 @@ import math
 from collections.abc import Sequence
 
 import attrs
+
+from vmenv.actions import Done, format_action
+
+#: done() in the action language, as a step's metrics record it
+DONE_TEXT = format_action(Done())
+#: the success rules (see the module docstring)
+OSWORLD_RULE, STOP_ON_SUCCESS_RULE = "osworld", "stop-on-success"
+SUCCESS_RULES = (OSWORLD_RULE, STOP_ON_SUCCESS_RULE)
+_RULE_LABELS = {OSWORLD_RULE: "OSWorld's rule: ends on done()/fail() or max steps",
+                STOP_ON_SUCCESS_RULE: "stop-on-success: also ends when the checker passes"}
+
+
+def success_rule(stop_on_success: bool) -> str:
+    """The rule's name: ``stop-on-success`` or ``osworld``."""
+    return STOP_ON_SUCCESS_RULE if stop_on_success else OSWORLD_RULE
+
+
+def rule_label(rule: str) -> str:
+    """How a printed success figure names its rule, e.g. "OSWorld's rule: ends on ..."."""
+    return _RULE_LABELS[rule]
+
+
+def ended_by_done(actions: Sequence[str | None]) -> bool:
+    """Whether an episode's last action (in the action language) was the agent's done()."""
+    return bool(actions) and actions[-1] == DONE_TEXT
+
 
 #: z for a two-sided 95 % interval
 Z95 = 1.959963984540054

@@ -7,9 +7,12 @@ randomness: the same task and actions give byte-identical screenshots.
 
 Per step: apply the action to the state (pure, instant), wait ``action_latency_s`` (standing
 in for the time a VM takes to execute it), render in a worker thread, evaluate the task's
-checker.  ``reward`` is 1.0 whenever the checker passes; the episode ends on Done / Fail, when
-the checker passes (``done_on_success``) or after ``max_steps``.  A step that is cancelled
-leaves the desktop as it was before that step.
+checker.  ``reward`` is 1.0 whenever the checker passes (0.0 after Fail, as OSWorld's
+``evaluate`` scores a final FAIL).  As in OSWorld, the episode ends on Done / Fail or after
+``max_steps``, so an episode's success is the checker on its final state — an agent that
+solves the task and then undoes it scores 0.  ``done_on_success`` restores the older rule
+(the episode also ends the moment the checker passes: an oracle OSWorld does not have).
+A step that is cancelled leaves the desktop as it was before that step.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import anyio.to_thread
 import attrs
 import structlog
 
-from vmenv.actions import TERMINAL_ACTIONS, Action, NoOp, format_action
+from vmenv.actions import TERMINAL_ACTIONS, Action, Fail, NoOp, format_action
 from vmenv.base import Observation, StepOutcome
 from vmenv.errors import (
     EnvBusyError, EnvClosedError, EpisodeOverError, NotResetError,
@@ -47,7 +50,9 @@ class SimDeskConfig:
     width: int = attrs.field(default=1280, validator=attrs.validators.ge(320))
     height: int = attrs.field(default=720, validator=attrs.validators.ge(240))
     action_latency_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
-    done_on_success: bool = True
+    #: also end the episode when the checker passes (not OSWorld's rule: there only the
+    #: agent's DONE / FAIL or max_steps end it)
+    done_on_success: bool = False
     max_steps: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.ge(1)))
     default_task: str = "open-terminal"
@@ -131,7 +136,8 @@ class SimDesk:
             png = await self._render(state)
         finally:
             self._busy = False
-        success = bool(self._task.check(state))
+        # a final fail() scores 0 whatever the screen shows, as in OSWorld's evaluate()
+        success = bool(self._task.check(state)) and not isinstance(action, Fail)
         truncated = self.config.max_steps is not None and state.step >= self.config.max_steps
         done = (isinstance(action, TERMINAL_ACTIONS) or truncated
                 or (self.config.done_on_success and success))

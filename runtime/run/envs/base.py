@@ -40,5 +40,6 @@ class RunEnv(Protocol):
 
     def setup(self, args: argparse.Namespace, run: dict[str, Any]) -> RunSetup:
         """The run's episodes; ``run`` holds the ``RunConfig`` fields the command resolved
-        (agent, episodes, max_steps, screen, vm_seconds, memory_budget, env_timeout_s).
+        (agent, episodes, max_steps, screen, vm_seconds, memory_budget, env_timeout_s,
+        stop_on_success).
         Raises ValueError (or the env's own errors) for input it cannot run."""
