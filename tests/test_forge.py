@@ -140,7 +140,7 @@ def test_text_model_loads_and_gives_finite_varied_logits(tiny_models, arch: str)
     record = tiny_models[(arch, False)]
     spec = text_spec(arch, "tiny")
     with loaded(record.model_path) as (model, ctx):
-        assert llama_cpp.llama_model_is_hybrid(model) == (arch != "llama")
+        assert llama_cpp.llama_model_is_hybrid(model) == spec.is_hybrid
         assert llama_cpp.llama_model_n_params(model) == record.n_params
         assert llama_cpp.llama_model_n_embd(model) == spec.n_embd
         assert llama_cpp.llama_model_n_layer(model) == spec.n_layer
@@ -156,7 +156,7 @@ def test_every_size_has_two_attention_and_two_recurrent_layers() -> None:
         for size in SIZES:
             spec = text_spec(arch, size)
             assert len(spec.attention_layers) >= 2
-            if arch != "llama":
+            if spec.is_hybrid:
                 assert len(spec.recurrent_layers) >= 2
                 assert spec.attention_layers[-1] == spec.n_layer - 1
                 assert sum(spec.rope_sections) * 2 == spec.rope_dims

@@ -15,7 +15,12 @@ import attrs
 
 from .errors import ForgeError
 
-ARCHES: tuple[str, ...] = ("llama", "qwen35", "qwen35moe")
+ARCHES: tuple[str, ...] = (
+    "llama", "qwen35", "qwen35moe", "qwen2vl", "qwen3vl", "qwen3vlmoe")
+
+#: The Qwen-VL text models (attention only, multi-section RoPE over the whole head): Qwen2-VL /
+#: Qwen2.5-VL (``qwen2vl``: UI-TARS-1.5, OpenCUA, GUI-Owl), Qwen3-VL dense and MoE.
+VL_ARCHES: tuple[str, ...] = ("qwen2vl", "qwen3vl", "qwen3vlmoe")
 SIZES: tuple[str, ...] = ("tiny", "XS", "S", "M", "L")
 
 #: Bump whenever the bytes a given (arch, size, vision, seed) produce change, so caches
@@ -50,10 +55,38 @@ class TextSpec:
     n_expert_used: int = 0
     n_ff_exp: int = 0
     n_ff_shexp: int = 0
+    #: Qwen3-VL: the number of first layers that add one deepstack slice of an image row
+    #: (image rows are (1 + n_deepstack) * n_embd wide; text rows are padded with zeros)
+    n_deepstack: int = 0
 
     @property
     def is_hybrid(self) -> bool:
         return self.arch in ("qwen35", "qwen35moe")
+
+    @property
+    def is_vl(self) -> bool:
+        """A Qwen-VL text model (qwen2vl, qwen3vl, qwen3vlmoe)."""
+        return self.arch in VL_ARCHES
+
+    @property
+    def is_mrope(self) -> bool:
+        """Positions have four components (t, y, x, z): multi-section RoPE."""
+        return self.is_hybrid or self.is_vl
+
+    @property
+    def qk_norm(self) -> bool:
+        """RMS norms on each head's query and key (Qwen3 and Qwen3.5)."""
+        return self.arch != "llama" and self.arch != "qwen2vl"
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Biases on the query, key and value projections (Qwen2 / Qwen2.5)."""
+        return self.arch == "qwen2vl"
+
+    @property
+    def n_embd_inp(self) -> int:
+        """The width of an embedding row fed to the model (image rows)."""
+        return self.n_embd * (1 + self.n_deepstack)
 
     @property
     def is_moe(self) -> bool:
@@ -80,8 +113,19 @@ class TextSpec:
 
     @property
     def rope_sections(self) -> tuple[int, int, int, int]:
-        """Multi-section RoPE split (t, y, x, unused) in rotary pairs; sums to rope_dims/2."""
+        """Multi-section RoPE split (t, y, x, unused) in rotary pairs; sums to rope_dims/2.
+
+        The released models' proportions, scaled to the head: Qwen2-VL / 2.5-VL split 64
+        pairs as [16, 24, 24], Qwen3-VL as [24, 20, 20]; Qwen3.5 splits its quarter-head
+        rotation in thirds."""
         s = self.rope_dims // 2
+        if self.arch == "qwen2vl":
+            t = s // 4
+            y = (s - t) // 2
+            return (t, y, s - t - y, 0)
+        if self.arch in ("qwen3vl", "qwen3vlmoe"):
+            y = (s * 20) // 64
+            return (s - 2 * y, y, y, 0)
         third = s // 3
         return (s - 2 * third, third, third, 0)
 
@@ -98,7 +142,9 @@ class TextSpec:
 class VisionSpec:
     """Hyper-parameters of one vision projector (mmproj)."""
 
-    projector: str  # "mlp" (LLaVA, pairs with llama) or "qwen3vl_merger" (pairs with qwen35*)
+    #: "mlp" (LLaVA, pairs with llama), "qwen2.5vl_merger" (pairs with qwen2vl) or
+    #: "qwen3vl_merger" (pairs with qwen35*, qwen3vl*)
+    projector: str
     image_size: int
     patch_size: int
     n_embd: int
@@ -112,6 +158,13 @@ class VisionSpec:
     #: qwen3vl_merger: the width of mm.0's output (the merger's hidden layer); 0 means 4E,
     #: clip.cpp reads it from the tensor's shape
     merger_hidden: int = 0
+    #: qwen3vl_merger: the vision blocks whose output feeds a deepstack merger (one slice of
+    #: each image row per block, in block order)
+    deepstack_layers: tuple[int, ...] = ()
+    #: qwen2.5vl_merger: every n-th block attends to the whole image, the others within
+    #: windows of ``window_size`` pixels (0: every block attends to the whole image)
+    n_wa_pattern: int = 0
+    window_size: int = 0
 
 
 # Shared "shape" per size: (vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff).
@@ -142,6 +195,10 @@ _MOE: dict[str, tuple[int, int, int, int]] = {
 }
 
 
+#: deepstack slices of a Qwen3-VL image row (the released models: 3)
+_DEEPSTACK = 3
+
+
 def check_arch_size(arch: object, size: object) -> None:
     """Raise ForgeError unless (arch, size) name a forgeable model."""
     if arch not in ARCHES:
@@ -169,6 +226,14 @@ def text_spec(arch: str, size: str) -> TextSpec:
         spec = attrs.evolve(
             spec, n_expert=n_exp, n_expert_used=n_used, n_ff_exp=ff_exp, n_ff_shexp=ff_sh
         )
+    if arch == "qwen3vlmoe":
+        # Qwen3-VL-30B-A3B: experts only, no shared expert
+        n_exp, n_used, ff_exp, _ = _MOE[size]
+        spec = attrs.evolve(spec, n_expert=n_exp, n_expert_used=n_used, n_ff_exp=ff_exp)
+    if arch in ("qwen3vl", "qwen3vlmoe"):
+        # the released models add 3 deepstack slices at the first 3 layers
+        spec = attrs.evolve(spec, n_deepstack=min(_DEEPSTACK, layers - 1),
+                            rope_freq_base=5_000_000.0)
     return spec
 
 
@@ -187,8 +252,23 @@ def vision_spec(arch: str, size: str) -> VisionSpec:
             projector="mlp", image_size=image_size, patch_size=16, n_embd=64, n_ff=128,
             n_layer=2, n_head=4, projection_dim=text.n_embd, pos_side=image_size // 16,
         )
+    if arch == "qwen2vl":
+        # Qwen2.5-VL: 14-px patches, 2x2 merge (a W×H image gives ≈ (W/28)·(H/28) tokens, the
+        # UI-TARS profile's unit), no learned positions, window attention in all blocks but
+        # every n_wa_pattern-th (the released tower: 32 blocks, full attention every 8th)
+        return VisionSpec(
+            projector="qwen2.5vl_merger", image_size=560, patch_size=14, n_embd=64, n_ff=128,
+            n_layer=2, n_head=4, projection_dim=text.n_embd, pos_side=0, n_wa_pattern=2,
+            window_size=112,
+        )
     # Qwen3-VL keeps the aspect ratio: a W×H image gives ≈ (W/32)·(H/32) tokens.
-    return VisionSpec(
+    spec = VisionSpec(
         projector="qwen3vl_merger", image_size=512, patch_size=16, n_embd=64, n_ff=128,
         n_layer=2, n_head=4, projection_dim=text.n_embd, pos_side=32,
     )
+    if text.n_deepstack:
+        # one deepstack merger per slice, after the tower's first blocks (the released
+        # tower: 27 blocks, mergers after blocks 8, 16 and 24)
+        n = text.n_deepstack
+        spec = attrs.evolve(spec, n_layer=n + 1, deepstack_layers=tuple(range(n)))
+    return spec

@@ -1,7 +1,8 @@
-"""Tensor plans and metadata of the text models (llama, qwen35, qwen35moe).
+"""Tensor plans and metadata of the text models (llama, qwen35, qwen35moe, and the Qwen-VL
+text models qwen2vl, qwen3vl, qwen3vlmoe).
 
-Shapes follow llama.cpp's create_tensor calls (src/llama-model.cpp, src/models/qwen35*.cpp),
-in llama.cpp dim order. The output projection is tied to token_embd (llama.cpp duplicates
+Shapes follow llama.cpp's create_tensor calls (src/llama-model.cpp, src/models/qwen35*.cpp,
+qwen2vl.cpp, qwen3vl*.cpp), in llama.cpp dim order. The output projection is tied to token_embd (llama.cpp duplicates
 token_embd when `output.weight` is absent), as in small Qwen models.
 """
 
@@ -14,7 +15,7 @@ import gguf
 import numpy as np
 
 from .specs import TextSpec
-from .tokenizer import Vocab, add_tokenizer, build_vocab
+from .tokenizer import Vocab, add_tokenizer, build_vocab, chat_template, vl_vocab
 from .writer import TensorPlan, const, given, normal, uniform, write_gguf
 
 #: An untied LM head: llama.cpp uses it when present, else token_embd (the forge's default).
@@ -36,7 +37,10 @@ def _attention(spec: TextSpec, p: str) -> list[TensorPlan]:
         normal(f"{p}.attn_v.weight", e, kv_out),
         normal(f"{p}.attn_output.weight", q_out, e),
     ]
-    if spec.is_hybrid:
+    if spec.qkv_bias:  # Qwen2 / Qwen2.5: biases on q, k, v (small, so they matter a little)
+        plans += [normal(f"{p}.attn_q.bias", q_out), normal(f"{p}.attn_k.bias", kv_out),
+                  normal(f"{p}.attn_v.bias", kv_out)]
+    if spec.qk_norm:
         plans += [const(f"{p}.attn_q_norm.weight", hd), const(f"{p}.attn_k_norm.weight", hd)]
     return plans
 
@@ -68,11 +72,15 @@ def _ffn(spec: TextSpec, p: str) -> list[TensorPlan]:
             normal(f"{p}.ffn_down.weight", spec.n_ff, e),
         ]
     x, fe, fs = spec.n_expert, spec.n_ff_exp, spec.n_ff_shexp
-    return [
+    experts = [
         normal(f"{p}.ffn_gate_inp.weight", e, x),
         normal(f"{p}.ffn_gate_exps.weight", e, fe, x),
         normal(f"{p}.ffn_up_exps.weight", e, fe, x),
         normal(f"{p}.ffn_down_exps.weight", fe, e, x),
+    ]
+    if not fs:  # Qwen3-VL MoE: no shared expert
+        return experts
+    return experts + [
         normal(f"{p}.ffn_gate_inp_shexp.weight", e),
         normal(f"{p}.ffn_gate_shexp.weight", e, fs),
         normal(f"{p}.ffn_up_shexp.weight", e, fs),
@@ -130,11 +138,15 @@ def _add_metadata(writer: gguf.GGUFWriter, spec: TextSpec, vocab: Vocab) -> None
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", spec.rms_eps)
     writer.add_float32(f"{a}.rope.freq_base", spec.rope_freq_base)
     writer.add_uint32(f"{a}.rope.dimension_count", spec.rope_dims)
-    if spec.is_hybrid:
+    if spec.qk_norm:
         writer.add_uint32(f"{a}.attention.key_length", spec.head_dim)
         writer.add_uint32(f"{a}.attention.value_length", spec.head_dim)
+    if spec.is_mrope:
         # multi-section RoPE is what lets mtmd give image tokens 2-D positions
         writer.add_array(f"{a}.rope.dimension_sections", list(spec.rope_sections))
+    if spec.n_deepstack:
+        writer.add_uint32(f"{a}.n_deepstack_layers", spec.n_deepstack)
+    if spec.is_hybrid:
         writer.add_uint32(f"{a}.ssm.conv_kernel", spec.ssm_conv_kernel)
         writer.add_uint32(f"{a}.ssm.state_size", spec.ssm_state)
         writer.add_uint32(f"{a}.ssm.group_count", spec.ssm_groups)
@@ -145,8 +157,9 @@ def _add_metadata(writer: gguf.GGUFWriter, spec: TextSpec, vocab: Vocab) -> None
         writer.add_uint32(f"{a}.expert_count", spec.n_expert)
         writer.add_uint32(f"{a}.expert_used_count", spec.n_expert_used)
         writer.add_uint32(f"{a}.expert_feed_forward_length", spec.n_ff_exp)
-        writer.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.n_ff_shexp)
-    add_tokenizer(writer, vocab)
+        if spec.n_ff_shexp:
+            writer.add_uint32(f"{a}.expert_shared_feed_forward_length", spec.n_ff_shexp)
+    add_tokenizer(writer, vocab, chat_template(spec.arch))
 
 
 def write_text_model(spec: TextSpec, path: Path, seed: int, *,
@@ -160,7 +173,10 @@ def write_text_model(spec: TextSpec, path: Path, seed: int, *,
     ``spec.n_vocab`` tokens; metadata, tokenizer keys and chat template are the same either
     way, so the file loads through the same llama.cpp path as a forged model.
     """
-    vocab = vocab if vocab is not None else build_vocab(spec.n_vocab)
+    if vocab is None:
+        vocab = build_vocab(spec.n_vocab)
+        if spec.is_vl:
+            vocab = vl_vocab(vocab)
     if len(vocab.tokens) != spec.n_vocab:
         raise ValueError(f"vocabulary of {len(vocab.tokens)} tokens, spec has {spec.n_vocab}")
     plans = text_plans(spec) if values is None else given_plans(spec, values)

@@ -5,6 +5,14 @@ Layout (ids are fixed so tests and the runtime can rely on them):
   vision markers), then 256 byte-fallback tokens <0x00>..<0xFF> (so any text tokenizes), the
   single characters, GUI/English word pieces, letter n-grams, and fillers up to the vocab size.
 
+The Qwen-VL text models (``VL_ARCHES``) take the released tokenizers' added tokens too —
+``<|endoftext|>``, the box / quad / object-ref markers, ``<|video_pad|>`` (control, as Qwen's
+``special: true``), ``<tool_call>`` / ``<tool_response>`` / ``<think>`` pairs (user-defined:
+Qwen's ``special: false``, so they tokenize whole and print) — in the vocabulary's last ids,
+where Qwen keeps them (every other id is the same as the other archs'), ``<|im_end|>`` as eos
+as the instruct models have it, and the released chat templates (``QWEN2VL_CHAT_TEMPLATE``:
+Qwen2-VL / Qwen2.5-VL / UI-TARS-1.5; ``QWEN3VL_CHAT_TEMPLATE``: Qwen3-VL with tools).
+
 llama.cpp's SPM tokenizer only merges a bigram if the merged string is itself a token, so
 every word piece is added together with all of its prefixes: that guarantees a merge path
 "▁" + "c" -> "▁c" -> "▁cl" -> ... -> "▁click".
@@ -18,7 +26,7 @@ import attrs
 import gguf
 
 # token types as llama.cpp reads them (gguf.TokenType)
-NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -26,6 +34,20 @@ VISION_START, VISION_END, IMAGE_PAD = "<|vision_start|>", "<|vision_end|>", "<|i
 # Always present (also in text-only models) so a model file does not depend on `vision`:
 # mtmd wraps Qwen-VL images in <|vision_start|> ... <|vision_end|> and tokenizes them as text.
 CONTROL_TOKENS = (IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD)
+
+ENDOFTEXT = "<|endoftext|>"
+BOX_START, BOX_END = "<|box_start|>", "<|box_end|>"
+#: Qwen2-VL's added tokens beyond the ones every forged vocabulary has, with their types
+VL_TOKENS: tuple[tuple[str, int], ...] = (
+    (ENDOFTEXT, CONTROL),
+    ("<|object_ref_start|>", CONTROL), ("<|object_ref_end|>", CONTROL),
+    (BOX_START, CONTROL), (BOX_END, CONTROL),
+    ("<|quad_start|>", CONTROL), ("<|quad_end|>", CONTROL),
+    ("<|vision_pad|>", CONTROL), ("<|video_pad|>", CONTROL),
+    ("<tool_call>", USER_DEFINED), ("</tool_call>", USER_DEFINED),
+    ("<tool_response>", USER_DEFINED), ("</tool_response>", USER_DEFINED),
+    ("<think>", USER_DEFINED), ("</think>", USER_DEFINED),
+)
 
 #: mtmd's default media marker; the chat template emits it for image content parts.
 MEDIA_MARKER = "<__media__>"
@@ -61,6 +83,157 @@ CHAT_TEMPLATE = (
 """ChatML: `<|im_start|>role\\n...<|im_end|>\\n` per message, then `<|im_start|>assistant\\n`
 when add_generation_prompt is true. Content may be a string or a list of OpenAI-style parts;
 image parts become mtmd's media marker `<__media__>`."""
+
+
+QWEN2VL_CHAT_TEMPLATE = (
+    # Qwen2-VL-7B-Instruct's chat_template.json (also Qwen2.5-VL's and UI-TARS-1.5's): a
+    # default system turn when the conversation has none; images as the vision markers
+    # around one <|image_pad|>, which mtmd expands
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture "
+    "{{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video "
+    "{{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+QWEN3VL_CHAT_TEMPLATE = """\
+{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\\n\\n' }}
+    {%- endif %}
+    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\\n' }}
+        {%- if messages[0].content is string %}
+            {{- messages[0].content }}
+        {%- else %}
+            {%- for content in messages[0].content %}
+                {%- if 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set image_count = namespace(value=0) %}
+{%- set video_count = namespace(value=0) %}
+{%- for message in messages %}
+    {%- if message.role == "user" %}
+        {{- '<|im_start|>' + message.role + '\\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif content.type == 'video' or 'video' in content %}
+                    {%- set video_count.value = video_count.value + 1 %}
+                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
+                    <|vision_start|><|video_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role + '\\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content_item in message.content %}
+                {%- if 'text' in content_item %}
+                    {{- content_item.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and message.content) or (not loop.first) %}
+                    {{- '\\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {%- if message.content is string %}
+            {{- message.content }}
+        {%- else %}
+            {%- for content in message.content %}
+                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
+                    {%- set image_count.value = image_count.value + 1 %}
+                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
+                    <|vision_start|><|image_pad|><|vision_end|>
+                {%- elif 'text' in content %}
+                    {{- content.text }}
+                {%- endif %}
+            {%- endfor %}
+        {%- endif %}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+"""Qwen3-VL-8B-Instruct's chat template: the system turn declares ``tools`` (one JSON object
+per line inside <tools></tools>); an assistant's ``tool_calls`` become <tool_call> blocks;
+``tool`` messages are <tool_response> blocks in a user turn."""
+
+
+def chat_template(arch: str) -> str:
+    """The chat template a forged ``arch`` model carries (ChatML unless a Qwen-VL arch)."""
+    if arch == "qwen2vl":
+        return QWEN2VL_CHAT_TEMPLATE
+    if arch in ("qwen3vl", "qwen3vlmoe"):
+        return QWEN3VL_CHAT_TEMPLATE
+    return CHAT_TEMPLATE
 
 
 @attrs.frozen
@@ -100,6 +273,16 @@ def _prefixes(piece: str) -> list[str]:
     return [piece[:k] for k in range(2, len(piece) + 1)]
 
 
+def vl_vocab(vocab: Vocab) -> Vocab:
+    """``vocab`` with ``VL_TOKENS`` in its last ids (in place of fillers or the least likely
+    pieces: a Qwen vocabulary keeps its added tokens at the end too)."""
+    n = len(VL_TOKENS)
+    tokens = list(vocab.tokens[:-n]) + [t for t, _ in VL_TOKENS]
+    types = list(vocab.types[:-n]) + [k for _, k in VL_TOKENS]
+    scores = list(vocab.scores[:-n]) + [0.0] * n
+    return Vocab(tuple(tokens), tuple(scores), tuple(types))
+
+
 def build_vocab(n_vocab: int, extra_pieces: tuple[str, ...] = ()) -> Vocab:
     """A vocabulary of exactly n_vocab tokens (n_vocab >= 512).
 
@@ -137,23 +320,26 @@ def build_vocab(n_vocab: int, extra_pieces: tuple[str, ...] = ()) -> Vocab:
     return Vocab(tuple(tokens), tuple(scores), tuple(types))
 
 
-def add_tokenizer(writer: gguf.GGUFWriter, vocab: Vocab) -> None:
-    """Add the tokenizer.ggml.* keys and the chat template."""
+def add_tokenizer(writer: gguf.GGUFWriter, vocab: Vocab, template: str = CHAT_TEMPLATE) -> None:
+    """Add the tokenizer.ggml.* keys and the chat template (a vocabulary holding
+    ``VL_TOKENS`` gets Qwen's special ids: eos <|im_end|>, bos and padding <|endoftext|>)."""
+    qwen = ENDOFTEXT in vocab.tokens
     writer.add_string("tokenizer.ggml.model", "llama")
     writer.add_string("tokenizer.ggml.pre", "default")
     writer.add_array("tokenizer.ggml.tokens", list(vocab.tokens))
     writer.add_array("tokenizer.ggml.scores", list(vocab.scores))
     writer.add_array("tokenizer.ggml.token_type", list(vocab.types))
     writer.add_uint32("tokenizer.ggml.unknown_token_id", vocab.id_of(UNK))
-    writer.add_uint32("tokenizer.ggml.bos_token_id", vocab.id_of(BOS))
-    writer.add_uint32("tokenizer.ggml.eos_token_id", vocab.id_of(EOS))
+    writer.add_uint32("tokenizer.ggml.bos_token_id", vocab.id_of(ENDOFTEXT if qwen else BOS))
+    writer.add_uint32("tokenizer.ggml.eos_token_id", vocab.id_of(IM_END if qwen else EOS))
     # <|im_end|> ends an assistant turn, so generation must stop on it.
     writer.add_uint32("tokenizer.ggml.eot_token_id", vocab.id_of(IM_END))
-    writer.add_uint32("tokenizer.ggml.padding_token_id", vocab.id_of(EOS))
+    writer.add_uint32("tokenizer.ggml.padding_token_id",
+                      vocab.id_of(ENDOFTEXT if qwen else EOS))
     # ChatML prompts start with <|im_start|>, like Qwen: no implicit BOS/EOS.
     writer.add_bool("tokenizer.ggml.add_bos_token", False)
     writer.add_bool("tokenizer.ggml.add_eos_token", False)
     # SPM would otherwise insert "▁" at the start and after every special token, turning
     # "<|im_start|>user" into <|im_start|> ▁ user (Qwen's BPE does not do that).
     writer.add_bool("tokenizer.ggml.add_space_prefix", False)
-    writer.add_string("tokenizer.chat_template", CHAT_TEMPLATE)
+    writer.add_string("tokenizer.chat_template", template)

@@ -12,7 +12,9 @@ HELP = ("forge a tiny random-weight GGUF model (+ mmproj with --vision, quantize
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--arch", required=True, choices=ARCHES)
+    p.add_argument("--arch", required=True, choices=ARCHES,
+                   help="llama; qwen35 / qwen35moe (hybrid); qwen2vl (Qwen2.5-VL: UI-TARS-1.5, "
+                        "OpenCUA), qwen3vl / qwen3vlmoe (Qwen3-VL, deepstack)")
     p.add_argument("--size", required=True, choices=SIZES)
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--vision", action="store_true", help="also write a matching mmproj.gguf")
