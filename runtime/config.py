@@ -23,12 +23,11 @@ from cachepolicy.base import CachePolicy
 from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import MAX_TEMPERATURE, SamplingParams
 from cachepolicy.policies import POLICIES, make_policy, pinning_policies
-from cachepolicy.policies import names as policy_names
 from cachepolicy.segments import SegmentFactory, model_info
 from cachepolicy.tail import BASES, DEFAULT_BUDGET, ReplayBudget
 from runtime.actions import CoordConvention, Screen
-from runtime.profiles import Profile, get, names
-from runtime.profiles.registry import SERVING_PROFILES
+from runtime.profiles import Profile, get
+from runtime.profiles.registry import PROFILES, SERVING_PROFILES
 from scheduler.transaction import StepOptions
 
 #: Tokens an action may take when the grammar is off (the grammar bounds it otherwise).
@@ -50,13 +49,12 @@ def _convention(value: CoordConvention | str) -> CoordConvention:
 
 
 def _known_policy(_: object, attribute: attrs.Attribute, name: str) -> None:
-    if name not in policy_names():
-        raise ValueError(f"unknown cache policy {name!r}; known: {', '.join(policy_names())}")
+    POLICIES.get(name)  # the registry's own error (a ValueError) lists the known names
 
 
 def _known_profile(_: object, attribute: attrs.Attribute, name: str) -> None:
-    if name not in names() and name not in SERVING_PROFILES:
-        raise ValueError(f"unknown agent profile {name!r}; known: {', '.join(names())}")
+    if name not in SERVING_PROFILES:
+        PROFILES.get(name)  # as above
 
 
 def _budget(_: object, attribute: attrs.Attribute, value: str) -> None:
