@@ -30,6 +30,9 @@ class ModelInfo:
     #: why the model's cached KV cannot be re-rotated and patched (None: it can; the
     #: splicing policies are refused otherwise)
     kv_edit_problem: str | None = None
+    #: why llama.cpp cannot shift the model's cached positions (None: it can; relocate is
+    #: refused otherwise)
+    shift_problem: str | None = None
 
     def state_bytes(self, n_tokens: int) -> int:
         return self.state_overhead_bytes + n_tokens * self.kv_bytes_per_token

@@ -70,4 +70,5 @@ def model_info(engine: Engine) -> ModelInfo:
                      recurrent_bytes_per_seq=engine.recurrent_bytes_per_seq,
                      state_overhead_bytes=engine.state_overhead_bytes,
                      n_embd=engine.n_embd, n_vocab=engine.n_vocab,
-                     kv_edit_problem=engine.kv_edit_problem)
+                     kv_edit_problem=engine.kv_edit_problem,
+                     shift_problem=engine.shift_problem)

@@ -244,6 +244,18 @@ class Engine:
     def uses_mrope(self) -> bool:
         return self.vision.uses_mrope
 
+    @property
+    def shift_problem(self) -> str | None:
+        """Why llama.cpp cannot shift this model's cached positions (``seq_add``, what
+        ``remove_range`` does after a cut: relocate's edit), or None."""
+        if llama_cpp.llama_memory_can_shift(self._native.mem):
+            return None
+        if self.rope.rope_type in (llama_cpp.LLAMA_ROPE_TYPE_MROPE,
+                                   llama_cpp.LLAMA_ROPE_TYPE_IMROPE):
+            return ("llama.cpp does not shift cached positions under multi-section RoPE (a "
+                    "position has 4 components; its K-shift rotates by one)")
+        return "llama.cpp cannot shift this model's cached positions"
+
     # ------------------------------------------------------------------ text
 
     # tokenize / detokenize read only the vocabulary, immutable once loaded: no lock, so a

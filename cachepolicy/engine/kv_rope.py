@@ -10,7 +10,9 @@ two agree within one f16 step per element (``tests/test_kv_store.py`` measures i
 
 Supported: NORM (llama: adjacent pairs) and NEOX (halves) rotation of the first ``n_rot``
 dimensions of each head, with a linear frequency scale; M-RoPE, YaRN and other scaled
-variants are refused (``RopeSpec.problem``).
+variants are refused (``RopeSpec.problem``): on the Qwen-VL models (qwen2vl, qwen3vl,
+qwen3vlmoe) kamera and the token evictors are refused at configuration with that reason, and
+relocate because llama.cpp itself refuses to shift their positions (``Engine.shift_problem``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import attrs
 import numpy as np
 
 ROPE_NORM, ROPE_NEOX = 0, 2  # llama.cpp's LLAMA_ROPE_TYPE_NORM / _NEOX
+#: llama.cpp's LLAMA_ROPE_TYPE_MROPE (Qwen2-VL / 2.5-VL) and _IMROPE (Qwen3-VL, Qwen3.5)
+ROPE_MROPE, ROPE_IMROPE = 8, 40
 
 
 @attrs.frozen
@@ -35,6 +39,11 @@ class RopeSpec:
     @property
     def problem(self) -> str | None:
         """Why rows of this model cannot be re-rotated here (None: they can)."""
+        if self.rope_type in (ROPE_MROPE, ROPE_IMROPE):
+            return (f"multi-section RoPE (rope type {self.rope_type}): a key is rotated per "
+                    "section by its position's t / y / x components, which llama.cpp's state "
+                    "blob keeps apart per cell; re-rotation here moves one position (only "
+                    "NORM and NEOX)")
         if self.rope_type not in (ROPE_NORM, ROPE_NEOX):
             return f"rope type {self.rope_type} (only NORM and NEOX re-rotate here)"
         if self.scaling not in ("none", "linear", ""):
