@@ -9,15 +9,17 @@ from cachepolicy.engine.row_classes import RowClasses
 from cachepolicy.oracle.checks import run_checks
 
 ARCHES = ["llama", "qwen35", "qwen35moe"]
+#: the Qwen-VL arches GUI agents ship in (attention only, M-RoPE): with their projectors only
+VL_ARCHES = ["qwen2vl", "qwen3vl", "qwen3vlmoe"]
+CASES = [(a, v) for v in (False, True) for a in ARCHES] + [(a, True) for a in VL_ARCHES]
 
 
-@pytest.mark.parametrize("vision", [False, True])
-@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize(("arch", "vision"), CASES)
 def test_every_check_is_bitwise(engines, arch: str, vision: bool) -> None:
     results = run_checks(engines(arch, vision))
     names = {r.name for r in results}
     assert {"split_prefill", "restore_same_seq", "restore_other_seq"} <= names
-    if arch == "llama":
+    if arch == "llama" or arch in VL_ARCHES:
         assert "tail_trim" in names
     else:
         assert {"partial_only_truncate", "middle_removal_refused",

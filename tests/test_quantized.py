@@ -106,7 +106,9 @@ def test_quantizations_that_do_not_fit_are_refused(tmp_path: Path, size: str, qu
 
 @pytest.mark.parametrize(("arch", "quant"), [("llama", "q8_0"), ("llama", "q4_k_m"),
                                              ("qwen35", "q8_0"), ("qwen35", "q4_k_m"),
-                                             ("qwen35moe", "q8_0"), ("qwen35moe", "q4_k_m")])
+                                             ("qwen35moe", "q8_0"), ("qwen35moe", "q4_k_m"),
+                                             ("qwen2vl", "q4_k_m"), ("qwen3vl", "q4_k_m"),
+                                             ("qwen3vlmoe", "q4_k_m")])
 def test_every_check_is_bitwise_on_quantized_models(qforged, arch: str, quant: str) -> None:
     with engine_for(qforged(arch, quant)) as e:
         results = run_checks(e)
