@@ -67,6 +67,8 @@ def read_pyautogui(code: str, *, prelude: bool = False) -> tuple[PyAutoGuiCall, 
     for anything that is not a sequence of ``pyautogui.f(literals)`` statements."""
     calls = []
     for stmt in parse_program(code, prelude=prelude):
+        if _no_op(stmt):
+            continue
         call = stmt.value if isinstance(stmt, ast.Expr) else None
         if not isinstance(call, ast.Call):
             raise UnsupportedCodeError(f"not a call statement: {ast.unparse(stmt)!r}")
@@ -85,6 +87,20 @@ def read_pyautogui(code: str, *, prelude: bool = False) -> tuple[PyAutoGuiCall, 
     return tuple(calls)
 
 
+#: modules an action may import again (OSWorld's UI-TARS agents start their code with
+#: ``import pyautogui`` / ``import time``): the prelude has them, so importing is a no-op
+_HARMLESS_IMPORTS = frozenset({"pyautogui", "time"})
+
+
+def _no_op(stmt: ast.stmt) -> bool:
+    """A statement that does nothing when run: re-importing ``_HARMLESS_IMPORTS`` (unaliased),
+    or a bare string (the UI-TARS agents' ``'''Observation: ... Thought: ...'''`` note)."""
+    if isinstance(stmt, ast.Import):
+        return all(a.name in _HARMLESS_IMPORTS and a.asname is None for a in stmt.names)
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+            and isinstance(stmt.value.value, str))
+
+
 def _arg(call: PyAutoGuiCall, index: int, name: str, default: Any = None) -> Any:
     if name in call.kwargs:
         return call.kwargs[name]
@@ -93,7 +109,13 @@ def _arg(call: PyAutoGuiCall, index: int, name: str, default: Any = None) -> Any
 
 def _point(call: PyAutoGuiCall, pointer: tuple[int, int]) -> tuple[int, int]:
     x, y = _arg(call, 0, "x"), _arg(call, 1, "y")
-    return (pointer if x is None and y is None else (x, y))
+    return (pointer if x is None and y is None else (_pixel(x), _pixel(y)))
+
+
+def _pixel(v: Any) -> Any:
+    """pyautogui moves to ``int(round(v))`` (OSWorld's UI-TARS agents write float points);
+    anything else is left for the action's own check."""
+    return int(round(v)) if isinstance(v, float) and abs(v) < 2**31 else v
 
 
 def _click(button: str, clicks: int | None = None) -> Callable[[PyAutoGuiCall, Any], Action]:
