@@ -24,7 +24,7 @@ from PIL import Image
 
 from cachepolicy.chat_format import ChatFormat
 from cachepolicy.errors import PolicyRefusedError
-from cachepolicy.forge import VL_ARCHES, text_spec, vision_spec
+from cachepolicy.forge import VL_ARCHES, forge_cached, text_spec, vision_spec
 from cachepolicy.forge.tokenizer import VL_TOKENS
 from cachepolicy.policies import make_policy
 from cachepolicy.segments import SegmentFactory, model_info
@@ -32,6 +32,8 @@ from runtime.bench.arms import run_arms
 from runtime.bench.trajectory import trajectory
 from runtime.profiles.qwen3vl import Qwen3VLProfile
 from runtime.profiles.uitars import UITarsProfile
+from runtime.engine_setup import load_engine
+from runtime.testing.engines import FORGED_CONFIG, forged_files
 from runtime.testing.exactness import SAMPLED_DECODE
 from vmenv.actions.types import Click, DragTo, Hotkey, TypeText
 
@@ -131,6 +133,20 @@ async def test_terminal_slot_equals_terminal_scratch_with_screenshots(
     assert {s["start"] for s in slot.steps[1:]} == {"trim"}  # it reused, never from scratch
     assert all(s["prefill_tokens"] < t["prefill_tokens"]
                for s, t in zip(slot.steps[3:], scratch.steps[3:]))
+
+
+@pytest.mark.parametrize("arch", VL_ARCHES)
+async def test_terminal_slot_equals_terminal_scratch_on_q4_k_m(
+        kvagent_assert_exact, tmp_path_factory, arch: str) -> None:
+    """The same on the Q4_K_M model (size XS: the K-quants' 256-wide rows), as users run
+    them; the engine loads it without repacked weights, as check-exact checks it."""
+    m = forge_cached(arch, "XS", vision=True, quant="q4_k_m",
+                     cache_dir=tmp_path_factory.mktemp(f"q4-{arch}"))
+    with load_engine(forged_files(m), attrs.evolve(FORGED_CONFIG, n_seq_max=2)) as e:
+        slot, _ = await kvagent_assert_exact("terminal-slot", "terminal-scratch", engine=e,
+                                             steps=5)
+    assert len({tuple(s["output_tokens"]) for s in slot.steps}) > 1
+    assert {s["start"] for s in slot.steps[1:]} == {"trim"}
 
 
 @pytest.mark.parametrize("arch", VL_ARCHES)
