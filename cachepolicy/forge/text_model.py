@@ -2,8 +2,9 @@
 text models qwen2vl, qwen3vl, qwen3vlmoe).
 
 Shapes follow llama.cpp's create_tensor calls (src/llama-model.cpp, src/models/qwen35*.cpp,
-qwen2vl.cpp, qwen3vl*.cpp), in llama.cpp dim order. The output projection is tied to token_embd (llama.cpp duplicates
-token_embd when `output.weight` is absent), as in small Qwen models.
+qwen2vl.cpp, qwen3vl*.cpp), in llama.cpp dim order. The output projection is tied to
+token_embd (llama.cpp duplicates token_embd when `output.weight` is absent), as in small
+Qwen models.
 """
 
 from __future__ import annotations
