@@ -21,6 +21,7 @@ from runtime.commands import (
     bench_decode, bench_encode, bench_eval, bench_kernels, bench_peer, bench_replay_prefix,
     bench_serve,
 )
+from scheduler.release import STALL_TIMEOUT_S
 
 HELP = "compare cache policies on one replayed screenshot trajectory (prefill, reuse, bytes)"
 
@@ -50,8 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --compare-replay-rung: run each variant this many times, in ABBA "
                         "order (without, with, with, without, ...); the ratios are over the "
                         "sums")
-    p.add_argument("--wait-seconds", type=float, default=30.0,
-                   help="bound of the scheduler's wait-for-release rung")
+    p.add_argument("--wait-seconds", type=float, default=STALL_TIMEOUT_S,
+                   help="the scheduler's wait for memory: it gives up when no release can "
+                        "come, or after this many seconds without any job's progress")
     p.add_argument("--trajectory", type=Path,
                    help="replay this recorded trajectory directory (traj.jsonl + PNGs) instead "
                         "of the synthetic one")

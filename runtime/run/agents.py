@@ -44,6 +44,7 @@ from runtime.run.recording import EpisodeRecorder, ResultLayout
 from runtime.run.success import OSWORLD_RULE, success_rule
 from runtime.session import Teacher
 from scheduler.ledger import MemoryLedger
+from scheduler.release import STALL_TIMEOUT_S
 from scheduler.scheduler import Scheduler
 from scheduler.sizes import UNLIMITED_BYTES
 from vmenv.actions import to_pyautogui
@@ -71,7 +72,8 @@ class RunConfig:
     #: simdesk's clock: simulated seconds a step (0: still, so unchanged screens repeat)
     clock_step_s: int = attrs.field(default=SECONDS_PER_STEP, validator=attrs.validators.ge(0))
     memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=_pos)
-    wait_s: float = 2.0  # bound of the scheduler's wait-for-memory rung
+    #: the scheduler's wait for memory: a stall timeout (no job's progress this long)
+    wait_s: float = STALL_TIMEOUT_S
     #: bound of one env step (None: unbounded); see ``runtime.env_loop``
     env_timeout_s: float | None = attrs.field(
         default=DEFAULT_ENV_TIMEOUT_S,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from cachepolicy.engine import Engine
 from runtime.config import AgentConfig
 from runtime.run.agents import EpisodeEvent, EpisodeSpec, RunConfig, RunResult, run_agents
+from scheduler.release import STALL_TIMEOUT_S
 from scheduler.sizes import UNLIMITED_BYTES
 from vmenv.replay import ReplayEnv
 from vmenv.trajectory import Trajectory
@@ -39,7 +40,7 @@ def replay_teacher(traj: Trajectory) -> Callable[[EpisodeSpec], Callable[[int], 
 
 def replay_run_config(agent: AgentConfig, traj: Trajectory, *, episodes: int = 1,
                       vm_seconds: float = 0.0, memory_budget: int = UNLIMITED_BYTES,
-                      wait_s: float = 30.0) -> RunConfig:
+                      wait_s: float = STALL_TIMEOUT_S) -> RunConfig:
     """A run over ``traj``: one step per recorded screen but the last (the last screen is
     what the last action led to)."""
     first = traj.frames[0]

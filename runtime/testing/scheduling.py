@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from scheduler.ledger import MemoryLedger
+from scheduler.release import STALL_TIMEOUT_S
 from scheduler.scheduler import Scheduler
 from scheduler.sizes import UNLIMITED_BYTES
 from scheduler.slots import IMAGE_CACHE
@@ -38,7 +39,7 @@ class LedgerLeakError(AssertionError):
 async def open_scheduler(engine: Engine, *, budget: int = UNLIMITED_BYTES,
                          agent: AgentConfig | None = None,
                          screen: tuple[int, int] = DEFAULT_SCREEN,
-                         wait_s: float = 2.0) -> AsyncIterator[Scheduler]:
+                         wait_s: float = STALL_TIMEOUT_S) -> AsyncIterator[Scheduler]:
     """A ``Scheduler`` over ``engine`` with a ledger of ``budget`` bytes, set up as
     ``kvagent run`` sets one up for ``agent`` (default ``AgentConfig()``) on ``screen``:
     its step options, and a spare sequence if the agent's policy needs one.  Its ledger is
