@@ -74,6 +74,9 @@ class CachePolicy(abc.ABC):
             raise PolicyRefusedError(
                 f"policy {self.name!r} does not support {model.kind.value} models "
                 f"(supports: {supported}); {self.manifest.changes}")
+        if self.manifest.shifts_positions and model.shift_problem is not None:
+            raise PolicyRefusedError(f"policy {self.name!r} cannot run on this model: "
+                                     f"{model.shift_problem}")
         if window < 1:
             raise PolicyError("window must be >= 1 screenshot")
         if (problem := self.pinning_problem(window, pinned)) is not None:

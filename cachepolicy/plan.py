@@ -264,3 +264,6 @@ class PolicyManifest:
     #: asks it for one (``Scheduler(spare_sequence=True)``); without one the plans run
     #: unmeasured
     needs_scratch_sequence: bool = False
+    #: do its edits shift cached positions (``seq_add``)?  Refused where llama.cpp will not
+    #: (``ModelInfo.shift_problem``: multi-section RoPE)
+    shifts_positions: bool = False

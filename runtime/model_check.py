@@ -54,9 +54,10 @@ class PolicyFit:
 
 
 def policy_fits(facts: ModelFacts) -> tuple[PolicyFit, ...]:
-    """Every registered policy asked about this model: its manifest's model kinds, and for
-    the policies that move cached KV rows (``SplicingPolicy``) the model's KV-edit problem —
-    the two conditions a policy's construction checks."""
+    """Every registered policy asked about this model: its manifest's model kinds, for the
+    policies that move cached KV rows (``SplicingPolicy``) the model's KV-edit problem, and
+    for those that shift cached positions the model's shift problem — the conditions a
+    policy's construction checks."""
     out = []
     for name, cls in POLICIES.items():
         m = cls.manifest
@@ -65,6 +66,8 @@ def policy_fits(facts: ModelFacts) -> tuple[PolicyFit, ...]:
             applies, why = False, f"not on {facts.kind.value} models (supports: {supported})"
         elif issubclass(cls, SplicingPolicy) and facts.kv_edit_problem is not None:
             applies, why = False, f"cannot move this model's cached KV: {facts.kv_edit_problem}"
+        elif m.shifts_positions and facts.shift_problem is not None:
+            applies, why = False, facts.shift_problem
         else:
             applies, why = True, EXACT_NOTE if m.quality == "exact" else APPROXIMATE_NOTE
         out.append(PolicyFit(name, applies, m.quality, m.bounded, why))

@@ -22,6 +22,7 @@ from cachepolicy.errors import PolicyRefusedError
 from cachepolicy.layouts import PromptKit
 from cachepolicy.plan import ModelInfo
 from cachepolicy.policies import POLICIES, make_policy
+from cachepolicy.segments import model_info
 from runtime.agent_models import agent_files
 from runtime.config import AgentConfig
 from runtime.context_budget import context_need, estimate_image_tokens
@@ -56,14 +57,16 @@ def test_the_files_say_what_the_loaded_engine_says(forged, arch, kind, mrope) ->
         assert facts.n_ctx_train == llama_cpp.llama_model_n_ctx_train(native)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen35", "qwen35moe"])
-def test_the_policies_that_apply_are_the_ones_that_construct(forged, arch) -> None:
+@pytest.mark.parametrize("arch", ["llama", "qwen35", "qwen35moe", "qwen2vl", "qwen3vl",
+                                  "qwen3vlmoe"])
+def test_the_policies_that_apply_are_the_ones_that_construct(forged, engines, arch) -> None:
+    """What the files say applies is what the loaded model lets a policy construct: the
+    policies are given the engine's own ModelInfo (its KV-edit and shift conditions read from
+    the loaded context, not from the file)."""
     m = forged(arch, vision=True)
     report = check_model(m.model_path, m.mmproj_path)
     facts = report.facts
-    info = ModelInfo(kind=facts.kind, kv_bytes_per_token=1, recurrent_bytes_per_seq=0,
-                     state_overhead_bytes=0, n_embd=facts.n_embd, n_vocab=256,
-                     kv_edit_problem=facts.kv_edit_problem)
+    info = model_info(engines(arch))
     assert {p.name for p in report.policies} == set(POLICIES.names())
     for fit in report.policies:
         try:
@@ -80,6 +83,8 @@ def test_the_policies_that_apply_are_the_ones_that_construct(forged, arch) -> No
     if facts.kind is ModelKind.HYBRID:
         assert {"relocate", "kamera"} <= refused
         assert "tail-replay" not in refused
+    elif facts.mrope:  # the Qwen-VL archs: llama.cpp shifts no position with 4 components
+        assert {"tail-replay", "relocate", "kamera"} <= refused
     else:
         assert "tail-replay" in refused and "relocate" not in refused
 

@@ -41,7 +41,7 @@ from cachepolicy.engine.records import (
 from cachepolicy.engine.kv_access import KvAccess
 from cachepolicy.engine.kv_blob import KvRows
 from cachepolicy.engine.kv_patch import KvPatch, StoredKv
-from cachepolicy.engine.kv_rope import RopeSpec
+from cachepolicy.engine.kv_rope import RopeSpec, shift_refusal
 from cachepolicy.engine.raw_decode import RawLanes, raw_lanes
 from cachepolicy.engine.replay import RecurrentRebase, ReplayCut
 from cachepolicy.engine.row_classes import (
@@ -250,11 +250,8 @@ class Engine:
         ``remove_range`` does after a cut: relocate's edit), or None."""
         if llama_cpp.llama_memory_can_shift(self._native.mem):
             return None
-        if self.rope.rope_type in (llama_cpp.LLAMA_ROPE_TYPE_MROPE,
-                                   llama_cpp.LLAMA_ROPE_TYPE_IMROPE):
-            return ("llama.cpp does not shift cached positions under multi-section RoPE (a "
-                    "position has 4 components; its K-shift rotates by one)")
-        return "llama.cpp cannot shift this model's cached positions"
+        return (shift_refusal(self.rope.rope_type)
+                or "llama.cpp cannot shift this model's cached positions")
 
     # ------------------------------------------------------------------ text
 

@@ -25,6 +25,15 @@ ROPE_NORM, ROPE_NEOX = 0, 2  # llama.cpp's LLAMA_ROPE_TYPE_NORM / _NEOX
 ROPE_MROPE, ROPE_IMROPE = 8, 40
 
 
+def shift_refusal(rope_type: int) -> str | None:
+    """Why llama.cpp will not shift a model's cached positions for its RoPE (``seq_add``:
+    relocate's edit; ``llama_memory_can_shift`` is false), or None where its RoPE allows it."""
+    if rope_type in (ROPE_MROPE, ROPE_IMROPE):
+        return ("llama.cpp does not shift cached positions under multi-section RoPE (a "
+                "position has 4 components; its K-shift rotates by one)")
+    return None
+
+
 @attrs.frozen
 class RopeSpec:
     """How a model rotates its keys (read from the model at load)."""

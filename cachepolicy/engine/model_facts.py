@@ -23,7 +23,7 @@ from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.engine.errors import ModelLoadError
 from cachepolicy.engine.gguf_meta import metadata
 from cachepolicy.engine.kv_access import edit_problem
-from cachepolicy.engine.kv_rope import RopeSpec
+from cachepolicy.engine.kv_rope import RopeSpec, shift_refusal
 from cachepolicy.engine.native import model_meta
 from cachepolicy.engine.vision import (
     MROPE_PROJECTORS, check_pairing, declares_position_features, projector_type,
@@ -52,6 +52,12 @@ class ModelFacts:
     def mrope(self) -> bool:
         """Images placed by multi-section RoPE (the model's rope type, or its projector)."""
         return self.rope.rope_type in _MROPE_TYPES or self.projector in MROPE_PROJECTORS
+
+    @property
+    def shift_problem(self) -> str | None:
+        """Why llama.cpp will not shift this model's cached positions (the condition
+        ``Engine.shift_problem`` reads from the loaded context), or None."""
+        return shift_refusal(self.rope.rope_type)
 
     @property
     def kv_edit_problem(self) -> str | None:

@@ -6,7 +6,8 @@ Approximate: the survivors keep what they absorbed from the dropped image, and t
 keys were computed at their old positions' context.  Each step measures the drift (next-token
 KL and top-1 agreement) against an exact from-scratch terminal prefill.
 
-Refused at configuration where llama.cpp cannot shift positions (``ModelInfo.shift_problem``):
+Refused at configuration where llama.cpp cannot shift positions (``manifest.shifts_positions``
+against ``ModelInfo.shift_problem``):
 on the Qwen-VL models (multi-section RoPE: qwen2vl, qwen3vl, qwen3vlmoe) ``seq_add`` is
 refused, so the first slide of the window would fail mid-episode (measured on the forged
 models: the 4th step's cut raised ``UnsafeEditError``)."""
@@ -14,13 +15,12 @@ models: the 4th step's cut raised ``UnsafeEditError``)."""
 from __future__ import annotations
 
 from cachepolicy.base import CachePolicy
-from cachepolicy.errors import PolicyRefusedError
 from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
-from cachepolicy.layouts import PromptKit, chronological, terminal
+from cachepolicy.layouts import chronological, terminal
 from cachepolicy.pieces import merge_text
 from cachepolicy.plan import (
-    CacheView, ModelInfo, Plan, PolicyManifest, RemoveSpan, Start, StartKind,
+    CacheView, Plan, PolicyManifest, RemoveSpan, Start, StartKind,
 )
 from cachepolicy.policies.registry import register
 
@@ -34,13 +34,8 @@ class RelocatePolicy(CachePolicy):
         evidence="the sequence's runs aligned with the published layout keys",
         adds_work="a position shift (RoPE re-rotation) of the survivors per step",
         omitted_recoverable=False, quality="approximate", bounded=True,
-        supports=frozenset({ModelKind.ATTENTION}), needs_scratch_sequence=True)
-
-    def __init__(self, model: ModelInfo, kit: PromptKit, **options: object) -> None:
-        super().__init__(model, kit, **options)  # type: ignore[arg-type]
-        if model.shift_problem is not None:
-            raise PolicyRefusedError(f"policy {self.name!r} cannot run on this model: "
-                                     f"{model.shift_problem}")
+        supports=frozenset({ModelKind.ATTENTION}), needs_scratch_sequence=True,
+        shifts_positions=True)
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
         pieces = tuple(p for p in chronological(log, self.kit, self.window, pinned=self.pinned)
