@@ -20,7 +20,6 @@ from cachepolicy.engine.errors import ModelLoadError
 from cachepolicy.engine.model_facts import read_facts
 from cachepolicy.errors import PolicyRefusedError
 from cachepolicy.layouts import PromptKit
-from cachepolicy.plan import ModelInfo
 from cachepolicy.policies import POLICIES, make_policy
 from cachepolicy.segments import model_info
 from runtime.agent_models import agent_files
