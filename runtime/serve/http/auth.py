@@ -113,6 +113,11 @@ def owner_of(scope: Mapping[str, object]) -> Owner:
     return owner if isinstance(owner, str) else ANONYMOUS
 
 
+def scope_headers(scope: Scope) -> dict[str, str]:
+    """An ASGI scope's headers as lower-case names to values (latin-1, as HTTP sends them)."""
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+
+
 class RequireKey:
     """ASGI middleware: 401 unless the request carries a key the server takes (every path
     but ``OPEN_PATHS``); the owner it found goes into the scope for the handlers."""
@@ -124,8 +129,7 @@ class RequireKey:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                   for k, v in scope.get("headers", ())}
+        headers = scope_headers(scope)
         owner = self.keys.owner(headers.get("authorization"), headers.get(OWNER_HEADER))
         if owner is None and scope.get("path") not in OPEN_PATHS:
             await _unauthorized(send, "authorization" in headers)

@@ -30,7 +30,7 @@ import structlog
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from runtime.serve.http.auth import ApiKeys, RequireKey
+from runtime.serve.http.auth import ApiKeys, RequireKey, scope_headers
 from runtime.serve.http.errors import ApiError, error_response
 
 log = structlog.get_logger("kvagent.serve")
@@ -85,8 +85,7 @@ class LocalOnly:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                   for k, v in scope.get("headers", ())}
+        headers = scope_headers(scope)
         server = scope.get("server") or ("", 0)
         own_host, own_port = str(server[0]).lower(), server[1]
         problem = None
