@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import attrs
 import numpy as np
 
-from cachepolicy.engine.checkpoint import is_approximate
+from cachepolicy.engine.checkpoint import holds_shift, is_approximate
 from cachepolicy.errors import PolicyError, Preempted
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import NamedCheckpoint, Plan, StartKind, StoredEntry
@@ -39,7 +39,8 @@ class Execution:
     stopped_at: int | None = None  # a prefetch stopped early: pieces[:stopped_at] are in
     encode_s: float = 0.0  # the vision encoder, for images the embedding cache did not hold
     #: the sequence's state after the prefill is approximate (the engine's own record: its
-    #: history holds a rebase — this plan's tail replay or an earlier one)
+    #: history holds a rebase — this plan's tail replay or an earlier one — or a run a
+    #: removal shifted — relocate's, a token evictor's); or this plan spliced KV (kamera)
     approximate: bool = False
     replay_tokens: int = 0  # rows of the matched prefix this plan's tail replay recomputed
     #: KV splicing (``cachepolicy.splice``): the store entries this plan made, the tokens
@@ -199,7 +200,11 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
 
 
 def _approximate(engine: Engine, seq: int) -> bool:
-    return engine.kind.has_recurrent_state and is_approximate(engine.seq_info(seq).history)
+    """The sequence holds an approximate state: a tail replay's rebase (hybrids) or KV a
+    removal shifted (attention models: relocate, the token evictors)."""
+    history = engine.seq_info(seq).history
+    return ((engine.kind.has_recurrent_state and is_approximate(history))
+            or holds_shift(history))
 
 
 def decode(engine: Engine, plan: Plan, seq: int, prefilled: Execution, *,

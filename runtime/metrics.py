@@ -88,8 +88,9 @@ class StepMetrics:
     output_tokens: tuple[int, ...] = ()
     drift_kl: float | None = None
     drift_top1_agree: bool | None = None
-    #: the action was decoded from an approximate state (a tail replay — this step's, its
-    #: prefetch's, or an earlier one the sequence still carries; the engine's record)
+    #: the action was decoded from an approximate state (the engine's record): a tail replay
+    #: or a removal that shifted positions (relocate, the token evictors) — this step's, its
+    #: prefetch's, or an earlier one the sequence still carries — or spliced KV (kamera)
     approximate: bool = False
     #: rows of a matched prefix re-prefilled by tail replay for this step (its prefetch's
     #: and guess's included); part of ``prefill_tokens``

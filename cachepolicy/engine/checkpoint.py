@@ -51,6 +51,10 @@ class Run:
     n_tokens: int  # KV cells / rows the run occupies
     digest: bytes  # chained digest of the whole history up to and including this run
     tokens: tuple[int, ...] = ()  # the token ids of a TEXT run (lets a trim split the run)
+    #: a removal before the run shifted its positions (``remove_range``: relocate, the token
+    #: evictors): its KV was computed elsewhere, beside content that is gone — the sequence
+    #: holds an approximate state while it holds this run (``holds_shift``)
+    shifted: bool = False
 
     @property
     def end_pos(self) -> int:
@@ -77,6 +81,12 @@ def is_approximate(history: tuple[Run, ...] | list[Run]) -> bool:
     """Whether a sequence with this history holds an approximate state: some run was fed
     after its recurrent state was rebased (a ``REBASE`` run), or it ends rebased."""
     return any(r.kind is RunKind.REBASE for r in history)
+
+
+def holds_shift(history: tuple[Run, ...] | list[Run]) -> bool:
+    """Whether a sequence with this history holds KV a removal shifted (an approximate state
+    on any model: what follows such a run attended to it)."""
+    return any(r.shifted for r in history)
 
 
 def without_trailing_rebase(history: tuple[Run, ...] | list[Run]) -> tuple[Run, ...]:

@@ -271,7 +271,7 @@ def history_prefix_at(hist: list[Run], pos: int) -> list[Run]:
             prev = keep[-1].digest if keep else GENESIS
             keep.append(Run(RunKind.TEXT, run.pos0, len(toks), len(toks),
                             chain_digest(prev, RunKind.TEXT, toks.tobytes()),
-                            tuple(int(t) for t in toks)))
+                            tuple(int(t) for t in toks), shifted=run.shifted))
         break
     return keep
 

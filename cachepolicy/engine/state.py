@@ -162,10 +162,11 @@ class SequenceState:
         for r in hist:
             if p0 <= r.pos0 < p1:
                 continue
-            shifted = r.pos0 - delta if r.pos0 >= p1 else r.pos0
-            tag = b"edited" if r.pos0 >= p1 else b""
+            moved = r.pos0 >= p1
+            tag = b"edited" if moved else b""
             prev = chain_digest(prev, r.kind, tag + r.digest)
-            new.append(attrs.evolve(r, pos0=shifted, digest=prev))
+            new.append(attrs.evolve(r, pos0=r.pos0 - delta if moved else r.pos0, digest=prev,
+                                    shifted=r.shifted or moved))
         self._seqs.replace(seq, new)
 
     # ------------------------------------------------------------------ accounting
