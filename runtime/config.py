@@ -22,7 +22,7 @@ import attrs
 from cachepolicy.base import CachePolicy
 from cachepolicy.engine.drafts import Drafting
 from cachepolicy.engine.sampling import MAX_TEMPERATURE, SamplingParams
-from cachepolicy.policies import POLICIES, make_policy, pinning_policies
+from cachepolicy.policies import POLICIES, make_policy, names, pinning_policies
 from cachepolicy.segments import SegmentFactory, model_info
 from cachepolicy.tail import BASES, DEFAULT_BUDGET, ReplayBudget
 from runtime.actions import CoordConvention, Screen
@@ -225,6 +225,59 @@ class AgentConfig:
         if not self.replay_rung:
             return None
         return policy if policy.tail is not None else policy.with_tail(self.tail())
+
+
+#: ``<policy>@<budget or option>``: a policy with its replay budget (an approximate one on
+#: hybrids: ``tail-replay@10%``, ``tail-replay@64``) or the option of one that takes one
+#: (``kamera@m32``, ``random-evict@50%``)
+POLICY_SEPARATOR = "@"
+
+
+@attrs.frozen
+class PolicyChoice:
+    """A policy as spelled by ``--policy``, the episode API's ``policy`` option and bench
+    arms (``runtime.bench.arms``, which add ``+overlap``): ``<policy>[@<budget or option>]``
+    — the one reading of that spelling."""
+
+    policy: str
+    budget: str | None = None  # None: the agent config's replay budget
+    option: str | None = None  # None: the agent config's policy option
+
+    @classmethod
+    def parse(cls, text: str, *, what: str = "policy") -> PolicyChoice:
+        """The choice ``text`` spells; ValueError (naming it as ``what``) for an unknown
+        policy, or a budget or option that does not parse or that the policy does not take."""
+        policy, sep, rest = text.strip().partition(POLICY_SEPARATOR)
+        if policy not in POLICIES:
+            raise ValueError(f"unknown {what} {text!r}: choose from {', '.join(names())} (each "
+                             f"optionally {POLICY_SEPARATOR}<replay budget> if approximate, "
+                             f"{POLICY_SEPARATOR}<option> if it takes one)")
+        if not sep:
+            return cls(policy)
+        cls_ = POLICIES[policy]
+        try:
+            if cls_.takes_option:
+                cls_.parse_option(rest)
+                return cls(policy, option=rest)
+            if cls_.default_tail is None:
+                raise ValueError(f"policy {policy!r} is exact, it takes no replay budget")
+            ReplayBudget.parse(rest)
+        except ValueError as exc:
+            raise ValueError(f"{what} {text!r}: {exc}") from None
+        return cls(policy, budget=rest)
+
+    def __str__(self) -> str:
+        extra = self.budget or self.option
+        return self.policy + (f"{POLICY_SEPARATOR}{extra}" if extra else "")
+
+    def agent(self, agent: AgentConfig, **changes: object) -> AgentConfig:
+        """``agent`` running this policy (its budget, its option or ``agent``'s own, none
+        for a policy that takes none), with ``changes``; raises what ``AgentConfig`` does."""
+        return attrs.evolve(agent, policy=self.policy,
+                            **({"replay_budget": self.budget} if self.budget else {}),
+                            policy_option=(self.option or agent.policy_option
+                                           if POLICIES[self.policy].takes_option else None),
+                            **changes)
 
 
 def system_prompt(config: AgentConfig, screen: Screen) -> str:

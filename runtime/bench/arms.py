@@ -17,24 +17,23 @@ import attrs
 
 from cachepolicy.engine import Engine
 from cachepolicy.errors import PolicyRefusedError
-from cachepolicy.policies import POLICIES, names
-from cachepolicy.tail import ReplayBudget
-from runtime.config import AgentConfig
+from cachepolicy.policies import POLICIES
+from runtime.config import POLICY_SEPARATOR, AgentConfig, PolicyChoice
 from runtime.metrics import EpisodeResult
 from runtime.run.agents import EpisodeEvent
 from runtime.run.replay import replay_run_config, run_replay
 from vmenv.trajectory import Trajectory
 
 OVERLAP_SUFFIX = "+overlap"
-#: ``<policy>@<budget>``: an approximate policy with its own replay budget (tokens or a share
-#: of the matched prefix: ``tail-replay@64``, ``tail-replay@5%``), or a policy that takes an
-#: option with it (``kamera@m32``, ``random-evict@50%``)
-BUDGET_SEPARATOR = "@"
+#: ``<policy>@<budget>``: ``runtime.config.PolicyChoice``'s spelling (a replay budget or an
+#: option: ``tail-replay@5%``, ``kamera@m32``)
+BUDGET_SEPARATOR = POLICY_SEPARATOR
 
 
 @attrs.frozen
 class ArmSpec:
-    """An arm's name read back: ``<policy>[@<replay budget or option>][+overlap]``."""
+    """An arm's name read back: ``<policy>[@<replay budget or option>][+overlap]`` (the
+    policy part is ``PolicyChoice``'s spelling)."""
 
     policy: str
     overlap: bool = False
@@ -48,27 +47,8 @@ class ArmSpec:
         rest, overlap = arm.strip(), False
         if rest.endswith(OVERLAP_SUFFIX):
             rest, overlap = rest[: -len(OVERLAP_SUFFIX)], True
-        policy, sep, budget = rest.partition(BUDGET_SEPARATOR)
-        if policy not in POLICIES:
-            raise ValueError(f"unknown arm {arm!r}: choose from {', '.join(names())} (each "
-                             f"optionally {BUDGET_SEPARATOR}<replay budget> if approximate, "
-                             f"and {OVERLAP_SUFFIX})")
-        if not sep:
-            return cls(policy, overlap)
-        if POLICIES[policy].takes_option:
-            try:
-                POLICIES[policy].parse_option(budget)
-            except ValueError as exc:
-                raise ValueError(f"arm {arm!r}: {exc}") from None
-            return cls(policy, overlap, option=budget)
-        if POLICIES[policy].default_tail is None:
-            raise ValueError(f"arm {arm!r}: policy {policy!r} is exact, it takes no replay "
-                             "budget")
-        try:
-            ReplayBudget.parse(budget)
-        except ValueError as exc:
-            raise ValueError(f"arm {arm!r}: {exc}") from None
-        return cls(policy, overlap, budget)
+        choice = PolicyChoice.parse(rest, what="arm")
+        return cls(choice.policy, overlap, choice.budget, choice.option)
 
     def agent(self, agent: AgentConfig) -> AgentConfig:
         """``agent`` running this arm: its policy, overlap and replay budget.  Raises
@@ -77,10 +57,8 @@ class ArmSpec:
         problem = POLICIES[self.policy].pinning_problem(agent.window, agent.pinned)
         if problem is not None:
             raise PolicyRefusedError(f"{problem} (--pin-first {agent.pinned})")
-        return attrs.evolve(agent, policy=self.policy, overlap=self.overlap,
-                            **({"replay_budget": self.budget} if self.budget else {}),
-                            policy_option=(self.option or agent.policy_option
-                                           if POLICIES[self.policy].takes_option else None))
+        return PolicyChoice(self.policy, self.budget, self.option).agent(
+            agent, overlap=self.overlap)
 
 
 def split_arm(arm: str) -> tuple[str, bool]:

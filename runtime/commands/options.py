@@ -25,7 +25,9 @@ from cachepolicy.policies import names
 from cachepolicy.tail import BASES
 from runtime.arg_parsers import check_decode_rows, check_threads
 from runtime.bench.agent_defaults import bench_agent_defaults  # re-exported: the bench's flags
-from runtime.config import GUESS_MODES, MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig, PinningError
+from runtime.config import (
+    GUESS_MODES, MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig, PinningError, PolicyChoice,
+)
 from runtime.engine_setup import DefaultModel, ModelFiles, resolve_model
 from runtime.profiles import names as profile_names
 
@@ -128,7 +130,10 @@ def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | N
                    help="the model family's prompt, output format and history layout "
                         "(kvagent: kvagent's own action language; qwen3vl: Qwen3-VL "
                         "computer_use tool calls; uitars / uitars-v1: UI-TARS 1.5 / 1.0)")
-    p.add_argument("--policy", default=d.policy, choices=names(), help="the cache policy")
+    p.add_argument("--policy", default=d.policy, metavar="NAME[@BUDGET|@OPTION]",
+                   help=f"the cache policy ({', '.join(names())}), optionally "
+                        "@<replay budget> if approximate (tail-replay@10%%) or @<option> "
+                        "if it takes one (kamera@m32), spelled as bench arms are")
     p.add_argument("--window", type=int, default=None,
                    help=f"screenshots the model sees (K, 1..{MAX_WINDOW}; default: the "
                         "profile's, 3 for kvagent, 5 for qwen3vl and uitars)")
@@ -188,7 +193,8 @@ def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | N
 
 def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> AgentConfig:
     """The ``AgentConfig`` of parsed arguments; ValueError naming the option at fault."""
-    fields = {"profile": args.profile, "policy": policy or args.policy,
+    choice = PolicyChoice.parse(policy or args.policy, what="--policy")
+    fields = {"profile": args.profile, "policy": choice.policy,
               "overlap": args.overlap, "temperature": args.temperature, "seed": args.seed,
               "grammar": args.grammar, "decode_tokens": args.decode_tokens,
               "stop_at_eog": args.stop_at_eog, "jump_forward": args.jump_forward,
@@ -196,6 +202,12 @@ def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> Agen
               "replay_budget": args.replay_budget, "replay_base": args.replay_base,
               "replay_rung": args.replay_rung, "replay_drift": args.replay_drift,
               "policy_option": args.policy_option, "pinned": args.pinned}
+    # the spelling's budget or option (tail-replay@10%, kamera@m32) over --replay-budget /
+    # --policy-option
+    if choice.budget is not None:
+        fields["replay_budget"] = choice.budget
+    if choice.option is not None:
+        fields["policy_option"] = choice.option
     if args.window is not None:  # else the profile's
         fields["window"] = args.window
     for name in ("window", "temperature", "decode_tokens",  # one at a time: name the culprit
