@@ -1,7 +1,7 @@
 """The server's counters and the Prometheus text exposition of them (``GET /metrics``).
 
 Counters are plain numbers updated by the event loop (one thread): steps by API and status,
-prefill tokens on and off the critical path, reused and decoded tokens, HTTP responses by
+the approximate ones by API and policy, prefill tokens on and off the critical path, reused and decoded tokens, HTTP responses by
 route and status, and a histogram of critical-path seconds.  Gauges (open episodes, ledger
 bytes, decode calls) are read when scraped.
 """
@@ -33,6 +33,8 @@ def _escape(value: str) -> str:
 @attrs.define
 class ServeMetrics:
     steps: Counter[tuple[str, str]] = attrs.Factory(Counter)  # (api, status)
+    #: steps decoded from an approximate state (``StepMetrics.approximate``), by (api, policy)
+    approximate: Counter[tuple[str, str]] = attrs.Factory(Counter)
     tokens: Counter[str] = attrs.Factory(Counter)
     responses: Counter[tuple[str, int]] = attrs.Factory(Counter)  # (route, status)
     latency_buckets: list[int] = attrs.Factory(lambda: [0] * len(BUCKETS))
@@ -41,6 +43,8 @@ class ServeMetrics:
 
     def step(self, api: str, m: StepMetrics) -> None:
         self.steps[(api, m.status)] += 1
+        if m.approximate:
+            self.approximate[(api, m.policy)] += 1
         self.tokens["prefill_critical"] += m.critical_path_prefill_tokens
         self.tokens["prefill_prefetch"] += m.prefetch_prefill_tokens
         self.tokens["reused"] += m.reused_tokens
@@ -66,6 +70,12 @@ class ServeMetrics:
         family("kvagent_steps_total", "counter", "Agent steps by API and status.")
         for (api, status), n in sorted(self.steps.items()):
             out.append(f"kvagent_steps_total{_labels({'api': api, 'status': status})} {n}")
+        family("kvagent_steps_approximate_total", "counter",
+               "Agent steps decoded from an approximate state (an approximate --policy or "
+               "episode policy), by API and policy; none under an exact policy.")
+        for (api, policy), n in sorted(self.approximate.items()):
+            out.append(f"kvagent_steps_approximate_total"
+                       f"{_labels({'api': api, 'policy': policy})} {n}")
         family("kvagent_prefill_tokens_total", "counter",
                "Tokens prefilled, on the critical path or by the overlapped prefetch.")
         for path in ("critical", "prefetch"):

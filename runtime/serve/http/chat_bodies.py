@@ -29,9 +29,13 @@ def usage(m: StepMetrics) -> dict[str, int]:
 
 
 def kvagent_fields(out: ChatOutcome) -> dict[str, Any]:
-    """kvagent's per-request measurements (an extension field clients ignore)."""
+    """kvagent's per-request measurements (an extension field clients ignore); the cache
+    policy that answered and ``approximate``: whether the answer was decoded from an
+    approximate state (``kvagent serve --policy``: an approximate policy's edit, this step's
+    or one the conversation still carries)."""
     m = out.step.metrics
     return {"conversation_id": out.conversation_id, "mode": out.mode, "step": out.step.act.index,
+            "policy": m.policy, "approximate": m.approximate,
             "prefill_tokens": m.prefill_tokens, "reused_tokens": m.reused_tokens,
             "critical_path_prefill_tokens": m.critical_path_prefill_tokens,
             "prefetch_prefill_tokens": m.prefetch_prefill_tokens,

@@ -4,7 +4,8 @@ records for ``runtime.serve.episodes``, its outcomes built into answers.
     POST   /v1/episodes                 {"instruction", "screen"?: [w, h], "options"?: {...}}
                                          → 201 {"episode_id", "episode_number", "config"}
     POST   /v1/episodes/{id}/step       {"screenshot": base64 PNG/JPEG/...}
-                                         → {"episode_id", "step", "action", "parsed", "code",
+                                         → {"episode_id", "step", "action", "parsed",
+                                            "policy", "approximate", "code",
                                             "response", "history", "terminal",
                                             "screenshot_size", "screen_size", "info"}
     GET    /v1/episodes                 → every open episode and chat conversation
@@ -14,7 +15,8 @@ records for ``runtime.serve.episodes``, its outcomes built into answers.
                                            (``lease_stream.py``)
 
 ``screen`` is the VM's screen (default: each screenshot's own size); ``options`` are
-``AgentConfig`` fields (``EPISODE_OPTIONS``), defaulting to the server's flags, each checked
+``AgentConfig`` fields (``EPISODE_OPTIONS``; ``policy`` spelled as ``--policy`` is:
+``tail-replay@10%``, ``kamera@m32``), defaulting to the server's flags, each checked
 for its JSON type and range here (``window: true`` or ``decode_tokens: 8.5`` is a 400, not a
 1 or an 8) and the whole for what the model can run when the episode is created.  A profile
 chosen per episode brings its own window unless ``window`` is given too.  An episode's id is
@@ -39,9 +41,12 @@ import anyio.to_thread
 import attrs
 
 from cachepolicy.engine.sampling import MAX_TEMPERATURE
+from cachepolicy.policies import POLICIES
 from cachepolicy.policies import names as policy_names
 from runtime.actions import CoordConvention, Screen
-from runtime.config import MAX_DECODE_TOKENS, MAX_WINDOW, AgentConfig, PinningError
+from runtime.config import (
+    MAX_DECODE_TOKENS, MAX_WINDOW, POLICY_SEPARATOR, AgentConfig, PinningError, PolicyChoice,
+)
 from runtime.metrics import StepMetrics
 from runtime.profiles import names as profile_names
 from runtime.serve.config import Limits
@@ -54,6 +59,8 @@ from vmenv.actions import TERMINAL_ACTIONS, rescale, to_pyautogui
 EPISODE_OPTIONS = ("profile", "policy", "window", "pinned", "overlap", "temperature", "seed",
                    "grammar", "convention", "decode_tokens", "system_prompt")
 MAX_INSTRUCTION_CHARS = 20_000
+#: a ``policy`` option's characters (a name with its budget or option: ``kamera@m8+recall4``)
+MAX_POLICY_CHARS = 64
 #: Seeds are 63-bit: the scheduler mixes them into each step's seed modulo 2**63.
 MAX_SEED = (1 << 63) - 1
 
@@ -97,8 +104,17 @@ def _number(value: Any) -> bool:
 def _option_problem(name: str, value: Any, limits: Limits) -> str | None:
     """What is wrong with option ``name`` = ``value`` (None: its type and range are right;
     ``AgentConfig`` checks the rest, the host what the model can run)."""
-    if name in ("profile", "policy", "convention"):
-        known = {"profile": profile_names(), "policy": policy_names(),
+    if name == "policy":  # a name, or a name with its budget or option (tail-replay@10%)
+        if not isinstance(value, str) or len(value) > MAX_POLICY_CHARS:
+            return (f"must be one of {', '.join(policy_names())}, optionally "
+                    f"{POLICY_SEPARATOR}<replay budget> or {POLICY_SEPARATOR}<option>")
+        try:
+            PolicyChoice.parse(value)
+        except ValueError as exc:
+            return f"{value!r}: {exc}"
+        return None
+    if name in ("profile", "convention"):
+        known = {"profile": profile_names(),
                  "convention": tuple(c.value for c in CoordConvention)}[name]
         return None if isinstance(value, str) and value in known else (
             f"must be one of {', '.join(known)}")
@@ -147,8 +163,15 @@ def episode_config(base: AgentConfig, options: Any, limits: Limits = Limits()) -
     fields = {a.name: getattr(base, a.name) for a in attrs.fields(AgentConfig)}
     if options.get("profile", base.profile) != base.profile:  # its own window, coordinates
         del fields["window"], fields["convention"]
+    fields.update(options)
+    if "policy" in options:  # its budget or option, else the server's (where it takes one)
+        choice = PolicyChoice.parse(options["policy"])
+        fields.update(policy=choice.policy,
+                      replay_budget=choice.budget or base.replay_budget,
+                      policy_option=(choice.option or base.policy_option
+                                     if POLICIES[choice.policy].takes_option else None))
     try:
-        return AgentConfig(**{**fields, **options})
+        return AgentConfig(**fields)
     except (ValueError, TypeError) as exc:
         message = f"options: {exc}"
         if base.pinned and "pinned" not in options and isinstance(exc, PinningError):
@@ -172,14 +195,20 @@ def created_body(out: EpisodeCreated, config: AgentConfig) -> dict[str, Any]:
     """The create answer: the id, the episode's number (its sampling seed) and the options
     it runs with."""
     return {"episode_id": out.episode_id, "episode_number": out.number, "config": {
-        k: (v.value if k == "convention" else v) for k in EPISODE_OPTIONS
-        if k != "system_prompt" for v in (getattr(config, k),)}}
+        **{k: (v.value if k == "convention" else v) for k in EPISODE_OPTIONS
+           if k != "system_prompt" for v in (getattr(config, k),)},
+        # what the policy runs with, and whether its steps may be approximate (each says)
+        "replay_budget": config.replay_budget, "policy_option": config.policy_option,
+        "approximate": POLICIES[config.policy].manifest.quality == "approximate"}}
 
 
 def step_body(out: EpisodeStep) -> dict[str, Any]:
+    """The step's answer; ``approximate``: the action was decoded from an approximate state
+    (an approximate ``policy``'s edit, this step's or one the episode still carries)."""
     act, metrics = out.step.act, out.step.metrics
     return {"episode_id": out.episode_id, "step": act.index, "action": metrics.action,
-            "parsed": metrics.parsed,
+            "parsed": metrics.parsed, "policy": metrics.policy,
+            "approximate": metrics.approximate,
             "code": to_pyautogui(rescale(act.action, out.screenshot_size, out.screen)),
             "response": act.response, "history": out.history,
             "terminal": isinstance(act.action, TERMINAL_ACTIONS),
