@@ -232,3 +232,23 @@ def test_the_episode_api_reads_the_policy_spelling(forged, tmp_path) -> None:
             r = c.post("/v1/episodes", json={"instruction": "x",
                                              "options": {"policy": policy}})
             assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
+def test_a_cluster_sums_its_hosts_approximate_steps() -> None:
+    """The counter is the server's own and a cluster's front door sums it over hosts."""
+    import attrs
+
+    from runtime.cluster import metrics
+    from runtime.metrics import StepMetrics
+    from runtime.serve.prometheus import ServeMetrics
+
+    step = attrs.evolve(StepMetrics.failed("e", 0, "x", critical_path_s=0.1), status="ok", policy="relocate")
+    a, b = ServeMetrics(), ServeMetrics()
+    a.step("chat", attrs.evolve(step, approximate=True))
+    b.step("chat", attrs.evolve(step, approximate=True))
+    b.step("episode", attrs.evolve(step, approximate=True, policy="tail-replay"))
+    b.step("episode", step)  # exact: not counted
+    text = metrics.exposition([(a, []), (b, [])], [])
+    assert _approximate_counts(text) == {("chat", "relocate"): 2,
+                                         ("episode", "tail-replay"): 1}
+    assert 'kvagent_steps_total{api="episode",status="ok"} 2' in text

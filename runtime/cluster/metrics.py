@@ -21,6 +21,7 @@ def merge(parts: Iterable[ServeMetrics]) -> ServeMetrics:
     out = ServeMetrics()
     for m in parts:
         out.steps.update(m.steps)
+        out.approximate.update(m.approximate)
         out.tokens.update(m.tokens)
         out.responses.update(m.responses)
         out.latency_buckets = [a + b for a, b in zip(out.latency_buckets, m.latency_buckets)]
