@@ -140,8 +140,10 @@ def test_choices_come_from_the_registries() -> None:
     for kind in task_kinds():
         assert by_dest["task"].type(kind) == kind and kind in by_dest["task"].help
         assert by_dest["task"].type(f"{kind}@17") == f"{kind}@17"
-    assert tuple(by_dest["policy"].choices) == names()
-    assert "mine-for-the-cli-test" in by_dest["policy"].choices
+    for name in names():  # each, and with a budget where it takes one
+        assert by_dest["policy"].type(name) == name and name in by_dest["policy"].help
+    assert by_dest["policy"].type("tail-replay@10%") == "tail-replay@10%"
+    assert "mine-for-the-cli-test" in by_dest["policy"].help
     assert tuple(by_dest["profile"].choices) == profile_names()
 
 

@@ -131,6 +131,7 @@ def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | N
                         "(kvagent: kvagent's own action language; qwen3vl: Qwen3-VL "
                         "computer_use tool calls; uitars / uitars-v1: UI-TARS 1.5 / 1.0)")
     p.add_argument("--policy", default=d.policy, metavar="NAME[@BUDGET|@OPTION]",
+                   type=policy_spelling,
                    help=f"the cache policy ({', '.join(names())}), optionally "
                         "@<replay budget> if approximate (tail-replay@10%%) or @<option> "
                         "if it takes one (kamera@m32), spelled as bench arms are")
@@ -189,6 +190,16 @@ def add_agent_arguments(p: argparse.ArgumentParser, *, defaults: AgentConfig | N
                    help="with overlap, prefill the current screenshot as the guess for the "
                         "next one (auto: when the VM's actions leave time; the outputs are "
                         "the same either way)")
+
+
+def policy_spelling(text: str) -> str:
+    """``--policy``'s value, checked as ``PolicyChoice`` reads it (argparse names the
+    reason)."""
+    try:
+        PolicyChoice.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def agent_config(args: argparse.Namespace, *, policy: str | None = None) -> AgentConfig:
