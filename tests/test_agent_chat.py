@@ -41,9 +41,10 @@ def _image(png: bytes) -> dict:
 
 async def _solve(client: openai.OpenAI, model: str, name: str,
                  constrained: bool) -> tuple[bool, list[str], int]:
-    """One episode through the chat API; (solved, the replies, how many parsed).
-    ``constrained``: ask for the profile's action grammar (then a reply that does not parse
-    fails the test)."""
+    """One episode through the chat API; (solved, the replies, how many parsed) — solved as
+    OSWorld counts it: the episode ends on the agent's done() / fail() or after
+    ``MAX_STEPS``, and the checker judges the final state.  ``constrained``: ask for the
+    profile's action grammar (then a reply that does not parse fails the test)."""
     extra = {"kvagent": {"action_grammar": "kvagent"}} if constrained else None
     profile = get_profile("kvagent")
     kind, _, seed = name.partition("@")
@@ -73,10 +74,10 @@ async def _solve(client: openai.OpenAI, model: str, name: str,
             parsed += not isinstance(action, NoOp)
             outcome = await env.step(action)
             if outcome.done:
-                return outcome.reward > 0, replies, parsed
+                break
             messages += [{"role": "assistant", "content": text},
                          {"role": "user", "content": [_image(outcome.observation.screenshot)]}]
-    return False, replies, parsed
+    return outcome.reward > 0, replies, parsed  # the checker on the final state
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ def episode() -> Episode:
     """A training instance whose expert takes 6 steps (more than any window tested)."""
     for seed in train_seeds():
         task = sample_task("remember-code", seed)
-        demo = demonstration(task, *SCREEN)
+        demo = demonstration(task, *SCREEN, with_done=True)  # as the recipe trains: done() ends it
         if len(demo) >= 6:
             pngs = tuple(render_png(s.state) for s in demo)
             return Episode(task, demo, pngs, tuple(decode_png(p).image_id for p in pngs))
