@@ -23,8 +23,9 @@ from runtime.profiles import get as get_profile
 from runtime.profiles import names as profile_names
 from runtime.serve.config import Limits
 from runtime.serve.gbnf_cost import (DEFAULT_MAX_BRANCHING, DEFAULT_MAX_ELEMENTS,
-                                     GrammarRejected, GrammarTooCostly, _Parser, check,
+                                     GrammarRejected, GrammarTooCostly, check,
                                      measure)
+from runtime.serve.gbnf_parse import GrammarParser
 from runtime.serve.json_schema import SchemaError, json_object_gbnf, schema_gbnf
 from serve_helpers import kvagent_serve
 
@@ -243,7 +244,7 @@ def test_counted_elements_equal_the_expansion(pieces) -> None:
     counted, never made); ``expand`` makes every rule as llama.cpp's handle_repetitions does,
     and its length is summed."""
     text = "root ::= " + "".join(pieces) + '\nx ::= "z"\n'
-    parser = _Parser(text.encode())
+    parser = GrammarParser(text.encode())
     try:
         parser.parse()
         parser.validate("root")
