@@ -12,6 +12,10 @@ prefetches does so during the pause).  Every client has its own screenshots
 What a step prefilled and reused comes from the server's own account: llama-server's
 ``timings`` (``prompt_n`` tokens processed, ``cache_n`` taken from its cache), kvagent's
 ``kvagent`` fields (``prefill_tokens`` — critical path and prefetch — and ``reused_tokens``).
+kvagent's answers also name the cache policy that answered and whether the answer came from
+an approximate state (``policy``, ``approximate``); the server counts the same steps in
+``/metrics`` (``kvagent_steps_approximate_total``), read by ``approximate_steps_counted`` so
+the two counts can be compared.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class PeerStep:
     reused: int  # prompt tokens it took from its cache
     completion_tokens: int
     critical_prefilled: int | None = None  # kvagent: prefilled after the request arrived
+    policy: str | None = None  # kvagent: the cache policy that answered
+    approximate: bool | None = None  # kvagent: decoded from an approximate state
 
 
 @attrs.frozen
@@ -69,9 +75,11 @@ def parse_answer(body: dict[str, Any], client: int, step: int, round_trip: float
     completion = int(body.get("usage", {}).get("completion_tokens", 0))
     if "kvagent" in body:
         k = body["kvagent"]
+        approximate = k.get("approximate")
         return answer, PeerStep(client, step, round_trip, int(k["prefill_tokens"]),
                                 int(k["reused_tokens"]), completion,
-                                int(k["critical_path_prefill_tokens"]))
+                                int(k["critical_path_prefill_tokens"]), k.get("policy"),
+                                None if approximate is None else bool(approximate))
     timings = body.get("timings", {})
     return answer, PeerStep(client, step, round_trip, int(timings.get("prompt_n", 0)),
                             int(timings.get("cache_n", 0)), completion)
@@ -139,13 +147,27 @@ def percentile(values: Sequence[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
-def summary(steps: Sequence[PeerStep], wall_s: float, *, skip: int = 1) -> dict[str, float]:
+def approximate_steps_counted(metrics: str) -> int:
+    """The steps a kvagent server counted as approximate: the sum of the
+    ``kvagent_steps_approximate_total`` samples (every API and policy) in its ``/metrics``
+    text."""
+    prefix = "kvagent_steps_approximate_total{"
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in metrics.splitlines()
+               if line.startswith(prefix))
+
+
+def summary(steps: Sequence[PeerStep], wall_s: float, *, skip: int = 1,
+            ) -> dict[str, float | int | None]:
     """Steps per second (every step of every client over the wall time), latency p50 / p95
-    and token means over the steps after each client's first ``skip`` (a cold start)."""
+    and token means over the steps after each client's first ``skip`` (a cold start);
+    ``approximate_steps``: how many of all the steps the answers marked approximate (None
+    when no answer says: llama-server's)."""
     warm = [s for s in steps if s.step >= skip] or list(steps)
     lat = [s.round_trip_s for s in warm]
     crit = [s.critical_prefilled for s in warm if s.critical_prefilled is not None]
+    marked = [s.approximate for s in steps if s.approximate is not None]
     return {"steps": len(steps), "wall_s": wall_s,
+            "approximate_steps": sum(marked) if marked else None,
             "steps_per_s": len(steps) / wall_s if wall_s else 0.0,
             "latency_p50_s": percentile(lat, 0.5), "latency_p95_s": percentile(lat, 0.95),
             "prefilled_per_step": statistics.fmean(s.prefilled for s in warm),

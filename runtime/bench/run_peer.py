@@ -2,6 +2,12 @@
 ``kvagent serve`` and against a user-supplied llama.cpp ``llama-server`` — the arms, the
 paired rounds, the medians, the ratios and the report (the workload's clients:
 ``runtime.bench.peer``; the arguments: ``runtime/commands/bench_peer.py``).
+
+The kvagent arm runs ``--kvagent-policy`` when one is given (checked against the model's
+files before any server starts: ``policy_problem``); its approximate steps are counted from
+the answers and, independently, from the server's ``/metrics`` at the end of each round —
+a difference is reported, never hidden.  ``--workload`` picks the forged model when no
+``--model`` is given (``WORKLOADS``).
 """
 
 from __future__ import annotations
@@ -16,23 +22,58 @@ from typing import Any
 
 import attrs
 
+from cachepolicy.engine.model_facts import read_facts
 from cachepolicy.engine.records import DEFAULT_DECODE_ROWS
 from runtime.bench.llama_server import llama_server, peak_rss_bytes, server_args
-from runtime.bench.peer import Workload, run_clients, summary
+from runtime.bench.peer import Workload, approximate_steps_counted, run_clients, summary
 from runtime.bench.serve_process import serve_process
 from runtime.bench.trajectory import screenshot
-from runtime.engine_setup import BENCH_MODEL, resolve_model
+from runtime.config import PolicyChoice
+from runtime.engine_setup import BENCH_MODEL, DefaultModel, ModelFiles, resolve_model
+from runtime.model_check import policy_fits
 from vmenv.trajectory_writer import write_durably
 
-__all__ = ["SINGLE_ARMS", "measure", "print_report", "ratios", "run", "run_arm", "table"]
+__all__ = ["SINGLE_ARMS", "WORKLOADS", "measure", "model_files", "policy_problem",
+           "print_report", "ratios", "run", "run_arm", "table", "workload_model"]
+
+#: ``--workload``: the forged model each names (the first is the default)
+WORKLOADS: dict[str, DefaultModel] = {"qwen35-m": BENCH_MODEL,
+                                      "llama-m": DefaultModel("llama", "M")}
+
+
+def workload_model(name: str | None) -> DefaultModel:
+    """The forged model of ``--workload name`` (None: the default workload's)."""
+    return WORKLOADS[name or next(iter(WORKLOADS))]
+
+
+def policy_problem(policy: str, model: Path, mmproj: Path) -> str | None:
+    """Why ``kvagent serve --policy policy`` cannot run on these files (read without loading
+    the weights: the model's layer kind and position rules, as ``kvagent check-model``
+    judges every policy), or None."""
+    name = PolicyChoice.parse(policy, what="--kvagent-policy").policy
+    fit = next(f for f in policy_fits(read_facts(model, mmproj)) if f.name == name)
+    return None if fit.applies else f"--kvagent-policy {policy}: {fit.why}"
+
+
+def model_files(args: argparse.Namespace) -> tuple[str | None, ModelFiles]:
+    """The ``--workload`` run (None: the user's ``--model``) and its files, the forged
+    model forged on first use."""
+    workload = None if args.model is not None else (args.workload or next(iter(WORKLOADS)))
+    return workload, resolve_model(args.model, args.mmproj, default=workload_model(workload))
 
 
 def run(args: argparse.Namespace, parts: list[str], size: tuple[int, int]) -> int:
     """Every arm of ``parts`` on screenshots of ``size``; the report on stdout and in
-    ``--json``."""
-    files = resolve_model(args.model, args.mmproj, default=BENCH_MODEL)
+    ``--json``.  A ``--kvagent-policy`` the model cannot run: exit 2 with the reason, before
+    any server starts."""
+    workload, files = model_files(args)
     assert files.mmproj is not None  # a vision model: resolved with its projector
-    report = measure(args, parts, size, files.model, files.mmproj)
+    if args.kvagent_policy is not None:
+        problem = policy_problem(args.kvagent_policy, files.model, files.mmproj)
+        if problem is not None:
+            print(f"kvagent bench-peer: error: {problem}", file=sys.stderr)
+            return 2
+    report = measure(args, parts, size, files.model, files.mmproj, workload=workload)
     print_report(report)
     if args.json_out is not None:
         write_durably(args.json_out, json.dumps(report, indent=1).encode())
@@ -75,24 +116,49 @@ def run_arm(args: argparse.Namespace, server: str, layout: str, clients: int,
         if rows is None and clients > DEFAULT_DECODE_ROWS:
             rows = clients
         lanes = ["--decode-rows", str(rows)] if rows is not None else []
+        policy = getattr(args, "kvagent_policy", None)
         kargs = ["--model", str(model), "--mmproj", str(mmproj), "--mode", "terminal",
                  "--ctx", str(args.ctx), "--threads", str(args.threads),
                  "--max-episodes", str(clients), *lanes,
                  "--window", str(args.screenshots),
-                 "--max-completion-tokens", str(args.max_tokens)]
+                 "--max-completion-tokens", str(args.max_tokens),
+                 *(["--policy", policy] if policy is not None else [])]
         with serve_process(kargs, tmp / "kvagent-serve.log") as served:
             steps, wall = run_clients(
                 served.url, served.model, w, clients,
                 headers=lambda i: {"X-Kvagent-Conversation": f"peer-{i}"})
             rss = peak_rss_bytes(served.process.pid)
+            metrics = _metrics(served.url)
+        out = {"server": server, "layout": layout, "clients": clients, "peak_rss_bytes": rss,
+               **summary(steps, wall)}
+        # the second count of the approximate steps: the server's own, at the round's end
+        out["approximate_steps_metrics"] = approximate_steps_counted(metrics)
+        answered = out["approximate_steps"] or 0
+        out["approximate_counts_agree"] = answered == out["approximate_steps_metrics"]
+        if not out["approximate_counts_agree"]:
+            print(f"[{label}] approximate steps: the answers marked {answered}, the server's "
+                  f"/metrics counted {out['approximate_steps_metrics']}", file=sys.stderr,
+                  flush=True)
+        out["policy"] = ",".join(sorted({s.policy for s in steps if s.policy})) or None
+        return {**out, "per_step": [attrs.asdict(s) for s in steps]}
     return {"server": server, "layout": layout, "clients": clients, "peak_rss_bytes": rss,
             **summary(steps, wall), "per_step": [attrs.asdict(s) for s in steps]}
 
 
+def _metrics(url: str) -> str:
+    """The server's ``GET /metrics`` text."""
+    import httpx  # the HTTP client loads only when a server is asked
+
+    r = httpx.get(f"{url}/metrics", timeout=60)
+    r.raise_for_status()
+    return r.text
+
+
 def measure(args: argparse.Namespace, parts: list[str], size: tuple[int, int], model: Path,
-            mmproj: Path) -> dict[str, Any]:
+            mmproj: Path, *, workload: str | None = None) -> dict[str, Any]:
     """Every arm of the asked parts, ``--rounds`` times (the order reversed every other
-    round); per arm the medians over rounds."""
+    round); per arm the medians over rounds.  ``workload``: the ``--workload`` the model
+    was forged for (None: the user's files)."""
     arms: list[tuple[str, str, int]] = []
     if "single" in parts:
         arms += [(s, layout, 1) for s, layout in SINGLE_ARMS]
@@ -111,7 +177,8 @@ def measure(args: argparse.Namespace, parts: list[str], size: tuple[int, int], m
                        "clients": args.clients, "rounds": args.rounds,
                        "threads": args.threads, "ctx": args.ctx,
                        "decode_rows": args.decode_rows,
-                       "llama_server": str(args.llama_server)},
+                       "llama_server": str(args.llama_server), "workload": workload,
+                       "kvagent_policy": getattr(args, "kvagent_policy", None)},
             "arms": {k: _median_of(v) for k, v in runs.items()}, "runs": runs}
 
 
@@ -126,6 +193,14 @@ def _median_of(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         vals = [r[k] for r in rounds if r.get(k) is not None]
         out[k] = statistics.median(vals) if vals else None
     out["rounds"] = len(rounds)
+    if rounds[0]["server"] == "kvagent":  # what answered, over all its rounds (not medians)
+        out["policy"] = rounds[0].get("policy")
+        out["steps_all_rounds"] = sum(r["steps"] for r in rounds)
+        out["approximate_steps"] = sum(r.get("approximate_steps") or 0 for r in rounds)
+        out["approximate_steps_metrics"] = sum(r.get("approximate_steps_metrics") or 0
+                                               for r in rounds)
+        out["approximate_counts_agree"] = all(r.get("approximate_counts_agree", True)
+                                              for r in rounds)
     return out
 
 
@@ -157,16 +232,33 @@ def table(report: dict[str, Any]) -> str:
     lines = ["| server | layout | clients | steps/s | latency p50 s | p95 s | peak RSS MiB | "
              "prefilled / step | reused / step | critical-path prefilled / step | answer "
              "tokens |", "|" + "---|" * 11]
+    policy = report["config"].get("kvagent_policy")
     for s in report["arms"].values():
         rss = f"{s['peak_rss_bytes'] / 2**20:.0f}" if s["peak_rss_bytes"] else "-"
         crit = (f"{s['critical_prefilled_per_step']:.0f}"
                 if s["critical_prefilled_per_step"] is not None else "-")
-        lines.append(f"| {s['server']} | {s['layout']} | {s['clients']} | "
+        lines.append(f"| {_server_label(s, policy)} | {s['layout']} | {s['clients']} | "
                      f"{s['steps_per_s']:.3f} | {s['latency_p50_s']:.3f} | "
                      f"{s['latency_p95_s']:.3f} | {rss} | {s['prefilled_per_step']:.0f} | "
                      f"{s['reused_per_step']:.0f} | {crit} | "
                      f"{s['completion_tokens_per_step']:.1f} |")
     return "\n".join(lines)
+
+
+def _server_label(arm: dict[str, Any], policy: str | None) -> str:
+    """The table's server column: kvagent's names the policy it was asked to run and, when
+    any of its steps were approximate, says how many (and whether the server's count
+    agreed)."""
+    if arm["server"] != "kvagent" or policy is None:
+        return arm["server"]
+    label = f"kvagent --policy {policy}"
+    n = arm.get("approximate_steps") or 0
+    if n:
+        label += f", approximate: {n} of {arm['steps_all_rounds']} steps"
+    if not arm.get("approximate_counts_agree", True):
+        label += (f" (the server counted {arm['approximate_steps_metrics']}: the counts "
+                  f"disagree)")
+    return label
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -176,6 +268,9 @@ def print_report(report: dict[str, Any]) -> None:
           f"{c['max_tokens']} answer tokens, {c['threads']} thread(s), kvagent decode "
           f"lanes {c['decode_rows'] or 'default'}, medians of "
           f"{c['rounds']} paired rounds")
+    model = f"workload {c['workload']}" if c.get("workload") else c["model"]
+    print(f"model: {model}; kvagent serve --policy "
+          f"{c.get('kvagent_policy') or 'default (exact)'}")
     print(table(report))
     for name, value in ratios(report).items():
         print(f"{name}: {value:.2f}")

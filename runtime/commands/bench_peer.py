@@ -12,6 +12,14 @@ paired rounds (the order alternates every round, each arm on a freshly started s
 * **N concurrent clients** — OSWorld's layout, llama-server ``-np N`` against ``kvagent
   serve --max-episodes N``.
 
+kvagent serve runs its exact default policy unless ``--kvagent-policy NAME[@budget|@option]``
+names another (``kvagent serve --policy``'s spelling, checked as it checks it; a policy the
+model cannot run is refused before any server starts); an approximate policy's steps are
+counted twice — from the answers' ``kvagent.approximate`` and from the server's
+``/metrics`` — and its table rows say so.  Without ``--model`` the workload picks the forged
+model: ``qwen35-m`` (the hybrid qwen35 M, ``qwen3vl_merger`` projector) or ``llama-m`` (the
+attention-only llama M, LLaVA's ``mlp`` projector).
+
 Per arm: steps/s, the request round trip (the critical path as the agent sees it) p50 and
 p95, the server's peak RSS, and what it prefilled and reused per step (the servers' own
 counts).  Not part of the test suite (it needs the binary): docs/benchmarks.md says how to
@@ -31,15 +39,28 @@ HELP = ("the same OSWorld-style workload against kvagent serve and a llama-serve
         "(same GGUF, same prompts): steps/s, latency p50/p95, peak RSS, prefill and reuse")
 
 PARTS = ("single", "concurrent")
+#: ``--workload``: the forged model run when no ``--model`` is given (``run_peer.WORKLOADS``
+#: maps each to its model; the first is the default)
+WORKLOADS = ("qwen35-m", "llama-m")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from runtime.commands.options import add_model_arguments
+    from runtime.commands.options import add_model_arguments, policy_spelling
     from runtime.engine_setup import BENCH_MODEL
 
     p.add_argument("--llama-server", type=Path, required=True, dest="llama_server",
                    help="the llama-server binary to compare with (see docs/benchmarks.md)")
     add_model_arguments(p, BENCH_MODEL)
+    p.add_argument("--workload", choices=WORKLOADS, default=None,
+                   help="without --model, the forged model both servers run: qwen35-m (the "
+                        "hybrid qwen35 M, the default) or llama-m (the attention-only llama "
+                        "M with LLaVA's mlp projector: 576 tokens a screenshot)")
+    p.add_argument("--kvagent-policy", default=None, dest="kvagent_policy",
+                   metavar="NAME[@BUDGET|@OPTION]", type=policy_spelling,
+                   help="the cache policy of the kvagent serve it starts (kvagent serve "
+                        "--policy's spelling, e.g. relocate, tail-replay@10%%); default: "
+                        "serve's own, exact. An approximate policy's steps are counted and "
+                        "its rows marked")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated of {PARTS}")
     p.add_argument("--steps", type=int, default=8, help="steps per client")
     p.add_argument("--screenshots", type=int, default=3, help="K: screenshots per request")
@@ -78,6 +99,8 @@ def check(args: argparse.Namespace) -> tuple[list[str], tuple[int, int]]:
     if not 0 <= args.vm_seconds <= 600:
         raise ValueError("--vm-seconds must be 0..600")
     check_model_choice(args.model, args.mmproj)
+    if args.model is not None and args.workload is not None:
+        raise ValueError("--workload chooses the forged model: give it or --model, not both")
     check_threads(args.threads)
     check_decode_rows(args.decode_rows)
     return parts, parse_wxh(args.screen, option="--screen", low=(16, 16), high=(8192, 8192))
