@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from cachepolicy.engine.errors import (
     ContextFullError, DecodeError, EngineError, FastKernelsUnavailableError, GrammarBudgetError,
-    ImageError, KvagentCacheError, ModelLoadError, NoVisionError, Preempted, QuantizeError,
-    RestoreError, SingleTokenPrefillError, UnsafeEditError,
+    GrammarWorkerError, ImageError, KvagentCacheError, ModelLoadError, NoVisionError, Preempted,
+    QuantizeError, RestoreError, SingleTokenPrefillError, UnsafeEditError,
 )
 
 
@@ -32,7 +32,7 @@ class StalePublishError(KvagentCacheError):
 
 __all__ = [
     "ContextFullError", "DecodeError", "EngineError", "FastKernelsUnavailableError",
-    "GrammarBudgetError", "ImageError", "KvagentCacheError", "ModelLoadError", "NoVisionError", "PolicyError",
+    "GrammarBudgetError", "GrammarWorkerError", "ImageError", "KvagentCacheError", "ModelLoadError", "NoVisionError", "PolicyError",
     "PolicyRefusedError", "Preempted", "QuantizeError", "RestoreError",
     "SingleTokenPrefillError", "StalePublishError", "UnsafeEditError",
 ]

@@ -113,3 +113,52 @@ async def test_the_other_generations_go_on_beside_an_exploding_one(engines) -> N
     assert beside == alone
     e.clear(0)
     e.clear(1)
+
+
+def test_a_grammar_llama_cpp_refuses_leaves_its_worker_healthy(engines) -> None:
+    """The worker of a refused grammar goes back to the idle pool (nothing was opened in
+    it): it is neither killed nor counted as a grammar over its budget."""
+    e = engines("qwen35")
+    workers = e._grammars
+    ended = workers.ended
+    for _ in range(3):
+        with pytest.raises(ValueError, match="grammar"):
+            e.generate(0, _prompt_logits(e), 4,
+                       SamplingParams(grammar="root ::= (", grammar_budget=GrammarBudget()))
+    assert workers.ended == ended
+    params = SamplingParams(grammar=CLICK_GRAMMAR, grammar_budget=GrammarBudget())
+    assert re.fullmatch(r"click\(\d{1,3}, \d{1,3}\)",
+                        e.detokenize(e.generate(0, _prompt_logits(e), 24, params)))
+
+
+def test_closing_the_engine_under_a_grammar_is_the_servers_error(forged) -> None:
+    """The engine closes while a client grammar's generation runs: that generation ends
+    with GrammarWorkerError (the server's fault, answered 503), never with the grammar's
+    budget error (the client's, 400); nothing of the worker is left."""
+    import threading
+
+    from cachepolicy.engine import Engine, EngineConfig
+    from cachepolicy.errors import GrammarWorkerError
+
+    m = forged("qwen35")
+    e = Engine(m.model_path, m.mmproj_path,
+               EngineConfig(n_ctx_per_seq=2048, n_seq_max=2, n_batch=32, n_threads=1))
+    params = SamplingParams(grammar=EXPLODING_GRAMMAR,
+                            grammar_budget=GrammarBudget(call_s=30.0, total_s=60.0))
+    logits = _prompt_logits(e)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            e.generate(0, logits, 200, params)
+        except BaseException as exc:  # noqa: BLE001  asserted below
+            raised.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(2.0)  # the exploding grammar is deep in a call by now
+    e._grammars.close()
+    worker.join(timeout=60)
+    assert not worker.is_alive() and len(raised) == 1
+    assert isinstance(raised[0], GrammarWorkerError), raised[0]
+    e.close()

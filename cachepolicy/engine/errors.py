@@ -48,6 +48,11 @@ class GrammarBudgetError(EngineError):
     """Matching a client's grammar passed its budget (time, or its worker's memory)."""
 
 
+class GrammarWorkerError(EngineError):
+    """A grammar worker could not serve (it did not start, or the engine closed): the
+    server's fault, not the grammar's."""
+
+
 class ContextFullError(EngineError):
     """The sequence would exceed its share of the context window."""
 

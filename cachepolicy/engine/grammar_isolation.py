@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import structlog
 
-from cachepolicy.engine.errors import EngineError, GrammarBudgetError
+from cachepolicy.engine.errors import GrammarBudgetError, GrammarWorkerError
 from cachepolicy.engine.grammar_state import CharTokens, GrammarParseError
 from cachepolicy.engine.grammar_worker import (ACCEPT, ANSWER, CLOSE, FORCED, HELLO, MASK,
                                                OPEN, REQUEST)
@@ -60,10 +60,16 @@ class _Process:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             bufsize=0)
         try:
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            # the pipe written without blocking: every write, like every read, has a deadline
+            os.set_blocking(self.proc.stdin.fileno(), False)
             _, hello = self.call(HELLO, 0, 0, b"", START_TIMEOUT_S)
         except _Failed as exc:
             self.end()
-            raise EngineError(f"the grammar worker did not start ({exc})") from None
+            raise GrammarWorkerError(f"the grammar worker did not start ({exc})") from None
+        except BaseException:
+            self.end()
+            raise
         (self.n_vocab,) = struct.unpack("<I", hello)
         log.info("grammar_worker_started", pid=self.proc.pid)
 
@@ -72,26 +78,41 @@ class _Process:
         """(status, answer) of one request; ``_Failed`` if none comes within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(REQUEST.pack(op, gid, arg, len(payload)) + payload)
+            self._write(REQUEST.pack(op, gid, arg, len(payload)) + payload, deadline)
             status, n = ANSWER.unpack(self._read(ANSWER.size, deadline))
             return status, self._read(n, deadline)
-        except OSError:
+        except (OSError, ValueError):  # a pipe closed under us (ValueError: a closed file)
             raise _Failed(timed_out=False) from None
+
+    def _write(self, data: bytes, deadline: float) -> None:
+        assert self.proc.stdin is not None
+        fd = self.proc.stdin.fileno()
+        view = memoryview(data)
+        while view:
+            _wait(fd, select.POLLOUT, deadline)
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                continue
 
     def _read(self, n: int, deadline: float) -> bytes:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         out = bytearray()
         while len(out) < n:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise _Failed(timed_out=True)
+            _wait(fd, select.POLLIN, deadline)
             chunk = os.read(fd, n - len(out))
             if not chunk:
                 raise _Failed(timed_out=False)
             out += chunk
         return bytes(out)
+
+    def kill(self) -> None:
+        """End the process, leaving its pipes to the thread that may be reading them (it
+        sees the end, then ``end`` closes them): a descriptor closed under a reader could be
+        reused by another file before its read."""
+        if self.proc.poll() is None:
+            self.proc.kill()
 
     def end(self) -> None:
         """Kill and reap the process (idempotent)."""
@@ -104,6 +125,16 @@ class _Process:
             self.proc.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             log.error("grammar_worker_unkillable", pid=self.proc.pid)
+
+
+def _wait(fd: int, event: int, deadline: float) -> None:
+    """Until ``fd`` is ready for ``event`` (or hung up), or ``_Failed`` at the deadline.
+    ``poll``, not ``select``: a server's descriptors may number past select's 1024."""
+    poller = select.poll()
+    poller.register(fd, event)
+    left = deadline - time.monotonic()
+    if left <= 0 or not poller.poll(left * 1000):
+        raise _Failed(timed_out=True)
 
 
 class GrammarWorkers:
@@ -127,8 +158,8 @@ class GrammarWorkers:
         except BaseException:
             grammar.close()
             raise
-        if status:
-            grammar.close()
+        if status:  # nothing was opened in the worker: it goes back as it was
+            grammar.abandon()
             raise GrammarParseError(f"the grammar does not parse ({answer.decode()})")
         return grammar
 
@@ -136,22 +167,28 @@ class GrammarWorkers:
         """End every worker (idempotent); later grammars are refused."""
         with self._lock:
             self._closed = True
-            processes = self._idle + list(self._busy)
-            self._idle, self._busy = [], set()
-        for process in processes:
+            idle, busy = self._idle, list(self._busy)
+            self._idle = []
+        for process in idle:
             process.end()
+        for process in busy:  # its grammar's thread sees the end and gives it back
+            process.kill()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def _take(self) -> _Process:
         with self._lock:
             if self._closed:
-                raise EngineError("the engine is closed")
+                raise GrammarWorkerError("the engine is closed")
             process = self._idle.pop() if self._idle else None
         if process is None:
             process = _Process(self._model_path, self._memory_bytes)
         with self._lock:
             if self._closed:
                 process.end()
-                raise EngineError("the engine is closed")
+                raise GrammarWorkerError("the engine is closed")
             self._busy.add(process)
         return process
 
@@ -194,6 +231,11 @@ class IsolatedGrammar:
         # the worker asks its own CharTokens: the same vocabulary, so the same candidates
         return self._request(FORCED, limit)
 
+    def abandon(self) -> None:
+        """Give the worker back without closing a grammar (none was opened in it)."""
+        self._closed = True
+        self._workers.give_back(self._process, self._healthy)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -209,7 +251,7 @@ class IsolatedGrammar:
     def _request(self, op: int, arg: int = 0, payload: bytes = b"") -> bytes:
         status, answer = self.call(op, arg, payload)
         if status:
-            raise EngineError(f"the grammar worker refused a call: {answer.decode()}")
+            raise GrammarWorkerError(f"the grammar worker refused a call: {answer.decode()}")
         return answer
 
     def call(self, op: int, arg: int, payload: bytes) -> tuple[int, bytes]:
@@ -225,6 +267,8 @@ class IsolatedGrammar:
             return self._process.call(op, 0, arg, payload, timeout)
         except _Failed as exc:
             self._healthy = False
+            if self._workers.closed:  # the engine is closing: not the grammar's doing
+                raise GrammarWorkerError("the engine closed during the generation") from None
             log.warning("grammar_over_budget", pid=self._process.proc.pid, reason=str(exc),
                         spent_s=round(self._spent_s + time.monotonic() - started, 3))
             raise GrammarBudgetError(self._why(exc.timed_out, timeout)) from None
@@ -233,8 +277,8 @@ class IsolatedGrammar:
 
     def _why(self, timed_out: bool, timeout: float) -> str:
         if not timed_out:
-            return ("matching the grammar ran out of its worker's memory; simplify the "
-                    "grammar")
+            return ("matching the grammar ended its worker (out of its memory, or a crash); "
+                    "simplify the grammar")
         if timeout < self._budget.call_s:
             return (f"matching the grammar took more than {self._budget.total_s:g} s in "
                     "this generation; simplify the grammar")

@@ -25,6 +25,8 @@ import attrs
 import llama_cpp
 import numpy as np
 
+from cachepolicy.engine.errors import EngineError
+
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
 
 
@@ -67,8 +69,9 @@ class GrammarState(Protocol):
     def close(self) -> None: ...
 
 
-class GrammarParseError(ValueError):
-    """llama.cpp did not parse the grammar (its reason goes to its own stderr)."""
+class GrammarParseError(EngineError, ValueError):
+    """llama.cpp did not parse the grammar (its reason goes to its own stderr): the client's
+    input (a ``KvagentCacheError``, so a server answers 400) and a ``ValueError``."""
 
 
 class LocalGrammar:

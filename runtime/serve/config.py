@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 
 from cachepolicy.engine import EngineConfig
+from cachepolicy.engine.sampling import GrammarBudget
 from runtime.actions import Screen
 from runtime.config import DEFAULT_SCREEN, AgentConfig
 from runtime.engine_setup import check_model_choice
@@ -45,8 +46,8 @@ class Limits:
     #: seconds matching a client's grammar (or JSON schema) may take for one token, and
     #: for a whole completion: it runs in a worker process that is ended when either passes
     #: (its cost follows its ambiguity, which no reading of its text bounds)
-    grammar_call_s: float = 2.0
-    grammar_total_s: float = 30.0
+    grammar_call_s: float = GrammarBudget().call_s
+    grammar_total_s: float = GrammarBudget().total_s
     #: nesting of a JSON body (deeper: 400, before anything reads it)
     max_json_depth: int = 64
     #: values in a JSON body (counted by its commas, before it is parsed)

@@ -15,8 +15,8 @@ from typing import Any
 import attrs
 from starlette.responses import JSONResponse
 
-from cachepolicy.errors import (ContextFullError, GrammarBudgetError, ImageError,
-                                KvagentCacheError)
+from cachepolicy.errors import (ContextFullError, GrammarBudgetError, GrammarWorkerError,
+                                ImageError, KvagentCacheError)
 from runtime.pool import EpisodeBusyError, PoolFullError, UnknownEpisodeError
 from scheduler.errors import AdmissionError, ContextFullAdmissionError, ShuttingDownError
 
@@ -86,6 +86,8 @@ def api_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ContextFullError):
         return bad_request(f"the prompt does not fit the context: {exc}",
                            code="context_length_exceeded")
+    if isinstance(exc, GrammarWorkerError):  # the server could not match it: not the client's
+        return unavailable(f"the grammar could not be matched now: {exc}")
     if isinstance(exc, GrammarBudgetError):  # the client's grammar, not the server's load
         return bad_request(str(exc), param="grammar", code="grammar_budget_exceeded")
     if isinstance(exc, ImageError):
