@@ -118,7 +118,7 @@ class ResumePlan:
         """Remove this invocation's task directories when overwriting, then record the
         manifest entries of its tasks.  Blocking.  The directories of ``restarted`` are
         cleared when their recorder opens."""
-        domain = self.layout.domain_dir
+        domain = self.layout.real_domain_dir()  # looked at again: the model loaded since
         if self.overwrite:
             # Looked at again (the model loaded since the plan), every one before the first is
             # removed: a link planted at any of them refuses the whole overwrite, nothing
@@ -178,7 +178,7 @@ def plan_resume(layout: ResultLayout, run_manifest: dict[str, Any], task_ids: Se
                 *, overwrite: bool = False) -> ResumePlan:
     """Decide, reading only, what this run does in ``layout`` (see the module docstring);
     raises ``ResultDirError`` to refuse."""
-    domain = layout.domain_dir
+    domain = layout.real_domain_dir()
     dirs = {t: layout.task_dir(t) for t in task_ids}
     if overwrite:
         entries = _readable_entries(domain)
