@@ -31,6 +31,7 @@ from runtime.engine_setup import DEMO_MODEL
 from runtime.logs import configure_logging
 from runtime.osworld import KvAgent
 from runtime.profiles import names as profile_names
+from runtime.run.recording import UnusableResultError, read_result
 
 
 def parse_args() -> argparse.Namespace:
@@ -132,8 +133,11 @@ def run_osworld(agent: KvAgent, args: argparse.Namespace) -> list[float]:
                 continue
             for task_id in ids:
                 out = result_dir(args, domain, task_id)
-                if (out / "result.txt").exists():
-                    continue  # finished earlier (OSWorld resumes the same way)
+                try:
+                    if read_result(out) is not None:
+                        continue  # finished earlier (OSWorld resumes the same way)
+                except UnusableResultError as exc:  # a link, not a number: run it again
+                    print(f"warning: {task_id}: {exc}; running it again", file=sys.stderr)
                 path = root / "evaluation_examples" / "examples" / domain / f"{task_id}.json"
                 example = json.loads(path.read_text(encoding="utf-8"))
                 lib_run_single.run_single_example(agent, env, example, args.max_steps,
