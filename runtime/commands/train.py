@@ -60,6 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"field is ready (default {d.early_typing:g})")
     p.add_argument("--max-slip-run", type=int, default=d.max_slip_run,
                    help=f"mistakes in a row, 1..N (default {d.max_slip_run})")
+    p.add_argument("--with-done", action="store_true", default=d.with_done,
+                   help="end every demonstration with the solved state labelled done() (the "
+                        "agents then end their own episodes; docs/training.md has what it "
+                        "did to the multi-step kinds)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
                               recogniser_dialog_episodes=args.recogniser_dialog_episodes,
                               recogniser_updates=args.recogniser_updates,
                               perturbed=args.perturbed, slipped=args.slipped,
-                              early_typing=args.early_typing, max_slip_run=args.max_slip_run)
+                              early_typing=args.early_typing, max_slip_run=args.max_slip_run,
+                              with_done=args.with_done)
         try:
             config.dataset()  # the dataset's own checks, before any work
         except ValueError as exc:

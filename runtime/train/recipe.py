@@ -100,10 +100,12 @@ class RecipeConfig:
     slipped: float = _DATA.slipped.default
     early_typing: float = _DATA.early_typing.default
     max_slip_run: int = _DATA.max_slip_run.default
-    #: every demonstration ends with the solved state labelled ``done()``: the agents end
-    #: their own episodes, as OSWorld's loop needs (it stops only on DONE / FAIL or at
-    #: max_steps); the files shipped before 2026-12-06 were trained without it
-    with_done: bool = True
+    #: every demonstration ends with the solved state labelled ``done()``, so the agents
+    #: end their own episodes as OSWorld's loop needs (it stops only on DONE / FAIL or at
+    #: max_steps).  Off: the shipped files were trained without it; with it (issue 47,
+    #: measured in docs/training.md) every episode ends with done() but the multi-step
+    #: kinds collapse to click, type, done()
+    with_done: bool = False
 
     def dataset(self) -> DatasetConfig:
         """The dataset this recipe trains on; ValueError if its settings are not valid."""
