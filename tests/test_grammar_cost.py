@@ -28,6 +28,7 @@ from runtime.serve.gbnf_cost import (DEFAULT_MAX_BRANCHING, DEFAULT_MAX_ELEMENTS
 from runtime.serve.gbnf_parse import GrammarParser
 from runtime.serve.json_schema import SchemaError, json_object_gbnf, schema_gbnf
 from serve_helpers import kvagent_serve
+from test_serve_constraints import SCHEMAS as SERVED_SCHEMAS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,15 +85,7 @@ def _reader_accepts(text: str) -> bool:
 
 
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                      "age": {"type": "integer"},
-                                      "tags": {"type": "array", "items": {"enum": ["a", "b"]},
-                                               "maxItems": 3},
-                                      "ok": {"type": ["boolean", "null"]}},
-     "required": ["name", "ok"]},
-    {"type": "array", "items": {"type": "number"}, "minItems": 1, "maxItems": 4},
-    {"type": "object", "properties": {"x": {"const": 3}, "y": {"type": "object"}}},
-    {"enum": ["left", "right", 7, None]},
+    *SERVED_SCHEMAS,
     # the largest counts json_schema accepts
     {"type": "string", "maxLength": 2000},
     {"type": "string", "minLength": 2000, "maxLength": 2000},

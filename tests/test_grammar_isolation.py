@@ -8,16 +8,11 @@ import re
 import time
 
 import anyio
-import numpy as np
 import pytest
 
 from cachepolicy.errors import GrammarBudgetError
 from cachepolicy.engine.sampling import GrammarBudget, SamplingParams
-
-CLICK_GRAMMAR = r'''
-root ::= "click(" num ", " num ")"
-num ::= [0-9] | [1-9] [0-9] | [1-9] [0-9] [0-9]
-'''
+from test_generation import CLICK_GRAMMAR, _prompt_logits
 
 #: Every parse of "a"×n stays alive: each "a" doubles llama.cpp's stacks (the two
 #: alternatives return to different places), and no finite text ends it — short to read,
@@ -28,14 +23,6 @@ r ::= "a" r x | "a" r y
 x ::= "b"
 y ::= "b"
 '''
-
-
-def _prompt_logits(e, seq: int = 0) -> np.ndarray:
-    e.clear(seq)
-    logits = e.prefill_tokens(seq, e.tokenize("<|im_start|>user\nclick the ok button"
-                                              "<|im_end|>\n<|im_start|>assistant\n"))
-    assert logits is not None
-    return logits
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "llama"])
