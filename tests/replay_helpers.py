@@ -13,7 +13,7 @@ from cachepolicy.engine import Engine
 from cachepolicy.segments import SegmentFactory
 from runtime.run.replay import replay_run_config, replay_specs, replay_teacher
 from runtime.bench.trajectory import INSTRUCTION
-from runtime.commands.options import bench_agent_defaults
+from runtime.bench.agent_defaults import bench_agent_defaults
 from runtime.config import AgentConfig
 from runtime.metrics import EpisodeResult
 from runtime.run.agents import run_on
@@ -84,6 +84,15 @@ async def replay(sched: Scheduler, traj: Trajectory, n: int, *,
                               teacher=replay_teacher(traj), sequential=sequential,
                               on_event=on_event)
     return results
+
+
+async def one_episode_peak(engine: Engine, factory: SegmentFactory, traj: Trajectory) -> int:
+    """The ledger's peak while one episode of ``traj`` runs alone, unbounded: the budget
+    on which every step must wait for another's release."""
+    calib = MemoryLedger(1 << 30)
+    async with Scheduler(engine, calib, factory, options=OPTIONS) as sched:
+        await replay(sched, traj, 1)
+    return calib.snapshot().peak
 
 
 def outputs(result: EpisodeResult) -> list[tuple[int, ...]]:

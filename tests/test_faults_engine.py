@@ -22,7 +22,7 @@ import pytest
 from cachepolicy.errors import DecodeError
 from cachepolicy.segments import SegmentFactory
 from fault_helpers import STEPS, TRAJ, assert_on_disk, engine, failed_at, run_three  # noqa: F401
-from replay_helpers import AGENT, SCREEN
+from replay_helpers import AGENT, SCREEN, one_episode_peak
 from runtime.run.replay import replay_run_config, replay_specs, replay_teacher
 from runtime.bench.trajectory import trajectory
 from runtime.config import AgentConfig
@@ -224,10 +224,7 @@ async def test_squeeze_serializes_instead_of_failing(forged) -> None:
                 EngineConfig(n_ctx_per_seq=2048, n_seq_max=8, n_batch=32, n_threads=1,
                              image_cache_bytes=64_000)) as e:
         factory = SegmentFactory(e)
-        calib = MemoryLedger(1 << 30)
-        async with Scheduler(e, calib, factory, options=AGENT.step_options(SCREEN)) as sched:
-            await replay(sched, traj, 1)
-        budget = calib.snapshot().peak  # 1.0x
+        budget = await one_episode_peak(e, factory, traj)  # 1.0x
         ledger = MemoryLedger(budget)
         async with Scheduler(e, ledger, factory, options=AGENT.step_options(SCREEN),
                              wait_s=10.0) as sched:

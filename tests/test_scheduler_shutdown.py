@@ -12,7 +12,7 @@ import pytest
 
 from cachepolicy.policies import make_policy
 from cachepolicy.segments import SegmentFactory, model_info
-from replay_helpers import OPTIONS, replay, step_segments
+from replay_helpers import OPTIONS, one_episode_peak, step_segments
 from runtime.bench.trajectory import trajectory
 from scheduler.errors import ShuttingDownError
 from scheduler.ledger import MemoryLedger
@@ -33,10 +33,7 @@ def engine(forged):
 async def test_shut_down_stops_the_running_step_and_the_waiting_one(engine) -> None:
     traj = trajectory(2, 96, 64)
     factory = SegmentFactory(engine)
-    calib = MemoryLedger(1 << 30)
-    async with Scheduler(engine, calib, factory, options=OPTIONS) as sched:
-        await replay(sched, traj, 1)
-    ledger = MemoryLedger(calib.snapshot().peak)  # room for one step at a time
+    ledger = MemoryLedger(await one_episode_peak(engine, factory, traj))  # one step at a time
     entered, proceed = threading.Event(), threading.Event()
 
     def fault(point: str) -> None:  # the first step waits at a piece boundary

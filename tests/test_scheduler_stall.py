@@ -14,7 +14,7 @@ import pytest
 
 from cachepolicy.policies import make_policy
 from cachepolicy.segments import SegmentFactory, model_info
-from replay_helpers import OPTIONS, replay, step_segments
+from replay_helpers import OPTIONS, one_episode_peak, replay, step_segments
 from runtime.bench.trajectory import trajectory
 from scheduler.errors import AdmissionError
 from scheduler.ledger import MemoryLedger
@@ -45,10 +45,7 @@ async def test_waiters_do_not_give_up_while_slow_holders_progress(engine) -> Non
     its turn, however long the holder's step takes — and the ledger returns to zero."""
     traj = trajectory(3, 96, 64)
     factory = SegmentFactory(engine)
-    calib = MemoryLedger(1 << 30)
-    async with Scheduler(engine, calib, factory, options=OPTIONS) as sched:
-        await replay(sched, traj, 1)
-    budget = calib.snapshot().peak
+    budget = await one_episode_peak(engine, factory, traj)
     boundaries: list[float] = []
 
     def slow(point: str) -> None:  # in the worker thread, like an engine call
