@@ -183,7 +183,7 @@ class Engine:
         self.states = SequenceState(native, self._seqs, model_id=self.model_id,
                                     kind=self.kind)
         self.kv = KvAccess(native, self._seqs, kind=self.kind,
-                           n_ctx_per_seq=config.n_ctx_per_seq)
+                           n_ctx_per_seq=config.n_ctx_per_seq, model_path=model_path)
         # before anything is fed: it takes the zero recurrent state from an empty sequence
         self.rebase = RecurrentRebase(native, self._seqs, model_id=self.model_id,
                                       kind=self.kind)
@@ -355,6 +355,14 @@ class Engine:
 
     def kv_write(self, seq: int, rows: KvRows, history: Sequence[Run]) -> None:
         self.kv.write(seq, rows, history)
+
+    def kv_read_attention(self, seq: int) -> KvRows:
+        """``kv_read`` of the attention part (a hybrid's too: window-replay)."""
+        return self.kv.read_attention(seq)
+
+    def kv_write_attention(self, seq: int, rows: KvRows, history: Sequence[Run]) -> None:
+        """``kv_write`` of the attention part; a hybrid keeps its current recurrent state."""
+        self.kv.write_attention(seq, rows, history)
 
     def kv_keep(self, rows: KvRows, patch: KvPatch | None = None) -> StoredKv:
         return self.kv.keep(rows, patch)

@@ -1,5 +1,7 @@
-"""Reading and writing a sequence's KV rows (attention-only models): the engine's side of
-re-rotated and patched screenshot reuse.
+"""Reading and writing a sequence's KV rows: the engine's side of re-rotated and patched
+screenshot reuse (attention-only models: ``read`` / ``write``) and of window-replay's kept
+screenshots on hybrids (``read_attention`` / ``write_attention``: the attention part of a
+hybrid's state as rows, its recurrent part carried through untouched).
 
 A part the ``Engine`` owns (like ``SequenceState``); every method runs under the engine's
 lock.  ``read`` serialises the sequence (``llama_state_seq_get_data``) and parses its rows
@@ -11,6 +13,11 @@ records the history the caller says it now holds.
 Costs (measured in ``docs/benchmarks.md``): a read copies the whole sequence out (its state
 size, ~12 KB per cell on the forged llama M), a write copies it in; both are memcpy-bound.
 
+On a hybrid, ``write_attention`` writes the rows with the sequence's *current* recurrent
+state (a PARTIAL_ONLY snapshot of it, taken just before): the attention rows and the
+recurrent state then disagree about what the sequence absorbed — the caller's approximation,
+which it marks in the history it records (window-replay: its placed runs' digests).
+
 It also counts the stored KV it made (``keep``: weakref-tracked, like checkpoints), the
 engine's side of the integrity check for the screenshot store.
 """
@@ -19,22 +26,29 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from pathlib import Path
 
 import llama_cpp
 import numpy as np
 
 from cachepolicy.engine.checkpoint import ModelKind, Run
 from cachepolicy.engine.errors import EngineError, RestoreError, UnsafeEditError
-from cachepolicy.engine.kv_blob import BlobFormat, KvRows, compose, parse
+from cachepolicy.engine.gguf_meta import metadata
+from cachepolicy.engine.kv_blob import BlobFormat, KvRows, compose, parse_hybrid
 from cachepolicy.engine.kv_patch import KvPatch, StoredKv
-from cachepolicy.engine.kv_rope import RopeSpec
+from cachepolicy.engine.kv_rope import MULTI_SECTION, RopeSpec
 from cachepolicy.engine.live_count import LiveCount
 from cachepolicy.engine.native import Native, locked, model_meta
 from cachepolicy.engine.sequences import Sequences
 
 
-def read_rope(model: object) -> RopeSpec:
-    """The model's RoPE as its GGUF and llama.cpp describe it."""
+_PARTIAL = 1  # LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+_HEADER = 8  # a sequence blob's u32 magic + i32 seq_id, before the memory's parts
+
+
+def read_rope(model: object, model_path: str | Path | None = None) -> RopeSpec:
+    """The model's RoPE as its GGUF and llama.cpp describe it (multi-section RoPE's sections
+    are an array llama.cpp's metadata API does not return: read from the file)."""
     arch = model_meta(model, "general.architecture") or ""
     n_head = max(1, int(llama_cpp.llama_model_n_head(model)))
     n_embd = int(llama_cpp.llama_model_n_embd(model))
@@ -42,7 +56,12 @@ def read_rope(model: object) -> RopeSpec:
     head_dim = int(key_length) if key_length else n_embd // n_head
     n_rot = model_meta(model, f"{arch}.rope.dimension_count")
     base = model_meta(model, f"{arch}.rope.freq_base")
-    return RopeSpec(rope_type=int(llama_cpp.llama_model_rope_type(model)),
+    rope_type = int(llama_cpp.llama_model_rope_type(model))
+    sections: tuple[int, ...] = ()
+    if rope_type in MULTI_SECTION and model_path is not None:
+        found = metadata(model_path).get(f"{arch}.rope.dimension_sections") or ()
+        sections = tuple(int(x) for x in found)
+    return RopeSpec(rope_type=rope_type, sections=sections,
                     n_rot=int(n_rot) if n_rot else head_dim, head_dim=head_dim,
                     freq_base=float(base) if base else 10_000.0,
                     freq_scale=float(llama_cpp.llama_model_rope_freq_scale_train(model)),
@@ -62,10 +81,12 @@ def edit_problem(kind: ModelKind, rope: RopeSpec, uses_mrope: bool) -> str | Non
 
 class KvAccess:
     def __init__(self, native: Native, seqs: Sequences, *, kind: ModelKind,
-                 n_ctx_per_seq: int) -> None:
+                 n_ctx_per_seq: int, model_path: str | Path | None = None) -> None:
         self._native, self._seqs, self.kind = native, seqs, kind
         self.n_ctx_per_seq = n_ctx_per_seq
-        self.rope = read_rope(native.model)
+        self.rope = read_rope(native.model, model_path)
+        #: cells carry (x, y, tok) extensions (llama.cpp: ``n_pos_per_embd() > 1``)
+        self.cell_ext = self.rope.rope_type in MULTI_SECTION
         self._format: BlobFormat | None = None
         self._live = LiveCount()  # StoredKv objects still referenced
 
@@ -82,42 +103,74 @@ class KvAccess:
 
     @locked
     def read(self, seq: int) -> KvRows:
-        """Every cell of ``seq``, in its cell order (copies)."""
+        """Every cell of ``seq``, in its cell order (copies); attention-only models."""
         self._check(seq)
+        return self._read(seq)
+
+    @locked
+    def read_attention(self, seq: int) -> KvRows:
+        """The attention cells of ``seq`` (every cell on an attention-only model; a hybrid's
+        attention layers' cells, its recurrent part left out)."""
+        self._check_kind(seq, attention_part=True)
+        return self._read(seq)
+
+    def _read(self, seq: int) -> KvRows:
         if self._seqs.shift_pending:
             raise UnsafeEditError("positions were shifted since the last decode: llama.cpp "
                                   "re-rotates the keys only then, so the cached keys are stale")
-        ctx = self._native.ctx
-        size = llama_cpp.llama_state_seq_get_size_ext(ctx, seq, 0)
-        buf = ctypes.create_string_buffer(max(1, size))
-        n = llama_cpp.llama_state_seq_get_data_ext(
-            ctx, ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8)), size, seq, 0)
-        if n == 0 and size > 0:
-            raise EngineError(f"llama.cpp returned no state for sequence {seq}")
-        fmt, rows = parse(buf.raw[:n])
+        fmt, rows, rest = parse_hybrid(self._blob(seq, 0), cell_ext=self.cell_ext)
+        if rest and not self.kind.has_recurrent_state:
+            raise EngineError(f"{len(rest)} unexpected bytes after an attention model's KV")
         if rows.n_cells:
             self._format = fmt
         return rows
+
+    def _blob(self, seq: int, flags: int) -> bytes:
+        ctx = self._native.ctx
+        size = llama_cpp.llama_state_seq_get_size_ext(ctx, seq, flags)
+        buf = ctypes.create_string_buffer(max(1, size))
+        n = llama_cpp.llama_state_seq_get_data_ext(
+            ctx, ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8)), size, seq, flags)
+        if n == 0 and size > 0:
+            raise EngineError(f"llama.cpp returned no state for sequence {seq}")
+        return buf.raw[:n]
 
     @locked
     def write(self, seq: int, rows: KvRows, history: Sequence[Run]) -> None:
         """Replace ``seq`` with ``rows`` (written in position order); ``history`` is what the
         engine then records it holds (its cells must be the rows' count, its next position
-        past every row's)."""
+        past every row's).  Attention-only models."""
         self._check(seq)
+        self._write(seq, rows, history, b"")
+
+    @locked
+    def write_attention(self, seq: int, rows: KvRows, history: Sequence[Run]) -> None:
+        """``write`` for the attention part: on a hybrid the sequence keeps its current
+        recurrent state (snapshotted first and written back after the rows) — which has not
+        absorbed rows written here: the caller's approximation to mark (see the module
+        docstring)."""
+        self._check_kind(seq, attention_part=True)
+        recurrent = b""
+        if self.kind.has_recurrent_state:
+            recurrent = self._blob(seq, _PARTIAL)[_HEADER:]
+        self._write(seq, rows, history, recurrent)
+
+    def _write(self, seq: int, rows: KvRows, history: Sequence[Run], recurrent: bytes) -> None:
         if self._format is None:
             raise EngineError("no sequence has been read yet: the blob format is unknown")
         if not history or rows.n_cells == 0:
             raise ValueError("nothing to write")
         rows = rows.sorted()
         end = history[-1].end_pos
-        if (np.any(np.diff(rows.pos) <= 0) or rows.pos[0] < 0 or rows.pos[-1] >= end
+        if (np.any(np.diff(rows.pos) < 0) or rows.pos[0] < 0 or rows.pos[-1] >= end
                 or end > self.n_ctx_per_seq):
-            raise ValueError("rows need distinct positions inside the recorded history")
+            raise ValueError("rows need positions in order inside the recorded history")
+        if not self.cell_ext and np.any(np.diff(rows.pos) == 0):
+            raise ValueError("rows need distinct positions")
         if sum(r.n_tokens for r in history) != rows.n_cells:
             raise ValueError(f"history records {sum(r.n_tokens for r in history)} cells, "
                              f"rows hold {rows.n_cells}")
-        data = compose(self._format, rows, seq)
+        data = compose(self._format, rows, seq, recurrent=recurrent)
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         llama_cpp.llama_memory_seq_rm(self._native.mem, seq, -1, -1)
         self._seqs.replace(seq, [])
@@ -134,7 +187,11 @@ class KvAccess:
         return stored
 
     def _check(self, seq: int) -> None:
+        self._check_kind(seq, attention_part=False)
+
+    def _check_kind(self, seq: int, *, attention_part: bool) -> None:
         self._seqs.runs(seq)
-        if self.kind is not ModelKind.ATTENTION:
-            raise UnsafeEditError(f"KV rows of a {self.kind.value} model's sequence are not "
-                                  "all its state (the recurrent part is not rows)")
+        if self.kind is ModelKind.ATTENTION or (attention_part and self.kind is ModelKind.HYBRID):
+            return
+        raise UnsafeEditError(f"KV rows of a {self.kind.value} model's sequence are not "
+                              "all its state (the recurrent part is not rows)")

@@ -18,8 +18,20 @@ write and read it for one sequence of an attention-only model, all little-endian
 
 Cells come in the cache's cell order (not position order); ``state_read`` puts them back in
 the order given, after clearing the destination sequence, so a blob is a whole sequence.
-Only f32 and f16 K / V are read (the engine's cache is f16); cell extensions (M-RoPE's 2-D
-positions, per-layer n-gram hashes) are not: ``KvBlobError`` names what was found.
+Only f32 and f16 K / V are read (the engine's cache is f16).
+
+Two variations, read when the caller says they are there (the engine knows its model):
+
+* **cell extensions** (``cell_ext``): under multi-section RoPE (qwen35, the Qwen-VL models;
+  llama.cpp writes them when ``n_pos_per_embd() > 1``) each cell's meta is
+  ``i32 pos, u32 n_seq_id, i32 x, i32 y, i32 tok, i32 seq_id`` — ``llama_kv_cell_ext``: the
+  cell's x and y position components (``pos`` is its t component) and its token
+  (``LLAMA_TOKEN_NULL`` = -1 for an embedding row).  Measured on the forged qwen35: text
+  cells hold (x, y) = (p, p), an image's cells its 2-D grid;
+* **a hybrid's blob** (``parse_hybrid``): ``llama_memory_hybrid::state_write`` writes the
+  attention KV as above, then the recurrent part (``llama_memory_recurrent::state_write``:
+  the same bytes a PARTIAL_ONLY snapshot holds after its 8-byte header — measured).  The
+  recurrent part is kept as opaque bytes and written back after the rows.
 """
 
 from __future__ import annotations
@@ -51,6 +63,8 @@ class KvRows:
     pos: np.ndarray  # int32 (n_cells,)
     k: tuple[np.ndarray, ...]
     v: tuple[np.ndarray, ...]
+    #: int32 (n_cells, 3): each cell's (x, y, tok) under multi-section RoPE; None without
+    ext: np.ndarray | None = None
 
     def __attrs_post_init__(self) -> None:
         n = len(self.pos)
@@ -58,6 +72,8 @@ class KvRows:
             raise KvBlobError("K and V layer counts differ")
         if any(a.shape[0] != n for a in (*self.k, *self.v)):
             raise KvBlobError("every layer needs one row per cell")
+        if self.ext is not None and self.ext.shape != (n, 3):
+            raise KvBlobError("cell extensions need (x, y, tok) per cell")
 
     @property
     def n_cells(self) -> int:
@@ -76,7 +92,8 @@ class KvRows:
         """The cells at ``index`` (an index array or a boolean mask), in that order; copies."""
         return KvRows(np.ascontiguousarray(self.pos[index]),
                       tuple(np.ascontiguousarray(a[index]) for a in self.k),
-                      tuple(np.ascontiguousarray(a[index]) for a in self.v))
+                      tuple(np.ascontiguousarray(a[index]) for a in self.v),
+                      None if self.ext is None else np.ascontiguousarray(self.ext[index]))
 
     def between(self, p0: int, p1: int) -> KvRows:
         """The cells at positions [p0, p1), in position order."""
@@ -88,8 +105,9 @@ class KvRows:
         return self.take(np.argsort(self.pos, kind="stable"))
 
     def with_pos(self, pos: np.ndarray) -> KvRows:
-        """The same rows labelled with other positions (K is NOT re-rotated: see kv_rope)."""
-        return KvRows(np.asarray(pos, dtype=np.int32), self.k, self.v)
+        """The same rows labelled with other positions (K is NOT re-rotated, cell extensions
+        are not moved: see kv_rope)."""
+        return KvRows(np.asarray(pos, dtype=np.int32), self.k, self.v, self.ext)
 
     @staticmethod
     def concat(parts: list[KvRows]) -> KvRows:
@@ -98,9 +116,14 @@ class KvRows:
         n_layer = parts[0].n_layer
         if any(p.n_layer != n_layer for p in parts):
             raise KvBlobError("rows of different models")
+        if len({p.ext is None for p in parts}) > 1:
+            raise KvBlobError("rows with and without cell extensions")
+        ext = (None if parts[0].ext is None
+               else np.concatenate([p.ext for p in parts]).astype(np.int32))  # type: ignore[misc]
         return KvRows(np.concatenate([p.pos for p in parts]).astype(np.int32),
                       tuple(np.concatenate([p.k[i] for p in parts]) for i in range(n_layer)),
-                      tuple(np.concatenate([p.v[i] for p in parts]) for i in range(n_layer)))
+                      tuple(np.concatenate([p.v[i] for p in parts]) for i in range(n_layer)),
+                      ext)
 
 
 @attrs.frozen
@@ -113,6 +136,7 @@ class BlobFormat:
     v_trans: bool
     k_types: tuple[int, ...]
     v_types: tuple[int, ...]
+    cell_ext: bool = False  # cells carry (x, y, tok): multi-section RoPE
 
 
 class _Reader:
@@ -136,9 +160,23 @@ class _Reader:
         return out
 
 
-def parse(data: bytes) -> tuple[BlobFormat, KvRows]:
+def parse(data: bytes, *, cell_ext: bool = False) -> tuple[BlobFormat, KvRows]:
     """A sequence's state blob → its format and its rows (copies, in the blob's cell order).
     An empty sequence gives zero cells (and the format's layer types are then unknown)."""
+    fmt, rows, rest = _parse(data, cell_ext)
+    if rest:
+        raise KvBlobError(f"{len(rest)} bytes after the KV cache's part: a recurrent "
+                          "or hybrid model's state (read it with parse_hybrid)")
+    return fmt, rows
+
+
+def parse_hybrid(data: bytes, *, cell_ext: bool = False) -> tuple[BlobFormat, KvRows, bytes]:
+    """A hybrid model's sequence blob → the attention part's format and rows, and the
+    recurrent part's bytes (what ``compose(..., recurrent=)`` writes back after the rows)."""
+    return _parse(data, cell_ext)
+
+
+def _parse(data: bytes, cell_ext: bool) -> tuple[BlobFormat, KvRows, bytes]:
     r = _Reader(data)
     magic, _seq = r.take("<Ii")
     if magic != MAGIC:
@@ -151,22 +189,24 @@ def parse(data: bytes) -> tuple[BlobFormat, KvRows]:
             continue
         if found is not None:
             raise KvBlobError("cells in more than one stream (a unified KV cache?)")
-        found = (s, *_parse_stream(r, count, n_stream, s))
-    if r.off != len(r.data):
-        raise KvBlobError(f"{len(r.data) - r.off} bytes after the KV cache's part: a recurrent "
-                          "or hybrid model's state, which this parser does not read")
+        found = (s, *_parse_stream(r, count, n_stream, s, cell_ext))
+    rest = bytes(r.data[r.off:])
     if found is None:
-        empty = KvRows(np.zeros(0, np.int32), (), ())
-        return BlobFormat(n_stream, 0, False, (), ()), empty
-    return found[1], found[2]
+        empty = KvRows(np.zeros(0, np.int32), (), (),
+                       np.zeros((0, 3), np.int32) if cell_ext else None)
+        return BlobFormat(n_stream, 0, False, (), (), cell_ext), empty, rest
+    return found[1], found[2], rest
 
 
-def _parse_stream(r: _Reader, count: int, n_stream: int, s: int) -> tuple[BlobFormat, KvRows]:
-    meta = r.array(np.dtype("<i4"), 3 * count).reshape(count, 3)
+def _parse_stream(r: _Reader, count: int, n_stream: int, s: int,
+                  cell_ext: bool) -> tuple[BlobFormat, KvRows]:
+    width = 6 if cell_ext else 3
+    meta = r.array(np.dtype("<i4"), width * count).reshape(count, width)
     if np.any(meta[:, 1] != 1):
         raise KvBlobError("cells with other than one sequence id, or cell extensions (M-RoPE, "
-                          "n-gram hashes) this parser does not read")
+                          "n-gram hashes) the caller did not announce")
     pos = meta[:, 0].astype(np.int32)
+    ext = meta[:, 2:5].astype(np.int32) if cell_ext else None
     v_trans, n_layer = r.take("<II")
     if v_trans not in (0, 1) or not 0 < n_layer < 4096:
         raise KvBlobError("unexpected data header (cell extensions this parser does not read?)")
@@ -193,8 +233,8 @@ def _parse_stream(r: _Reader, count: int, n_stream: int, s: int) -> tuple[BlobFo
                 raise KvBlobError("V element size does not match its type")
             v.append(np.ascontiguousarray(r.array(dt, count * width).reshape(width, count).T))
         v_types.append(v_type)
-    fmt = BlobFormat(n_stream, s, bool(v_trans), tuple(k_types), tuple(v_types))
-    return fmt, KvRows(pos, tuple(k), tuple(v))
+    fmt = BlobFormat(n_stream, s, bool(v_trans), tuple(k_types), tuple(v_types), cell_ext)
+    return fmt, KvRows(pos, tuple(k), tuple(v), ext)
 
 
 def _dtype(ggml_type: int, what: str) -> np.dtype:
@@ -204,11 +244,14 @@ def _dtype(ggml_type: int, what: str) -> np.dtype:
     return _DTYPES[ggml_type]
 
 
-def compose(fmt: BlobFormat, rows: KvRows, seq_id: int) -> bytes:
+def compose(fmt: BlobFormat, rows: KvRows, seq_id: int, *, recurrent: bytes = b"") -> bytes:
     """Rows → a blob ``llama_state_seq_set_data`` reads into any sequence of the context whose
-    format this is (the cells in the order given)."""
-    if rows.n_layer != len(fmt.k_types):
+    format this is (the cells in the order given); a hybrid's ``recurrent`` part (the bytes
+    ``parse_hybrid`` returned, or a PARTIAL_ONLY snapshot's after its header) follows them."""
+    if rows.n_cells and rows.n_layer != len(fmt.k_types):
         raise KvBlobError(f"rows of {rows.n_layer} layers for a cache of {len(fmt.k_types)}")
+    if rows.n_cells and fmt.cell_ext != (rows.ext is not None):
+        raise KvBlobError("the cache's cells carry extensions the rows lack (or the reverse)")
     count = rows.n_cells
     out = [struct.pack("<IiI", MAGIC, seq_id, fmt.n_stream)]
     for s in range(fmt.n_stream):
@@ -216,8 +259,10 @@ def compose(fmt: BlobFormat, rows: KvRows, seq_id: int) -> bytes:
             out.append(struct.pack("<I", 0))
             continue
         out.append(struct.pack("<I", count))
-        meta = np.empty((count, 3), dtype="<i4")
-        meta[:, 0], meta[:, 1], meta[:, 2] = rows.pos, 1, seq_id
+        meta = np.empty((count, 6 if fmt.cell_ext else 3), dtype="<i4")
+        meta[:, 0], meta[:, 1], meta[:, -1] = rows.pos, 1, seq_id
+        if fmt.cell_ext:
+            meta[:, 2:5] = rows.ext
         out.append(meta.tobytes())
         out.append(struct.pack("<II", int(fmt.v_trans), rows.n_layer))
         for k_type, k in zip(fmt.k_types, rows.k):
@@ -232,4 +277,5 @@ def compose(fmt: BlobFormat, rows: KvRows, seq_id: int) -> bytes:
             else:
                 out.append(struct.pack("<iII", v_type, a.itemsize, a.shape[1]))
                 out.append(np.ascontiguousarray(a.T).tobytes())
+    out.append(recurrent)
     return b"".join(out)

@@ -28,7 +28,7 @@ import numpy as np
 
 from cachepolicy.engine.blas import one_thread
 from cachepolicy.engine.kv_blob import KvBlobError, KvRows
-from cachepolicy.engine.kv_rope import RopeSpec, rotate
+from cachepolicy.engine.kv_rope import TEXT_STEP, RopeSpec, rotate
 
 
 @attrs.frozen(eq=False)
@@ -83,12 +83,27 @@ class StoredKv:
         return StoredKv(self.rows.take(sel), patch)
 
 
-def relocate(spec: RopeSpec, rows: KvRows, delta: int) -> KvRows:
-    """The cells moved by ``delta`` positions: keys re-rotated, values as they are."""
+def relocate(spec: RopeSpec, rows: KvRows, delta: int,
+             steps: np.ndarray | None = None) -> KvRows:
+    """The cells moved by ``delta`` positions: keys re-rotated, values as they are.  Under
+    multi-section RoPE each cell's components move by ``delta * steps[cell]`` (``steps``:
+    (n_cells, 4) or one row for all, how the components of each cell follow its unit's start;
+    default ``kv_rope.TEXT_STEP``), and so do the cells' (x, y) extensions."""
     if delta == 0:
         return rows
-    return KvRows(rows.pos + np.int32(delta), tuple(rotate(spec, k, delta) for k in rows.k),
-                  rows.v)
+    if not spec.multi_section:
+        return KvRows(rows.pos + np.int32(delta),
+                      tuple(rotate(spec, k, delta) for k in rows.k), rows.v, rows.ext)
+    step = np.broadcast_to(np.asarray(TEXT_STEP if steps is None else steps, dtype=np.int64),
+                           (rows.n_cells, 4))
+    moves = delta * step  # (n, 4): t, y, x, z
+    ext = None
+    if rows.ext is not None:
+        ext = rows.ext.copy()
+        ext[:, 0] += moves[:, 2].astype(np.int32)  # x
+        ext[:, 1] += moves[:, 1].astype(np.int32)  # y
+    return KvRows((rows.pos + moves[:, 0]).astype(np.int32),
+                  tuple(rotate(spec, k, moves) for k in rows.k), rows.v, ext)
 
 
 def _truncated(delta: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray, float, float]:

@@ -9,10 +9,16 @@ the cache type; llama.cpp computes angles and rotation in float32 on the same f1
 two agree within one f16 step per element (``tests/test_kv_store.py`` measures it).
 
 Supported: NORM (llama: adjacent pairs) and NEOX (halves) rotation of the first ``n_rot``
-dimensions of each head, with a linear frequency scale; M-RoPE, YaRN and other scaled
-variants are refused (``RopeSpec.problem``): on the Qwen-VL models (qwen2vl, qwen3vl,
-qwen3vlmoe) kamera and the token evictors are refused at configuration with that reason, and
-relocate because llama.cpp itself refuses to shift their positions (``Engine.shift_problem``).
+dimensions of each head, with a linear frequency scale; YaRN and other scaled variants are
+refused.  Multi-section RoPE (MROPE: Qwen2-VL; IMROPE: Qwen3-VL, qwen35) is re-rotated too
+(``rerotation_problem``), which llama.cpp's own K-shift refuses (``get_can_shift`` is false
+for more than one position per embedding): a key's pair ``i`` turns by the position component
+its *section* picks (``pair_components``: t, y, x or z, as ggml's ``rope_multi`` picks it,
+NEOX pairs), so moving a cell is one rotation per pair by that component's move — a row of
+deltas per cell (``rotate``'s ``delta`` of shape (n, 4)).  How each component moves with a
+unit's start is the caller's to say (``TEXT_STEP``; an image's ``EncodedImage.pos_step``).
+``RopeSpec.problem`` — what kamera and the token evictors ask — still refuses multi-section
+RoPE: their store paths are not validated on it (only window-replay's sequence rows are).
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ import numpy as np
 ROPE_NORM, ROPE_NEOX = 0, 2  # llama.cpp's LLAMA_ROPE_TYPE_NORM / _NEOX
 #: llama.cpp's LLAMA_ROPE_TYPE_MROPE (Qwen2-VL / 2.5-VL) and _IMROPE (Qwen3-VL, Qwen3.5)
 ROPE_MROPE, ROPE_IMROPE = 8, 40
+MULTI_SECTION = (ROPE_MROPE, ROPE_IMROPE)
+#: How a text token's four M-RoPE components move with its position: llama.cpp's batch gives
+#: a text row at position p the components (t, y, x, z) = (p, p, p, 0) (its cells then hold
+#: x = y = p: ``kv_blob``); an image row's step is mtmd's (``EncodedImage.pos_step``).
+TEXT_STEP = (1, 1, 1, 0)
 
 
 def shift_refusal(rope_type: int) -> str | None:
@@ -44,6 +55,8 @@ class RopeSpec:
     freq_base: float
     freq_scale: float = 1.0
     scaling: str = "none"  # rope.scaling.type in the GGUF, if any
+    #: rope.dimension_sections (multi-section RoPE: pairs per t / y / x / z section)
+    sections: tuple[int, ...] = ()
 
     @property
     def problem(self) -> str | None:
@@ -61,6 +74,53 @@ class RopeSpec:
             return f"n_rot {self.n_rot} with head dim {self.head_dim}"
         return None
 
+    @property
+    def rerotation_problem(self) -> str | None:
+        """Why ``rotate`` cannot move this model's cached keys (None: it can) — the same as
+        ``problem`` but for multi-section RoPE with known sections, which it re-rotates."""
+        if self.rope_type not in MULTI_SECTION:
+            return self.problem
+        if len(self.sections) != 4 or sum(self.sections) <= 0:
+            return f"multi-section RoPE with unknown sections {self.sections}"
+        if self.scaling not in ("none", "linear", ""):
+            return f"rope scaling {self.scaling!r}"
+        if self.n_rot % 2 or self.n_rot > self.head_dim or self.head_dim <= 0:
+            return f"n_rot {self.n_rot} with head dim {self.head_dim}"
+        return None
+
+    @property
+    def multi_section(self) -> bool:
+        return self.rope_type in MULTI_SECTION
+
+    def pair_components(self) -> np.ndarray:
+        """For each rotated pair, the position component (0..3 = t, y, x, z) its angle is
+        taken from — ggml's ``rope_multi`` sector rule (``ggml_mrope_cache_init``): sector
+        ``s = i mod sum(sections)``; IMROPE interleaves (y if ``s % 3 == 1`` and
+        ``s < 3 sections[1]``, x if ``s % 3 == 2`` and ``s < 3 sections[2]``, t if
+        ``s % 3 == 0`` and ``s < 3 sections[0]``, else z), MROPE takes consecutive
+        blocks.  One component (t) for NORM / NEOX."""
+        n_pairs = self.n_rot // 2
+        if not self.multi_section:
+            return np.zeros(n_pairs, dtype=np.int64)
+        sec = self.sections
+        total = sum(sec)
+        out = np.empty(n_pairs, dtype=np.int64)
+        for i in range(n_pairs):
+            s = i % total
+            if self.rope_type == ROPE_IMROPE:
+                if s % 3 == 1 and s < 3 * sec[1]:
+                    out[i] = 1
+                elif s % 3 == 2 and s < 3 * sec[2]:
+                    out[i] = 2
+                elif s % 3 == 0 and s < 3 * sec[0]:
+                    out[i] = 0
+                else:
+                    out[i] = 3
+            else:
+                out[i] = (0 if s < sec[0] else 1 if s < sec[0] + sec[1]
+                          else 2 if s < sec[0] + sec[1] + sec[2] else 3)
+        return out
+
     def inv_freq(self) -> np.ndarray:
         """Angle per position step of each rotated pair (float64)."""
         i = np.arange(self.n_rot // 2, dtype=np.float64)
@@ -70,19 +130,29 @@ class RopeSpec:
 def rotate(spec: RopeSpec, k: np.ndarray, delta: np.ndarray | int,
            out_dtype: np.dtype | None = None) -> np.ndarray:
     """``k`` (n_cells, n_heads * head_dim) rotated by ``delta`` positions (one per cell, or
-    one for all); float64 in, the rows' own type (or ``out_dtype``) out."""
-    if (why := spec.problem) is not None:
+    one for all; under multi-section RoPE also one row of four per cell, (n, 4): each
+    component's move); float64 in, the rows' own type (or ``out_dtype``) out."""
+    if (why := spec.rerotation_problem) is not None:
         raise ValueError(f"cannot re-rotate keys: {why}")
     n, width = k.shape
     if width % spec.head_dim:
         raise ValueError(f"K rows of width {width} are not whole heads of {spec.head_dim}")
     x = np.asarray(k, dtype=np.float64).reshape(n, width // spec.head_dim, spec.head_dim)
-    d = np.broadcast_to(np.asarray(delta, dtype=np.float64), (n,))
-    theta = d[:, None] * spec.inv_freq()[None, :]  # (n, n_rot/2)
+    dd = np.asarray(delta, dtype=np.float64)
+    if dd.ndim == 2:  # per component: each pair turns by its section's component's move
+        if dd.shape != (n, 4) or not spec.multi_section:
+            raise ValueError("per-component deltas are (n_cells, 4), for multi-section RoPE")
+        per_pair = dd[:, spec.pair_components()]  # (n, n_rot/2)
+    elif spec.multi_section:
+        raise ValueError("multi-section RoPE moves each position component on its own: give "
+                         "per-component deltas, (n_cells, 4)")
+    else:
+        per_pair = np.broadcast_to(dd, (n,))[:, None]
+    theta = per_pair * spec.inv_freq()[None, :]  # (n, n_rot/2)
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     out = x.copy()
     half = spec.n_rot // 2
-    if spec.rope_type == ROPE_NORM:
+    if spec.rope_type == ROPE_NORM:  # (MROPE / IMROPE rotate NEOX pairs, as ggml does)
         a, b = x[..., 0:spec.n_rot:2], x[..., 1:spec.n_rot:2]
         out[..., 0:spec.n_rot:2] = a * cos - b * sin
         out[..., 1:spec.n_rot:2] = a * sin + b * cos
