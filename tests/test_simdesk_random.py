@@ -16,7 +16,7 @@ from vmenv.osworld_vm.machine import SimMachine
 from vmenv.simdesk.apply import apply_action
 from vmenv.simdesk.demos import demonstration
 from vmenv.simdesk.expert import RECOVERY_STEPS
-from vmenv.simdesk.kinds import parse_sampled_name, sample_task, task_kinds
+from vmenv.simdesk.kinds import all_kinds, parse_sampled_name, sample_task
 from vmenv.simdesk.perturb import PERTURBATIONS
 from vmenv.simdesk.render import render_png
 from vmenv.simdesk.seeds import eval_seeds, is_eval_seed, seed_split, train_seeds
@@ -25,12 +25,12 @@ from vmenv.simdesk.tasks import Task, default_tasks
 from vmenv.simdesk.widgets import hit, widgets
 from vmenv.simdesk.words import EVAL_ONLY_WORDS
 
-KINDS = task_kinds()
+KINDS = all_kinds()  # the default mix and the opt-in kinds
 SMALL = (640, 360)
 #: How many actions the expert's solution from the start takes, per kind.
 STEPS = {"open-terminal": {1}, "type-in-field": {2}, "click-ok": {1}, "save-note": {4},
          "menu-launch": {3, 4}, "dialog-button": {1}, "remember-code": {5, 6},
-         "switch-window": {4}}
+         "switch-window": {4}, "marked-launch": {5}}
 #: At 640x360: the shortest side of a click target, and the margin around a click point
 #: that must still hit the same target.
 MIN_TARGET_PX, CLICK_MARGIN_PX = 40, 12

@@ -12,8 +12,11 @@ Episode i of n runs kind ``kinds[i mod len(kinds)]`` with the i-th seed of a see
 * ``classic`` — no seeds: the four fixed tasks of ``default_tasks()`` (one layout each).
 
 A task given as ``KIND@SEED`` runs that instance in every episode; ``KIND,KIND,...`` replaces
-the eight kinds (e.g. all but remember-code, which no agent with a window of K < its steps can
-solve: its code is on the first screenshot only).
+the default mix of eight kinds (``task_kinds``; e.g. all but remember-code, which no agent
+with a window of K < its steps can solve: its code is on the first screenshot only).  A kind
+may be a selector, read by ``vmenv.simdesk.resolve_kinds``: ``look-back`` is remember-code
+and marked-launch (the kinds whose need a K = 3 window has lost; marked-launch is outside the
+default mix, so episodes without ``--task`` never run it).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from collections.abc import Sequence
 
 import attrs
 
-from vmenv.simdesk import default_tasks, eval_seeds, sampled_name, task_kinds, train_seeds
+from vmenv.simdesk import (
+    default_tasks, eval_seeds, resolve_kinds, sampled_name, task_kinds, train_seeds,
+)
 from vmenv.simdesk.kinds import parse_sampled_name
 from vmenv.simdesk.seeds import MAX_SEED
 
@@ -71,15 +76,17 @@ def parse_seeds(text: str) -> SeedChoice:
 
 def check_task(name: str) -> str:
     """``name`` if it names a kind, several kinds (``KIND,KIND``: episodes take them in
-    turn) or an instance (``KIND@SEED``); ValueError otherwise (classic names are kinds too:
-    ``--seeds classic`` picks their fixed layout)."""
+    turn; a selector such as ``look-back`` names several) or an instance (``KIND@SEED``);
+    ValueError otherwise (classic names are kinds too: ``--seeds classic`` picks their fixed
+    layout)."""
     if parse_sampled_name(name) is not None:
         return name
-    kinds = name.split(",")
-    if all(k in task_kinds() for k in kinds):
-        return name
-    raise ValueError(f"unknown task {name!r}; choose a kind ({', '.join(task_kinds())}), "
-                     f"kinds separated by commas, or an instance KIND@SEED")
+    try:
+        resolve_kinds(name)
+    except ValueError as exc:
+        raise ValueError(f"unknown task {name!r}: {exc}; kinds separated by commas, or an "
+                         f"instance KIND@SEED") from None
+    return name
 
 
 def episode_tasks(episodes: int, seeds: SeedChoice | None = None,
@@ -99,7 +106,7 @@ def episode_tasks(episodes: int, seeds: SeedChoice | None = None,
                              f"{', '.join(classic)}")
         names: Sequence[str] = (task,) if task is not None else classic
         return tuple(names[i % len(names)] for i in range(episodes))
-    kinds = tuple(task.split(",")) if task is not None else task_kinds()
+    kinds = resolve_kinds(task) if task is not None else task_kinds()
     return tuple(sampled_name(kinds[i % len(kinds)], s)
                  for i, s in enumerate(seeds.take(episodes)))
 

@@ -6,7 +6,11 @@ and desktop icon are one class (``launch.<app>``: a task names the app), menu en
 dialog and recall buttons are their widget names (``menu.notes``, ``dialog.retry``), and the
 Notes and Terminal windows' parts too (``notes.field``, ``terminal.title``).  Everything a
 task never clicks — the bare desktop, the taskbar's background, decoy windows, a dialog's
-body — is ``other``.  On simdesk laid out on the encoder's grid (640x384: unit 16 px) every
+body — is ``other``.  One class is named for how it is drawn: ``marked``, the cells of a
+launcher while it carries the first screen's mark (``marked-launch``: the task names no app,
+the mark says which; ``DeskState.mark``, gone after the first action — from then on the
+same cells are ``launch.<app>`` again, and a click there needs the mark's cells on the first
+screenshot: ``query_class``).  On simdesk laid out on the encoder's grid (640x384: unit 16 px) every
 scripted click lands in a cell whose centre reaches the clicked widget, so a cell is the
 unit the agent clicks.
 """
@@ -16,12 +20,14 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.train.cell_features import CELL
+from vmenv.simdesk.goals import Goal
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.widgets import hit_in, widgets
 
-__all__ = ["OTHER", "cell_classes", "click_class", "widget_class"]
+__all__ = ["MARKED", "OTHER", "cell_classes", "click_class", "query_class", "widget_class"]
 
 OTHER = "other"
+MARKED = "marked"
 _CLICKABLE = ("menu.", "dialog.", "recall.", "notes.", "terminal.")
 _LAUNCHERS = ("icon.", "desk.")
 
@@ -37,10 +43,31 @@ def widget_class(name: str | None) -> str:
     return OTHER
 
 
+def _launcher_names(app: str | None) -> tuple[str, ...]:
+    return () if app is None else (f"icon.{app}", f"desk.{app}")
+
+
+def _state_class(state: DeskState, name: str | None) -> str:
+    """``widget_class``, but ``marked`` for a launcher of the app the screen marks."""
+    if name in _launcher_names(state.mark):
+        return MARKED
+    return widget_class(name)
+
+
 def click_class(state: DeskState, x: int, y: int) -> str:
     """The class of the widget a click at (x, y) reaches."""
     w = hit_in(widgets(state), x, y)
-    return widget_class(w.name if w else None)
+    return _state_class(state, w.name if w else None)
+
+
+def query_class(goal: Goal | None, state: DeskState, x: int, y: int) -> str:
+    """The class a click's lookup must name: ``marked`` for a click on a launcher of the app a
+    ``marked-launch`` goal opens last (``Goal.then``) — its cells are ``marked`` only on the
+    first screenshot, so that is where the lookup finds them — else ``click_class``."""
+    w = hit_in(widgets(state), x, y)
+    if goal is not None and w is not None and w.name in _launcher_names(goal.then):
+        return MARKED
+    return click_class(state, x, y)
 
 
 def cell_classes(state: DeskState) -> np.ndarray:
@@ -53,5 +80,5 @@ def cell_classes(state: DeskState) -> np.ndarray:
     for r in range(rows):
         for c in range(cols):
             w = hit_in(ws, c * CELL + CELL // 2, r * CELL + CELL // 2)
-            out[r, c] = widget_class(w.name if w else None)
+            out[r, c] = _state_class(state, w.name if w else None)
     return out

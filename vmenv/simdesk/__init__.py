@@ -14,7 +14,9 @@ from vmenv.simdesk.demos import DemoStep, demonstration
 from vmenv.simdesk.env import SimDesk, SimDeskConfig
 from vmenv.simdesk.expert import RECOVERY_STEPS, next_action
 from vmenv.simdesk.goals import Goal, check
-from vmenv.simdesk.kinds import sample_task, sampled_name, task_kinds
+from vmenv.simdesk.kinds import (
+    all_kinds, resolve_kinds, sample_task, sampled_name, task_kinds,
+)
 from vmenv.simdesk.lookup import resolve_task
 from vmenv.simdesk.perturb import PERTURBATIONS, perturb
 from vmenv.simdesk.seeds import eval_seeds, is_eval_seed, seed_split, train_seeds
@@ -22,7 +24,7 @@ from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.tasks import Task, default_tasks, expert_rollout
 
 __all__ = [
-    "PERTURBATIONS", "RECOVERY_STEPS", "DemoStep", "DeskState", "Goal", "SimDesk", "SimDeskConfig", "Task",
+    "PERTURBATIONS", "RECOVERY_STEPS", "all_kinds", "resolve_kinds", "DemoStep", "DeskState", "Goal", "SimDesk", "SimDeskConfig", "Task",
     "check", "default_tasks", "demonstration", "eval_seeds", "expert_rollout", "is_eval_seed", "next_action",
     "perturb", "resolve_task", "sample_task", "sampled_name", "seed_split", "task_kinds",
     "train_seeds",

@@ -11,6 +11,9 @@ Rules (what a user of a small desktop would expect):
   leaves a notification whose Reopen button brings it back.  A *transient* dialog closes at
   the next action whatever it is (a click on it, a key, a wait...), and that is all the
   action does;
+* the first screen's launcher mark (``DeskState.mark``) is gone after the next action,
+  whatever it is — and, unlike a transient dialog, the action still does what it does;
+* ``events`` records each window that opens and each save of Notes, in order;
 * the launcher menu: its taskbar button opens it; while it is open a click on an entry opens
   that app, and any other click just closes the menu; keys other than escape do nothing;
 * typed text goes to the focused field and nowhere else ("\\n" submits, like enter);
@@ -55,7 +58,8 @@ def open_app(state: DeskState, app: App) -> DeskState:
         s = raise_window(state, app)
     else:
         win = Window(app, state.layout.opening(app))
-        s = attrs.evolve(state, windows=(*state.windows, win))
+        s = attrs.evolve(state, windows=(*state.windows, win),
+                         events=(*state.events, ("open", app)))
     # a new terminal is ready for typing; the notes field must be clicked first
     return attrs.evolve(s, focus="terminal" if app == "terminal" else None)
 
@@ -110,7 +114,7 @@ def _click(state: DeskState, x: int, y: int) -> DeskState:
         if name in ("notes.field", "terminal.input"):
             return attrs.evolve(s, focus=kind)
         if name == "notes.save":
-            s = attrs.evolve(s, notes=attrs.evolve(s.notes, saved=(*s.notes.saved, s.notes.text)))
+            s = _save(s)
         return attrs.evolve(s, focus=None)
     return attrs.evolve(state, focus=None)  # taskbar, notification box or bare desktop
 
@@ -137,10 +141,16 @@ def _run(command: str) -> tuple[str, ...]:
     return (f"{cmd.split()[0]}: command not found",)
 
 
+def _save(state: DeskState) -> DeskState:
+    """Notes saves its text (the field keeps it)."""
+    text = state.notes.text
+    return attrs.evolve(state, notes=NotesState(text, (*state.notes.saved, text)),
+                        events=(*state.events, ("save", text)))
+
+
 def _submit(state: DeskState) -> DeskState:
     if state.focus == "notes":
-        return attrs.evolve(state, notes=NotesState(state.notes.text,
-                                                    (*state.notes.saved, state.notes.text)))
+        return _save(state)
     if state.focus == "terminal":
         t = state.terminal
         lines = (*t.lines, f"$ {t.command}", *_run(t.command))[-MAX_LINES:]
@@ -223,6 +233,8 @@ def _pointer_after(state: DeskState, action: Action) -> tuple[int, int]:
 
 def apply_action(state: DeskState, action: Action) -> DeskState:
     """The desktop after ``action`` (``state.step`` unchanged)."""
+    if state.mark is not None:  # see the module docstring
+        state = attrs.evolve(state, mark=None)
     if state.dialog is not None and state.dialog.transient:  # see the module docstring
         return attrs.evolve(answer_dialog(state, "dismiss"), pointer=_pointer_after(state, action))
     match action:

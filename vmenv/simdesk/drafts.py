@@ -15,7 +15,15 @@ Steps of the expert's solution from the start (what must be read from the screen
 * ``dialog-button`` 1 — the button whose label the instruction names, among 2-4;
 * ``remember-code`` 5-6 — the code on the first screen, close it, open Notes (maybe through
   the menu), its field, type the code from memory, Save;
-* ``switch-window`` 4 — the visible part of the covered Notes window, its field, type, Save.
+* ``switch-window`` 4 — the visible part of the covered Notes window, its field, type, Save;
+* ``marked-launch`` 5 — the first screen marks one of 4-6 app launchers (gone after the
+  first action); the Notes icon, its field, type, Save, then the launcher that was marked:
+  what the last click needs is on the first screenshot only, four screens back.
+
+``LOOK_BACK`` names the kinds whose need is shown only on a screenshot that has left a K = 3
+window by the step that needs it.  ``OPT_IN`` kinds are reached by name (or a selector,
+``kinds.resolve_kinds``) only: the default mix (``kinds.task_kinds``: training sets, the
+episodes of ``kvagent run`` / ``bench-eval`` without ``--task``) stays the eight kinds it was.
 """
 
 from __future__ import annotations
@@ -227,9 +235,53 @@ def switch_window(rng: random.Random, pool: Sequence[str]) -> Draft:
                  _scene(rng, "notes", windows=1, top=["notes"]), _cover_notes)
 
 
+#: How many launchers that open something a ``marked-launch`` screen has, one marked.
+MARK_CANDIDATES = (4, 6)
+#: At most this many of them in the taskbar (the rest are desktop icons): the taskbar must
+#: have room for them and the Notes button at every layout.
+MARK_TASKBAR = 2
+
+
+def marked_launch(rng: random.Random, pool: Sequence[str]) -> Draft:
+    word = rng.choice(pool)
+    candidates = rng.sample(_opening_decoys(DECOYS), rng.randint(*MARK_CANDIDATES))
+    marked = rng.choice(candidates)
+    dead = rng.sample([d for d in DECOYS if not APPS[d].opens], rng.randint(0, 2))
+    where = rng.choice(("taskbar", "desktop", "both"))
+    taskbar = ["notes"] if where != "desktop" else []
+    desktop = ["notes"] if where != "taskbar" else []
+    in_bar = 0
+    for app in [*candidates, *dead]:
+        bar = in_bar < MARK_TASKBAR and rng.random() < 0.3
+        in_bar += bar
+        (taskbar if bar else desktop).append(app)
+    rng.shuffle(taskbar)
+    rng.shuffle(desktop)
+    scene = Scene(taskbar=tuple(taskbar), desktop=tuple(desktop),
+                  required=frozenset(["notes", *candidates]), clear_of=("notes",))
+    instruction = rng.choice((
+        f'One app icon is highlighted on the first screen only: the highlight disappears '
+        f'after your first action, so remember which. Open Notes, write "{word}" in its text '
+        f'field and click Save, then open the highlighted app.',
+        f'Remember the app whose icon is highlighted now (the highlight goes away after your '
+        f'first action). First save the note "{word}": open Notes, type it into the text '
+        f'field, click Save. Then open that app.'))
+
+    def finish(lrng: random.Random, s: DeskState) -> DeskState:
+        return attrs.evolve(s, mark=marked)
+
+    return Draft(instruction, Goal(app="notes", text=word, submit="save", then=marked),
+                 scene, finish)
+
+
 #: The kinds by name, in a fixed order.
 KINDS: dict[str, Callable[[random.Random, Sequence[str]], Draft]] = {
     "open-terminal": open_terminal, "type-in-field": type_in_field, "click-ok": click_ok,
     "save-note": save_note, "menu-launch": menu_launch, "dialog-button": dialog_button,
     "remember-code": remember_code, "switch-window": switch_window,
+    "marked-launch": marked_launch,
 }
+#: Kinds whose need is on a screenshot a K = 3 window has lost (see the module docstring).
+LOOK_BACK: tuple[str, ...] = ("remember-code", "marked-launch")
+#: Kinds outside the default mix (see the module docstring).
+OPT_IN: frozenset[str] = frozenset({"marked-launch"})

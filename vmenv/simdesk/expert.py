@@ -15,6 +15,10 @@ rules, first match wins:
    the code exists only in the first screenshot, and a state that never showed it cannot be
    solved by looking (the expert itself knows the code, but it does not type what the agent
    could not have seen);
+4b. a ``then`` goal (``marked-launch``): an open menu -> escape; a window the goal does not
+   want (``goals.strays``, top first) -> close it (its × where it shows, alt+f4 on top, else
+   raise it); the note not saved yet -> these rules for the note alone; else launch ``then``
+   as rule 5 launches (the expert knows the app; an agent must have seen the mark);
 5. the goal's app is not open: click a visible launcher of it; else, if the layout's menu has
    it, open the menu, then click its entry; else, if launchers exist but every one is covered,
    close the top window; the terminal as a last resort by ctrl+alt+t;
@@ -36,7 +40,7 @@ import attrs
 
 from vmenv.actions import Action, Click, Done, Fail, Hotkey, Press, TypeText
 from vmenv.simdesk import geometry as geo
-from vmenv.simdesk.goals import Goal, check, field_text
+from vmenv.simdesk.goals import Goal, check, field_text, strays
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.widgets import Widget, hit_in, widgets
 
@@ -178,6 +182,33 @@ def _edit(goal: Goal, state: DeskState, sc: _Screen, app: str) -> Action:
     return Press("backspace")
 
 
+def _close(state: DeskState, sc: _Screen, app: str) -> Action:
+    """Close ``app``'s window: its × where a click reaches it, alt+f4 when it is on top,
+    else raise it first (a visible stretch of its title bar, any visible part of it)."""
+    p = sc.point(f"{app}.close")
+    if p is not None:
+        return _click(p)
+    top = state.top
+    if top is not None and top.app == app:
+        return Hotkey(("alt", "f4"))
+    p = _title_point(state, sc, app) or sc.point(f"{app}.window")
+    return _click(p) if p is not None else _close_top(state, sc)
+
+
+def _then_action(goal: Goal, state: DeskState, sc: _Screen) -> Action:
+    """Rule 4b (see the module docstring)."""
+    assert goal.then is not None
+    if state.menu_open:
+        return Press("escape")
+    unwanted = strays(goal, state)
+    if unwanted:
+        return _close(state, sc, unwanted[0])
+    note = attrs.evolve(goal, then=None)
+    if not check(note, state):
+        return next_action(note, state)
+    return _launch(state, sc, goal.then)
+
+
 def next_action(goal: Goal, state: DeskState) -> Action:
     """The expert's action in ``state`` (see the module docstring for the rules)."""
     if check(goal, state):
@@ -194,6 +225,8 @@ def next_action(goal: Goal, state: DeskState) -> Action:
     assert app is not None
     if goal.code and goal.text not in state.revealed:
         return Fail()
+    if goal.then is not None:
+        return _then_action(goal, state, sc)
     if not state.is_open(app):
         return _launch(state, sc, app)
     if state.menu_open:

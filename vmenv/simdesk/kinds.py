@@ -21,7 +21,7 @@ import random
 import attrs
 import structlog
 
-from vmenv.simdesk.drafts import KINDS, Draft
+from vmenv.simdesk.drafts import KINDS, LOOK_BACK, OPT_IN, Draft
 from vmenv.simdesk.placement import PlacementError, place_scene
 from vmenv.simdesk.seeds import MAX_SEED, seed_split
 from vmenv.simdesk.state import DeskState
@@ -35,9 +35,35 @@ MAX_PLACEMENT_ATTEMPTS = 50
 SEPARATOR = "@"
 
 
+#: Names ``resolve_kinds`` takes for several kinds at once.
+SELECTORS: dict[str, tuple[str, ...]] = {"look-back": LOOK_BACK}
+
+
 def task_kinds() -> tuple[str, ...]:
-    """The kinds ``sample_task`` knows, in a fixed order."""
+    """The default mix, in a fixed order: every kind but the opt-in ones (``drafts.OPT_IN``)
+    — what training sets and episodes without a ``--task`` draw from."""
+    return tuple(k for k in KINDS if k not in OPT_IN)
+
+
+def all_kinds() -> tuple[str, ...]:
+    """Every kind ``sample_task`` knows, in a fixed order (the default mix first)."""
     return tuple(KINDS)
+
+
+def resolve_kinds(text: str) -> tuple[str, ...]:
+    """The kinds ``text`` names: kind names and selectors (``SELECTORS``: ``look-back``)
+    separated by commas, in order, a selector expanded in place (ValueError for anything
+    else).  The one reading of ``--task``'s kinds."""
+    out: list[str] = []
+    for name in text.split(","):
+        if name in KINDS:
+            out.append(name)
+        elif name in SELECTORS:
+            out += SELECTORS[name]
+        else:
+            raise ValueError(f"unknown task kind {name!r}; known: {', '.join(KINDS)}, or "
+                             f"{', '.join(SELECTORS)} ({', '.join(LOOK_BACK)})")
+    return tuple(out)
 
 
 def sampled_name(kind: str, seed: int) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from vmenv.errors import UnknownTaskError
-from vmenv.simdesk.kinds import parse_sampled_name, sample_task, task_kinds
+from vmenv.simdesk.kinds import all_kinds, parse_sampled_name, sample_task
 from vmenv.simdesk.tasks import Task
 
 
@@ -24,4 +24,4 @@ def resolve_task(name: str, tasks: Mapping[str, Task]) -> Task:
         return sample_task(*parsed)
     known = ", ".join(sorted(tasks))
     raise UnknownTaskError(f"unknown task {name!r}; known: {known} (or KIND@SEED, KIND one of "
-                           f"{', '.join(task_kinds())})")
+                           f"{', '.join(all_kinds())})")

@@ -17,8 +17,10 @@
 
 What is never done, so that every perturbed state stays solvable: answering a dialog that
 cannot be reopened, removing the code notice of ``remember-code`` (the code must have been on
-a screen the agent saw) or changing what ``state.revealed`` holds.  For a code goal the wrong
-text never starts with the code (the screen must not leak it).
+a screen the agent saw) or changing what ``state.revealed`` holds; while the first screen's
+launcher mark shows (``marked-launch``), nothing is put over it (``COVERING`` perturbations
+wait until it is gone).  For a code goal the wrong text never starts with the code (the
+screen must not leak it).
 """
 
 from __future__ import annotations
@@ -141,6 +143,10 @@ PERTURBATIONS: dict[str, Perturbation] = {
 }
 
 
+#: Perturbations that may draw something over a launcher.
+COVERING: frozenset[str] = frozenset({"wrong_app", "move_window", "popup", "open_menu"})
+
+
 def perturb(goal: Goal, state: DeskState, rng: random.Random, *,
             max_count: int = 3) -> DeskState:
     """``state`` knocked off-track by 1..``max_count`` applicable perturbations (never into a
@@ -153,6 +159,8 @@ def perturb(goal: Goal, state: DeskState, rng: random.Random, *,
     for name in names:
         if done == want:
             break
+        if state.mark is not None and name in COVERING:
+            continue
         out = PERTURBATIONS[name](goal, s, rng)
         if out is not None and (solved_before or not check(goal, out)):
             s, done = out, done + 1

@@ -9,7 +9,8 @@ launchers, menu entries — and desktop icons are 5x4 to 6x5 cells.
 
 Invariants of ``place_scene`` (tested over many seeds): launchers and the menu button never
 overlap each other; desktop icons keep a cell of space between them and are not covered by
-any window open at the start; every rectangle lies on the screen, windows and dialogs inside
+any window open at the start (nor by the windows of ``Scene.clear_of`` when they open);
+every rectangle lies on the screen, windows and dialogs inside
 the desktop (above the taskbar).
 """
 
@@ -69,6 +70,7 @@ class Scene:
     required: frozenset[str] = frozenset()
     recall: bool = False  # room for the notification that reopens a dismissed dialog
     menu_label: str = "Apps"
+    clear_of: tuple[str, ...] = ()  # apps whose window, once opened, covers no desktop icon
 
 
 @attrs.frozen
@@ -217,7 +219,8 @@ def place_scene(rng: random.Random, width: int, height: int, scene: Scene) -> Pl
     openings = tuple((a, g.window_rect(a)) for a in apps)
     where = dict(openings)
     windows = tuple(Window(a, where[a]) for a in scene.windows)
-    icons = _desktop_icons(g, scene, [w.rect for w in windows])
+    icons = _desktop_icons(g, scene, [*(w.rect for w in windows),
+                                      *(where[a] for a in scene.clear_of)])
     layout = Layout(width=width, height=height, sizes=sz, theme=theme, taskbar=g.taskbar,
                     clock=clock, launchers=(*launchers, *icons), menu=menu, openings=openings,
                     recall=_recall(g, sz) if scene.recall else None, keep_inside=True,

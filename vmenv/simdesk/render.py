@@ -8,6 +8,10 @@ stands still (``clock_step_s=0``, a desktop whose clock does not visibly move du
 episode, as an hours-and-minutes clock): then a step that changed nothing shows the same
 pixels (on the random layouts; the classic layout's step counter still advances).
 
+The first screen of ``marked-launch`` marks one app's launchers (``DeskState.mark``): each is
+drawn on a ``MARK``-coloured plate (a colour no theme, glyph or window uses; a taskbar tile's
+glyph shrunk to show it), so every cell of the launcher shows it.
+
 Layers, bottom to top (the reverse of ``widgets``' hit order): desktop icons, windows, the
 taskbar, the notification of a dismissed dialog, the launcher menu, the dialog, the pointer.
 Every position and colour comes from the state's ``Layout``.
@@ -28,6 +32,8 @@ from vmenv.simdesk.state import DeskState, Window
 
 #: The clock starts at 09:00:00 and each step takes this many (simulated) seconds.
 SECONDS_PER_STEP = 7
+#: The plate under a marked launcher.
+MARK: Color = (255, 0, 255)
 
 
 def _shade(c: Color, d: int) -> Color:
@@ -37,10 +43,13 @@ def _shade(c: Color, d: int) -> Color:
 def _launcher(p: Painter, state: DeskState, x: Launcher) -> None:
     r, t, sz = x.rect, state.layout.theme, p.sz
     title = APPS[x.app].title if x.app in APPS else x.app
+    marked = state.mark == x.app
+    if marked:
+        p.rect(r, MARK)
     if x.style == "tile":
-        p.glyph(r, x.app)
+        p.glyph(r.inset(r.width // 4) if marked else r, x.app)
     elif x.style == "button":
-        p.rect(r, _shade(t.taskbar, 28), outline=_shade(t.taskbar, 60))
+        p.rect(r, MARK if marked else _shade(t.taskbar, 28), outline=_shade(t.taskbar, 60))
         g = r.height - 2 * max(sz.unit // 4, 2)
         gy = r.y0 + (r.height - g) // 2
         p.glyph(Rect(r.x0 + gy - r.y0, gy, r.x0 + gy - r.y0 + g, gy + g), x.app)

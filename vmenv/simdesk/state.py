@@ -7,7 +7,8 @@ Invariants (checked by ``DeskState.check_integrity``, called by the env after ev
 * while a ``dialog`` is open it is modal: nothing else reacts to the mouse or keyboard, and
   the launcher menu is closed;
 * ``recall`` (a dismissed dialog that can be reopened) needs the layout's notification place;
-* text fields never exceed ``MAX_FIELD_CHARS``; the terminal keeps its last ``MAX_LINES``.
+* text fields never exceed ``MAX_FIELD_CHARS``; the terminal keeps its last ``MAX_LINES``;
+* ``mark`` names an app with a launcher on the layout.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ MAX_FIELD_CHARS = 64
 MAX_LINES = 40
 #: The id of the button that answered the last recording dialog ("ok", "cancel", "save", ...).
 DialogResult = str
+#: Something the desktop did that a checker may need the order of: ``("open", app)`` when an
+#: app's window opens (not when it is raised), ``("save", text)`` when Notes saves ``text``.
+Event = tuple[str, str]
 
 
 @attrs.frozen
@@ -57,7 +61,10 @@ class DeskState:
     """Everything the screen shows.  ``step`` feeds the taskbar clock.
 
     ``revealed`` lists the codes a dialog has put on screen in this episode (a task that asks
-    to type a code from memory can tell whether it was ever shown).
+    to type a code from memory can tell whether it was ever shown).  ``mark`` is the app whose
+    launchers carry the first screen's highlight (``marked-launch``): like a transient
+    dialog, the next action removes it, whatever it is.  ``events`` is what happened, in order
+    (``Event``: a checker that cares when an app opened, relative to a save, reads it).
     """
 
     metrics: Metrics
@@ -73,6 +80,8 @@ class DeskState:
     menu_open: bool = False
     recall: Dialog | None = None
     revealed: tuple[str, ...] = ()
+    mark: App | None = None
+    events: tuple[Event, ...] = ()
 
     @classmethod
     def empty(cls, width: int, height: int) -> DeskState:
@@ -102,5 +111,6 @@ class DeskState:
         assert len(self.notes.text) <= MAX_FIELD_CHARS
         assert len(self.terminal.command) <= MAX_FIELD_CHARS
         assert len(self.terminal.lines) <= MAX_LINES
+        assert self.mark is None or lay.launchers_of(self.mark), self.mark
         x, y = self.pointer
         assert 0 <= x < self.metrics.width and 0 <= y < self.metrics.height, self.pointer

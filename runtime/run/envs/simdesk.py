@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 from runtime.run.agents import RunConfig, simdesk_env, simdesk_specs
 from runtime.run.envs.base import RunSetup
 from runtime.run.instances import check_task, episode_tasks, parse_seeds
-from vmenv.simdesk import default_tasks, task_kinds
+from vmenv.simdesk import all_kinds, default_tasks, task_kinds
+from vmenv.simdesk.kinds import SELECTORS
 
 
 def _task(text: str) -> str:
@@ -27,9 +28,11 @@ class SimDeskRunEnv:
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("--task", type=_task, default=None, metavar="KIND[,KIND]|KIND@SEED",
-                       help=f"the kind of every episode ({', '.join(task_kinds())}), kinds "
-                            "separated by commas (taken in turn), or one instance KIND@SEED "
-                            f"(default: episode i gets kind i mod {len(task_kinds())})")
+                       help=f"the kind of every episode ({', '.join(all_kinds())}), kinds "
+                            f"separated by commas (taken in turn; {', '.join(SELECTORS)} names "
+                            f"{', '.join(SELECTORS['look-back'])}), or one instance KIND@SEED "
+                            f"(default: episode i gets kind i mod {len(task_kinds())} of "
+                            f"{', '.join(task_kinds())})")
         p.add_argument("--seeds", default=None, metavar="eval|train|A-B|classic",
                        help="episode i runs the i-th seed: eval (default: held-out seeds no "
                             "training set uses), train, a range A-B (cycled), or classic: the "
