@@ -149,15 +149,17 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
     last = len(plan.pieces) - 1
     i = plan.reused_pieces
     while i < len(plan.pieces):
+        if i in takes:  # (before a placed unit too: window-replay's region checkpoint)
+            made.append(NamedCheckpoint(takes[i].label, engine.checkpoint(seq, takes[i].kind)))
         if i in placed_at:  # KV splicing: these units are written, not prefilled
-            if i in takes or plan.decode and i == last:
-                raise PolicyError("a placed unit cannot hold a checkpoint or the last piece")
+            if plan.decode and i == last:
+                raise PolicyError("a placed unit cannot be the last piece")
             after = edit_clock.timed(write_units, engine, seq, plan, i, held, stored)
+            if any(b in takes for b in range(i + 1, after)):
+                raise PolicyError("a checkpoint between placed units")
             placed_tokens += sum(p.n_tokens for p in plan.pieces[i:after])
             i = after
             continue
-        if i in takes:
-            made.append(NamedCheckpoint(takes[i].label, engine.checkpoint(seq, takes[i].kind)))
         if should_stop is not None and should_stop():
             if plan.decode:
                 raise Preempted(f"stopped before piece {i}")

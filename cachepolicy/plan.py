@@ -33,6 +33,9 @@ class ModelInfo:
     #: why llama.cpp cannot shift the model's cached positions (None: it can; relocate is
     #: refused otherwise)
     shift_problem: str | None = None
+    #: why window-replay cannot keep the model's retained screenshots' attention KV (None:
+    #: it can; ``kv_access.window_problem``)
+    window_problem: str | None = "not asked"
 
     def state_bytes(self, n_tokens: int) -> int:
         return self.state_overhead_bytes + n_tokens * self.kv_bytes_per_token

@@ -71,4 +71,5 @@ def model_info(engine: Engine) -> ModelInfo:
                      state_overhead_bytes=engine.state_overhead_bytes,
                      n_embd=engine.n_embd, n_vocab=engine.n_vocab,
                      kv_edit_problem=engine.kv_edit_problem,
-                     shift_problem=engine.shift_problem)
+                     shift_problem=engine.shift_problem,
+                     window_problem=engine.window_problem)

@@ -21,6 +21,7 @@ import numpy as np
 from cachepolicy.engine.checkpoint import Run, RunKind, chain_digest, history_digest
 from cachepolicy.engine.kv_blob import KvRows
 from cachepolicy.engine.kv_patch import StoredKv, make_patch, place, relocate
+from cachepolicy.engine.kv_rope import TEXT_STEP
 from cachepolicy.errors import PolicyError
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import Plan, StoredEntry
@@ -44,7 +45,7 @@ def held_rows(engine: Engine, seq: int, plan: Plan) -> KvRows | None:
         return None
     if engine.seq_info(seq).n_tokens == 0:
         raise PolicyError("a unit is placed from the sequence, which holds nothing")
-    return engine.kv_read(seq)
+    return engine.kv_read_attention(seq)
 
 
 def _image_span(pieces: tuple[Piece, ...], pos0: int) -> tuple[int, int]:
@@ -88,11 +89,28 @@ def _unit_rows(engine: Engine, unit: PlaceUnit, pieces: tuple[Piece, ...], pos0:
         old = held.between(unit.held_pos0, unit.held_pos0 + n_pos)
         if old.n_cells == 0:
             raise PolicyError(f"the sequence holds no cell of {unit.label}")
-        rows = _thin(relocate(engine.rope, old, pos0 - unit.held_pos0),
+        rows = _thin(relocate(engine.rope, old, pos0 - unit.held_pos0,
+                              _steps(engine, pieces, unit.held_pos0, old)),
                      _image_span(pieces, pos0), unit)
     if rows.n_cells and (rows.pos.min() < pos0 or rows.pos.max() >= pos0 + n_pos):
         raise PolicyError(f"{unit.label}'s rows do not fit its {n_pos} positions")
     return rows
+
+
+def _steps(engine: Engine, pieces: tuple[Piece, ...], pos0: int,
+           rows: KvRows) -> np.ndarray | None:
+    """How each cell's M-RoPE components follow its unit's start (None: one position per
+    row): a text cell's ``TEXT_STEP``, an image's cells mtmd's step for that image."""
+    if not engine.rope.multi_section:
+        return None
+    steps = np.tile(np.asarray(TEXT_STEP, dtype=np.int64), (rows.n_cells, 1))
+    p = pos0
+    for piece in pieces:
+        if piece.image is not None and piece.image.png is not None:
+            image = engine.encode_image(piece.image.png, image_id=piece.image.image_id)
+            steps[(rows.pos >= p) & (rows.pos < p + piece.n_pos)] = image.pos_step
+        p += piece.n_pos
+    return steps
 
 
 def _runs(history: list[Run], pieces: tuple[Piece, ...], rows: KvRows, pos0: int,
@@ -119,7 +137,7 @@ def write_units(engine: Engine, seq: int, plan: Plan, at: int, held: KvRows | No
     by_first = {u.first: u for u in plan.splice.place}
     info = engine.seq_info(seq)
     history, pos = list(info.history), info.next_pos
-    parts = [engine.kv_read(seq)] if info.n_tokens else []
+    parts = [engine.kv_read_attention(seq)] if info.n_tokens else []
     i = at
     while i in by_first:
         unit = by_first[i]
@@ -130,7 +148,7 @@ def write_units(engine: Engine, seq: int, plan: Plan, at: int, held: KvRows | No
         parts.append(rows)
         pos = runs[-1].end_pos
         i += unit.n_pieces
-    engine.kv_write(seq, KvRows.concat([p for p in parts if p.n_cells]), history)
+    engine.kv_write_attention(seq, KvRows.concat([p for p in parts if p.n_cells]), history)
     return i
 
 

@@ -350,6 +350,11 @@ class Engine:
         """Why this model's cached KV cannot be re-rotated and patched (None: it can)."""
         return self.kv.problem(self.vision.uses_mrope)
 
+    @property
+    def window_problem(self) -> str | None:
+        """Why window-replay cannot keep this model's screenshots' attention KV (None: it can)."""
+        return self.kv.window_problem()
+
     def kv_read(self, seq: int) -> KvRows:
         return self.kv.read(seq)
 

@@ -79,6 +79,20 @@ def edit_problem(kind: ModelKind, rope: RopeSpec, uses_mrope: bool) -> str | Non
     return rope.problem
 
 
+def window_problem(kind: ModelKind, rope: RopeSpec) -> str | None:
+    """Why window-replay cannot keep a ``kind`` model's retained screenshots' attention KV
+    (None: it can): it needs a hybrid (attention-only models have relocate and kamera), keys
+    ``kv_rope`` re-rotates, and multi-section RoPE — only there does llama.cpp let a
+    sequence's recurrent state continue past positions it did not absorb (``replay``)."""
+    if kind is not ModelKind.HYBRID:
+        return (f"window-replay keeps a hybrid's attention KV beside its recurrent state; a "
+                f"{kind.value} model has relocate and kamera instead")
+    if not rope.multi_section:
+        return ("the recurrent state must skip the kept screenshots' positions, which "
+                "llama.cpp allows only under multi-section RoPE (qwen35)")
+    return rope.rerotation_problem
+
+
 class KvAccess:
     def __init__(self, native: Native, seqs: Sequences, *, kind: ModelKind,
                  n_ctx_per_seq: int, model_path: str | Path | None = None) -> None:
@@ -93,6 +107,10 @@ class KvAccess:
     def problem(self, uses_mrope: bool) -> str | None:
         """Why this model's KV rows cannot be moved and patched (None: they can)."""
         return edit_problem(self.kind, self.rope, uses_mrope)
+
+    def window_problem(self) -> str | None:
+        """``window_problem`` for this model."""
+        return window_problem(self.kind, self.rope)
 
     @property
     def live_stored(self) -> tuple[int, int]:

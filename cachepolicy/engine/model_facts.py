@@ -23,7 +23,7 @@ from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.engine.errors import ModelLoadError
 from cachepolicy.engine.gguf_meta import metadata
 from cachepolicy.engine.kv_access import edit_problem
-from cachepolicy.engine.kv_rope import RopeSpec, shift_refusal
+from cachepolicy.engine.kv_rope import MULTI_SECTION, RopeSpec, shift_refusal
 from cachepolicy.engine.native import model_meta
 from cachepolicy.engine.vision import (
     MROPE_PROJECTORS, check_pairing, declares_position_features, projector_type,
@@ -127,7 +127,10 @@ def _rope(meta: dict, arch: str, rope_type: int) -> RopeSpec:
     head_dim = int(key_length) if key_length else n_embd // n_head
     n_rot = meta.get(f"{arch}.rope.dimension_count")
     factor = float(meta.get(f"{arch}.rope.scaling.factor") or 0.0)
+    sections = (tuple(int(x) for x in meta.get(f"{arch}.rope.dimension_sections") or ())
+                if rope_type in MULTI_SECTION else ())
     return RopeSpec(rope_type=rope_type, n_rot=int(n_rot) if n_rot else head_dim,
+                    sections=sections,
                     head_dim=head_dim,
                     freq_base=float(meta.get(f"{arch}.rope.freq_base") or 10_000.0),
                     freq_scale=1.0 / factor if factor else 1.0,

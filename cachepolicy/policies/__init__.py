@@ -18,6 +18,7 @@ from cachepolicy.policies.tail_replay import TailReplayPolicy
 from cachepolicy.policies.terminal_scratch import TerminalScratchPolicy
 from cachepolicy.policies.terminal_slot import TerminalSlotPolicy
 from cachepolicy.policies.token_evict import RandomEvictPolicy, RecencyEvictPolicy
+from cachepolicy.policies.window_replay import WindowReplayPolicy
 
 #: The built-in policies in the order the bench and the docs show them.
 BUILTIN = ("evict", "noevict", "terminal-scratch", "terminal-slot", "relocate")
@@ -30,5 +31,5 @@ def names() -> tuple[str, ...]:
 
 __all__ = ["BUILTIN", "POLICIES", "EvictPolicy", "FaithfulPolicy", "FaithfulTailPolicy",
            "KameraPolicy", "NoEvictPolicy", "RandomEvictPolicy", "RecencyEvictPolicy", "NoEvictTailPolicy", "RelocatePolicy", "TailReplayPolicy",
-           "TerminalScratchPolicy", "TerminalSlotPolicy", "UnknownPolicyError", "make_policy", "names",
+           "TerminalScratchPolicy", "TerminalSlotPolicy", "UnknownPolicyError", "WindowReplayPolicy", "make_policy", "names",
            "pinning_policies", "register"]

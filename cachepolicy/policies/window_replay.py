@@ -1,0 +1,171 @@
+"""``window-replay`` (hybrid models under multi-section RoPE: qwen35): the terminal layout
+with the retained screenshots' attention KV kept — approximate, opt-in.
+
+terminal-slot re-prefills the whole window every step on a hybrid: the new history line
+enters before the retained screenshots, and a recurrent state cannot have a line inserted
+into its past.  window-replay keeps what it can and recomputes a budget:
+
+* the prefix ``[head][history]`` is terminal-slot's, exactly (restore the region
+  checkpoint, prefill the new line, take the next region checkpoint);
+* the retained screenshots' pieces (``[region, cut)``) are not prefilled: their attention
+  KV is read out of the sequence as it held them last step, moved by the new line's shift and
+  re-rotated per M-RoPE component (``kv_rope``; llama.cpp refuses its own K-shift there), and
+  written back (``cachepolicy.splice``: units from the sequence).  The recurrent state does
+  not absorb them: it stays at the region checkpoint;
+* the budget's tail of the retained window (``[cut, end)``: ``window-replay@10%`` of its rows,
+  ``@256`` rows; a screenshot straddling the cut is replayed whole) is prefilled from that
+  recurrent state — its recurrent state and its attention KV recomputed — then the new
+  screenshot and the generation prompt, as terminal-slot prefills them.
+
+What is exact: the prefix, and every piece after the cut as a function of the state before
+it; approximate: the placed pieces' KV (computed last step, in last step's context, one
+more f16 rounding of their keys) and the recurrent state, which skipped them.  A budget
+covering the retained window places nothing: the plan is terminal-slot's own, bitwise.  A
+step that placed anything is marked ``approximate`` (``Execution.approximate``: the plan
+spliced) and its placed runs carry tagged digests, so no exact path ever reuses it.  Each
+step's drift (next-token KL and top-1 against terminal-scratch's prompt from scratch) is
+measured on the spare sequence when there is one, as relocate's is.
+
+No prefetch: with overlap the whole step is on the critical path (the placed rows come from
+the sequence as the previous step left it).  A first step, or a sequence that does not hold
+last step's window as this policy published it, prefills the window (terminal-slot's plan).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from cachepolicy.base import CachePolicy
+from cachepolicy.context_log import ContextLog
+from cachepolicy.engine.checkpoint import ModelKind, RunKind
+from cachepolicy.errors import PolicyRefusedError
+from cachepolicy.layouts import PromptKit, terminal_steps
+from cachepolicy.pieces import Piece
+from cachepolicy.plan import CacheView, ModelInfo, Plan, PolicyManifest
+from cachepolicy.policies.registry import register
+from cachepolicy.policies.terminal_slot import REGION
+from cachepolicy.splice import PlaceUnit, Source, Splice
+from cachepolicy.tail import DEFAULT_BUDGET, ReplayBudget
+
+
+@attrs.frozen
+class Retained:
+    """The window's pieces ``[region, end)`` the sequence holds from last step, ``delta``
+    positions earlier than this step lays them out."""
+
+    region: int
+    end: int
+    delta: int
+
+
+def retained(pieces: tuple[Piece, ...], region: int, view: CacheView) -> Retained | None:
+    """The longest run of window pieces from ``region`` on whose content the sequence holds,
+    contiguous and shifted by one offset, as last step's plan published it (one run per
+    piece, ``CacheState.layout_keys``) — or None.  Images match by key and position count,
+    text token by token (a piece's tokens may lie inside a merged piece of last step's)."""
+    keys, hist = view.state.layout_keys, view.seq.history
+    if not keys or len(hist) < len(keys):
+        return None
+    images = {k: hist[i] for i, k in enumerate(keys)
+              if hist[i].kind is RunKind.EMBEDDINGS}
+    tokens: dict[int, int] = {}
+    for run in hist[: len(keys)]:
+        if run.kind is RunKind.TEXT:
+            tokens.update(zip(range(run.pos0, run.end_pos), run.tokens))
+    starts = [sum(p.n_pos for p in pieces[:region])]
+    for p in pieces[region:]:
+        starts.append(starts[-1] + p.n_pos)
+    delta = None
+    for j in range(region, len(pieces)):
+        held = images.get(pieces[j].key) if pieces[j].is_image else None
+        if held is not None:
+            delta = starts[j - region] - held.pos0
+            break
+    if delta is None:
+        return None
+    end = region
+    for j in range(region, len(pieces)):
+        p, at = pieces[j], starts[j - region] - delta
+        if p.is_image:
+            held = images.get(p.key)
+            ok = held is not None and held.pos0 == at and held.n_pos == p.n_pos
+        else:
+            ok = all(tokens.get(at + o) == t for o, t in enumerate(p.tokens))
+        if not ok:
+            break
+        end = j + 1
+    return Retained(region, end, delta) if end > region else None
+
+
+def replay_from(pieces: tuple[Piece, ...], kept: Retained, budget: ReplayBudget) -> int:
+    """The first replayed piece: the budget's rows of the retained pieces, counted back from
+    their end, whole pieces (a screenshot straddling the cut is replayed whole)."""
+    matched = sum(p.n_tokens for p in pieces[kept.region:kept.end])
+    left = budget.rows(matched)
+    cut = kept.end
+    while cut > kept.region and left > 0:
+        cut -= 1
+        left -= pieces[cut].n_tokens
+    return cut
+
+
+@register
+class WindowReplayPolicy(CachePolicy):
+    name = "window-replay"
+    pins = True
+    takes_option = True
+    option_help = ("the replay budget: rows (256) or a share (10%) of the retained "
+                   "screenshots' rows, recomputed from the region checkpoint; 100% is "
+                   "terminal-slot")
+    manifest = PolicyManifest(
+        changes="the sequence after the screenshot-region checkpoint: the retained "
+                "screenshots' attention KV before the budget's cut is moved and re-rotated "
+                "(M-RoPE, in numpy), not recomputed; the recurrent state skips it",
+        evidence="the sequence's runs aligned with the published layout keys (images by "
+                 "key, text token by token); the region checkpoint",
+        adds_work="per step one state read and write of the sequence; re-prefills the "
+                  "budget's tail of the retained screenshots (recurrent state and attention "
+                  "KV) from the region checkpoint, then the new screenshot as terminal-slot",
+        omitted_recoverable=True, quality="approximate", bounded=True,
+        supports=frozenset({ModelKind.HYBRID}), needs_scratch_sequence=True)
+
+    def __init__(self, model: ModelInfo, kit: PromptKit, *, window: int = 3,
+                 decode_tokens: int = 16, option: str | None = None,
+                 pinned: int = 0) -> None:
+        super().__init__(model, kit, window=window, decode_tokens=decode_tokens,
+                         pinned=pinned)
+        if model.window_problem is not None:
+            raise PolicyRefusedError(f"policy {self.name!r} cannot run on this model: "
+                                     f"{model.window_problem}")
+        self.budget = self.parse_option(option) if option else DEFAULT_BUDGET
+
+    @classmethod
+    def parse_option(cls, text: str) -> ReplayBudget:
+        """``256`` (rows) or ``10%`` (of the retained window's rows): tail replay's budget."""
+        return ReplayBudget.parse(text)
+
+    def select(self, log: ContextLog, view: CacheView, *,
+               new: frozenset[str] = frozenset()) -> Plan:
+        pieces, region = terminal_steps(log, self.kit, self.window, pinned=self.pinned)
+        plan = self.plan_reusing(log, view, pieces, anchors=[(region, REGION)],
+                                 drift_reference=pieces)
+        if plan.reused_pieces > region:
+            return plan  # the sequence already holds this window (a retry): nothing to place
+        kept = retained(pieces, region, view)
+        if kept is None:
+            return plan
+        # the newest screenshot's and the generation prompt's pieces are never placed
+        cut = min(replay_from(pieces, kept, self.budget), len(pieces) - 1)
+        if cut <= region:
+            return plan  # the budget covers the retained window: terminal-slot's plan
+        at = sum(p.n_pos for p in pieces[:region])
+        place = []
+        for j in range(region, cut):
+            place.append(PlaceUnit(j, 1, pieces[j].key, Source.SEQUENCE,
+                                   held_pos0=at - kept.delta))
+            at += pieces[j].n_pos
+        # the sequence read out, its rows, the composed blob: three copies at most
+        workspace = 3 * plan.forecast.successor_seq_bytes
+        forecast = attrs.evolve(plan.forecast,
+                                workspace_bytes=plan.forecast.workspace_bytes + workspace)
+        return attrs.evolve(plan, splice=Splice(place=tuple(place)), forecast=forecast)

@@ -1,0 +1,99 @@
+"""``window-replay`` on the forged qwen35 (hybrid, IMROPE) with screenshots, through the
+step transaction that ships: a budget covering the retained window is terminal-slot bitwise
+(logits compared at every step, not only tokens); a short one prefills less, keeps the
+retained screenshots' attention KV (moved and re-rotated), is marked approximate at every
+step it placed anything, and still gives finite logits that differ from the exact ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cachepolicy.errors import PolicyRefusedError
+from cachepolicy.executor import kl_divergence
+from cachepolicy.policies import make_policy
+from cachepolicy.policies.window_replay import WindowReplayPolicy
+from cachepolicy.segments import SegmentFactory, model_info
+from cachepolicy.tail import ReplayBudget
+from replay_helpers import check_accounts, step_segments
+from runtime.bench.trajectory import trajectory
+from runtime.config import PolicyChoice
+from scheduler.ledger import MemoryLedger
+from scheduler.transaction import (
+    EpisodeCache, StepOptions, admit, begin, commit_finish, commit_prefill,
+)
+
+STEPS, WINDOW = 7, 3
+
+
+@pytest.fixture(scope="module")
+def traj():
+    return trajectory(STEPS, 128, 96)
+
+
+def _episode(engine, factory, traj, policy: str, option: str | None, seq: int = 0):
+    """Run the trajectory through ``policy``; per step (logits, prefill tokens,
+    approximate, placed pieces)."""
+    kw = {"option": option} if option is not None else {}
+    pol = make_policy(policy, model_info(engine), factory.kit, window=WINDOW,
+                      decode_tokens=4, **kw)
+    engine.clear(seq)
+    ep = EpisodeCache("w", seq, pol)
+    ledger = MemoryLedger(1 << 30)
+    out = []
+    try:
+        for i in range(STEPS):
+            txn = begin(engine, ep, step_segments(factory, traj, i))
+            admit(txn, ledger)
+            placed = len(txn.plan.splice.place) if txn.plan.splice is not None else 0
+            exe = commit_prefill(engine, txn, ledger)
+            logits = exe.logits.copy()
+            commit_finish(engine, txn, ledger, StepOptions(), exe)
+            check_accounts(engine, ep, ledger)
+            out.append((logits, exe.prefill_tokens, exe.approximate, placed))
+    finally:
+        engine.clear(seq)
+    return out
+
+
+def test_a_whole_window_budget_is_terminal_slot_bitwise(engines, traj) -> None:
+    e = engines("qwen35")
+    factory = SegmentFactory(e)
+    slot = _episode(e, factory, traj, "terminal-slot", None)
+    whole = _episode(e, factory, traj, "window-replay", "100%")
+    for step, (a, b) in enumerate(zip(whole, slot)):
+        assert np.array_equal(a[0], b[0]), f"step {step}: logits differ"
+        assert a[1:] == b[1:] and a[3] == 0 and not a[2]
+    # the check can fail: a budget of nothing changes the logits once a window slides
+    none = _episode(e, factory, traj, "window-replay", "0")
+    assert not all(np.array_equal(a[0], b[0]) for a, b in zip(none, slot))
+
+
+@pytest.mark.parametrize("budget", ["0", "10%", "25%"])
+def test_a_short_budget_prefills_less_and_is_marked(engines, traj, budget) -> None:
+    e = engines("qwen35")
+    factory = SegmentFactory(e)
+    slot = _episode(e, factory, traj, "terminal-slot", None)
+    short = _episode(e, factory, traj, "window-replay", budget)
+    slid = 0
+    for step, ((logits, prefill, approx, placed), ref) in enumerate(zip(short, slot)):
+        assert np.isfinite(logits).all()
+        if placed:
+            slid += 1
+            assert approx and prefill < ref[1], (step, prefill, ref[1])
+            assert kl_divergence(ref[0], logits) > 0.0
+        else:
+            assert not approx and prefill == ref[1]
+    assert slid >= STEPS - 3  # every step whose window holds a retained screenshot
+
+
+def test_the_budget_is_tail_replays_and_the_policy_is_refused_elsewhere(engines) -> None:
+    assert WindowReplayPolicy.parse_option("256") == ReplayBudget(tokens=256)
+    assert WindowReplayPolicy.parse_option("10%") == ReplayBudget(fraction=0.10)
+    with pytest.raises(ValueError):
+        WindowReplayPolicy.parse_option("ten")
+    assert PolicyChoice.parse("window-replay@25%").option == "25%"
+    llama = engines("llama")
+    with pytest.raises(PolicyRefusedError):
+        make_policy("window-replay", model_info(llama), SegmentFactory(llama).kit)
+    assert WindowReplayPolicy.manifest.quality == "approximate"
