@@ -24,8 +24,8 @@ from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.tasks import Task, default_tasks, expert_rollout
 
 __all__ = [
-    "PERTURBATIONS", "RECOVERY_STEPS", "all_kinds", "resolve_kinds", "DemoStep", "DeskState", "Goal", "SimDesk", "SimDeskConfig", "Task",
-    "check", "default_tasks", "demonstration", "eval_seeds", "expert_rollout", "is_eval_seed", "next_action",
-    "perturb", "resolve_task", "sample_task", "sampled_name", "seed_split", "task_kinds",
-    "train_seeds",
+    "PERTURBATIONS", "RECOVERY_STEPS", "DemoStep", "DeskState", "Goal", "SimDesk",
+    "SimDeskConfig", "Task", "all_kinds", "check", "default_tasks", "demonstration",
+    "eval_seeds", "expert_rollout", "is_eval_seed", "next_action", "perturb", "resolve_kinds",
+    "resolve_task", "sample_task", "sampled_name", "seed_split", "task_kinds", "train_seeds",
 ]
