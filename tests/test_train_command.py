@@ -1,7 +1,8 @@
 """``kvagent train`` end to end on a toy budget (CI never trains a full model): the recipe writes
 the projector, the dataset, the trained model and recipe.json; the model loads in the engine
 and answers through the runtime's grammar; a rerun with the same seed reuses the dataset and
-writes the same bytes; bad arguments are refused before any work."""
+writes the same bytes; the done stage run alone (``--from``) from base agents makes what the
+whole recipe makes; bad arguments are refused before any work."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from runtime.train.environment import ONE_THREAD_XLA_FLAGS, pin_xla_threads
 
 ARGS = ["train", "--arch", "qwen35", "--episodes", "8", "--steps", "1", "--threads", "2",
         "--recogniser-episodes", "8", "--recogniser-dialog-episodes", "4",
-        "--recogniser-updates", "5"]
+        "--recogniser-updates", "5", "--done-updates", "2"]
 
 
 def test_train_writes_loadable_reproducible_agent(tmp_path: Path, capsys,
@@ -31,7 +32,8 @@ def test_train_writes_loadable_reproducible_agent(tmp_path: Path, capsys,
     model = out / "agent-qwen35.gguf"
     digest = hashlib.sha256(model.read_bytes()).hexdigest()
     assert record["models"]["qwen35"]["sha256"] == digest
-    assert record["models"]["qwen35"]["steps"] == 1
+    assert record["models"]["qwen35"]["steps"] == 2  # the done stage's updates
+    assert record["models"]["qwen35"]["base"]["steps"] == 1
     assert record["dataset"]["examples"] > 8  # several steps and layouts per episode
     env = record["environment"]  # what the bytes depend on besides the seed
     assert env["jax"] == jax.__version__ and env["xla_flags"] == ONE_THREAD_XLA_FLAGS
@@ -51,10 +53,49 @@ def test_train_writes_loadable_reproducible_agent(tmp_path: Path, capsys,
                                               .read_text())["shards"]] == shard_times
 
 
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_done_stage_from_base_files_is_the_whole_recipe(tmp_path: Path, capsys,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    staged, base, resumed = tmp_path / "staged", tmp_path / "base", tmp_path / "resumed"
+    assert main([*ARGS, "--out", str(staged)]) == 0
+    assert main([*ARGS, "--done-updates", "0", "--out", str(base)]) == 0
+    # the base agents are the recipe without its done stage, byte for byte
+    assert _sha(staged / "base" / "agent-qwen35.gguf") == _sha(base / "agent-qwen35.gguf")
+    assert _sha(staged / "agent-qwen35.gguf") != _sha(base / "agent-qwen35.gguf")
+    record = json.loads((staged / "recipe.json").read_text())
+    assert record["models"]["qwen35"]["base"]["sha256"] == _sha(base / "agent-qwen35.gguf")
+    # every demonstration gains its done() step: more examples than the base dataset's
+    assert record["done_dataset"]["examples"] > record["dataset"]["examples"]
+    assert "base" not in json.loads((base / "recipe.json").read_text())["models"]["qwen35"]
+    capsys.readouterr()
+
+    assert main([*ARGS, "--from", str(base), "--out", str(resumed)]) == 0
+    assert _sha(resumed / "agent-qwen35.gguf") == _sha(staged / "agent-qwen35.gguf")
+    assert _sha(resumed / "mmproj.gguf") == _sha(base / "mmproj.gguf")
+    again = json.loads((resumed / "recipe.json").read_text())
+    assert again["models"]["qwen35"]["base"]["sha256"] == _sha(base / "agent-qwen35.gguf")
+    assert "done stage, 2 updates" in capsys.readouterr().out
+
+    # --from refuses what is not a base agent of this seed, before any work
+    for bad, why in ((staged, "done stage already"), (tmp_path / "empty", "recipe.json"),
+                     (base, "seed")):
+        extra = ["--seed", "1"] if why == "seed" else []
+        assert main([*ARGS, *extra, "--from", str(bad), "--out", str(tmp_path / "x")]) == 2
+        assert why in capsys.readouterr().err
+    assert main([*ARGS, "--done-updates", "0", "--from", str(base),
+                 "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
+
+
 def test_train_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
     assert main(["train", "--arch", "mamba", "--out", str(tmp_path)]) == 2
     assert "unknown arch" in capsys.readouterr().err
     assert main(["train", "--steps", "0", "--out", str(tmp_path)]) == 2
+    assert main(["train", "--done-updates", "-1", "--out", str(tmp_path)]) == 2
     for bad in (["--slipped", "0.8", "--perturbed", "0.3"], ["--early-typing", "1.5"],
                 ["--max-slip-run", "0"]):
         assert main(["train", *bad, "--out", str(tmp_path)]) == 2

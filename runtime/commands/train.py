@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 HELP = ("train the tiny simdesk agents (hybrid qwen35 and llama) that kvagent ships; on one "
-        "core about 4-6 min for the projector's recogniser, 1.5-7 for the dataset and 25-30 "
-        "per model at the default 4000 updates (the hybrid 25, llama 30: measured with the two "
-        "side by side on 2 cores, quiet; more on a loaded machine; "
+        "core about 4-6 min for the projector's recogniser, 1.5-7 for each of the two datasets, "
+        "25-30 per model at the default 4000 updates (the hybrid 25, llama 30: measured with "
+        "the two side by side on 2 cores, quiet; more on a loaded machine) and 9-15 per model "
+        "for the done stage; "
         "needs pip install 'kvagent[train]')")
 
 DEFAULT_OUT = Path("kvagent-agents")
@@ -61,9 +62,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-slip-run", type=int, default=d.max_slip_run,
                    help=f"mistakes in a row, 1..N (default {d.max_slip_run})")
     p.add_argument("--with-done", action="store_true", default=d.with_done,
-                   help="end every demonstration with the solved state labelled done() (the "
-                        "agents then end their own episodes; docs/training.md has what it "
-                        "did to the multi-step kinds)")
+                   help="end every demonstration of the base training with the solved state "
+                        "labelled done() too (docs/training.md has what it did to the "
+                        "multi-step kinds)")
+    p.add_argument("--done-updates", type=int, default=d.done.updates,
+                   help="the done stage: updates each agent trains on from its base file, on "
+                        "the demonstrations ending in done(), so it ends its own episodes "
+                        f"(default {d.done.updates}, ~{d.done.updates // 120} min a model on "
+                        "one core; 0: the base agents, which never say done())")
+    p.add_argument("--done-learning-rate", type=float, default=d.done.learning_rate)
+    p.add_argument("--from", dest="base", type=Path, default=None, metavar="DIR",
+                   help="run only the done stage, from the base agents in DIR (agent-<arch>."
+                        "gguf, mmproj.gguf and their recipe.json; e.g. a run with "
+                        "--done-updates 0): what the whole recipe makes from those files")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,12 +89,18 @@ def run(args: argparse.Namespace) -> int:
     import attrs
 
     from runtime.train.fit import FitConfig
-    from runtime.train.recipe import RecipeConfig, parse_arches, train_agents
+    from runtime.train.done_stage import DoneStage
+    from runtime.train.recipe import (RecipeConfig, base_record, parse_arches, train_agents,
+                                      train_done_from)
 
     try:
         arches = tuple(parse_arches(args.arch))
         if args.episodes < 8 or args.steps < 1 or args.learning_rate <= 0:
             raise ValueError("--episodes must be >= 8, --steps >= 1, --learning-rate > 0")
+        if args.done_updates < 0 or args.done_learning_rate <= 0:
+            raise ValueError("--done-updates must be >= 0, --done-learning-rate > 0")
+        if args.base is not None and args.done_updates == 0:
+            raise ValueError("--from runs the done stage: --done-updates must be > 0")
         if args.recogniser_episodes < 8 or args.recogniser_updates < 1 \
                 or args.recogniser_dialog_episodes < 0:
             raise ValueError("--recogniser-episodes must be >= 8, --recogniser-updates >= 1, "
@@ -98,16 +115,22 @@ def run(args: argparse.Namespace) -> int:
                               recogniser_updates=args.recogniser_updates,
                               perturbed=args.perturbed, slipped=args.slipped,
                               early_typing=args.early_typing, max_slip_run=args.max_slip_run,
-                              with_done=args.with_done)
+                              with_done=args.with_done,
+                              done=DoneStage(updates=args.done_updates,
+                                             learning_rate=args.done_learning_rate))
         try:
             config.dataset()  # the dataset's own checks, before any work
         except ValueError as exc:
             raise ValueError(f"--perturbed / --slipped / --early-typing / --max-slip-run: "
                              f"{exc}") from exc
+        if args.base is not None:
+            base_record(args.base, config)  # --from holds base agents of this seed
     except ValueError as exc:
         print(f"kvagent train: error: {exc}", file=sys.stderr)
         return 2
-    record = train_agents(config, args.out, progress=lambda s: print(s, flush=True))
+    say = lambda s: print(s, flush=True)  # noqa: E731 - progress lines as they come
+    record = (train_agents(config, args.out, progress=say) if args.base is None
+              else train_done_from(config, args.base, args.out, progress=say))
     for arch, m in record["models"].items():
         print(f"{arch}: {args.out / m['file']} sha256 {m['sha256'][:16]}")
     print(f"projector: {args.out / record['mmproj']['file']}; evaluate with kvagent bench-eval "

@@ -10,7 +10,12 @@
 3. Each agent starts from the seed's initial weights with the designed lookup
    (``grounding.design``), read-out (``readout``), word copy (``word_copy``), typed flag
    (``typed_flag``) and label copy (``label_copy``), trains (``fit.py``, with the query
-   scaffold) with those designed slices kept fixed (their ``frozen_*`` masks) and is exported next to the projector; a ``recipe.json`` records the
+   scaffold) with those designed slices kept fixed (their ``frozen_*`` masks) and is
+   exported: the *base* agent (``base/``), which never says ``done()``.
+4. The done stage (``done_stage.py``): each agent continues from its base file on the same
+   demonstrations each ending in ``done()`` (``data-done/``) and is exported next to the
+   projector (``RecipeConfig.done``; ``train_done_from`` runs this stage alone from base
+   agents made before, e.g. the files shipped until issue 47); a ``recipe.json`` records the
    configuration, the recogniser's held-out lookup, the files' sha256, the time each part took
    and the environment the bytes depend on (``environment.py``).
 
@@ -32,36 +37,34 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import numpy as np
 import structlog
 
 from cachepolicy.engine import EngineConfig
 from cachepolicy.forge import TextSpec
 from vmenv.trajectory_writer import write_durably
-from runtime.train.agents import (AGENT_ARCHES, TYPED_WORDS, X_PIECES, Y_PIECES, agent_shape,
-                                  agent_vocab)
-from runtime.train.cell_vision import KEY_DIMS, row_layout, write_cell_mmproj
-from runtime.train.dataset import DatasetConfig, generate
+from runtime.train.agents import AGENT_ARCHES, agent_shape, agent_vocab
+from runtime.train.cell_vision import KEY_DIMS, write_cell_mmproj
+from runtime.train.dataset import DatasetConfig, generate, load_manifest
+from runtime.train.designs import Designs, agent_designs
+from runtime.train.done_stage import DoneStage, train_done
 from runtime.train.environment import environment
 from runtime.train.fit import FitConfig, FitReport, fit
 from runtime.train.gguf_io import export_gguf
-from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
 from runtime.train.model import Params
-from runtime.train.label_copy import design_label, frozen_label, label_copy
-from runtime.train.optim import merge_masks
 from runtime.train.params import init_params
-from runtime.train.readout import Readout, design_readout, frozen_readout
-from runtime.train.typed_flag import design_typed, frozen_typed, typed_flag
-from runtime.train.word_copy import ASK_PIECES, WordCopy, design_copy, frozen_copy
 from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
                                       train_recogniser)
 from vmenv.simdesk.seeds import eval_seeds, train_seeds
 from runtime.engine_setup import ModelFiles, load_engine
 
-__all__ = ["MMPROJ_NAME", "RecipeConfig", "model_name", "train_agents"]
+__all__ = ["MMPROJ_NAME", "RecipeConfig", "base_record", "model_name", "train_agents",
+           "train_done_from"]
 
 log = structlog.get_logger("kvagent.train")
 
 MMPROJ_NAME = "mmproj.gguf"
+BASE_DIR = "base"  # the base agents of a recipe with a done stage
 #: the kinds whose one click answers a dialog, and where their extra recogniser seeds start
 DIALOG_KINDS = ("dialog-button", "click-ok")
 DIALOG_SEEDS = 1_000_000
@@ -100,12 +103,15 @@ class RecipeConfig:
     slipped: float = _DATA.slipped.default
     early_typing: float = _DATA.early_typing.default
     max_slip_run: int = _DATA.max_slip_run.default
-    #: every demonstration ends with the solved state labelled ``done()``, so the agents
-    #: end their own episodes as OSWorld's loop needs (it stops only on DONE / FAIL or at
-    #: max_steps).  Off: the shipped files were trained without it; with it (issue 47,
-    #: measured in docs/training.md) every episode ends with done() but the multi-step
-    #: kinds collapse to click, type, done()
+    #: every demonstration of the base training ends with the solved state labelled
+    #: ``done()`` (issue 47, measured in docs/training.md: every episode then ends with
+    #: done() but the multi-step kinds collapse to click, type, done()); off: the base
+    #: agents never say done(), and the done stage teaches it
     with_done: bool = False
+    #: the done stage (``done_stage``): after the base training, each agent continues from
+    #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
+    #: agents (they never say done())
+    done: DoneStage = DoneStage()
 
     def dataset(self) -> DatasetConfig:
         """The dataset this recipe trains on; ValueError if its settings are not valid."""
@@ -113,6 +119,10 @@ class RecipeConfig:
                              perturbed=self.perturbed, slipped=self.slipped,
                              early_typing=self.early_typing, max_slip_run=self.max_slip_run,
                              with_done=self.with_done)
+
+    def done_dataset(self) -> DatasetConfig:
+        """The done stage's dataset: the same demonstrations, each ending in ``done()``."""
+        return attrs.evolve(self.dataset(), with_done=True)
 
 
 def _sha256(path: Path) -> str:
@@ -131,32 +141,27 @@ def train_agents(config: RecipeConfig, out: Path, *,
     hybrid = agent_shape("qwen35")
     rec, rec_record = _recogniser(config, progress)
     mmproj = write_cell_mmproj(hybrid.spec, out / MMPROJ_NAME, rec, seed=config.seed)
-    grounding = Grounding(row_layout(hybrid.spec.n_embd),
-                          {c: rec.codes[i] for i, c in enumerate(rec.classes)},
-                          piece_ids(vocab.tokens, X_PIECES), piece_ids(vocab.tokens, Y_PIECES),
-                          weight=config.scaffold_weight)
-    words = WordCopy(grounding.layout, piece_ids(vocab.tokens, TYPED_WORDS),
-                     piece_ids(vocab.tokens, ASK_PIECES), seed=config.seed)
-    typed = typed_flag(vocab.tokens, words, seed=config.seed)
-    labels = label_copy(vocab.tokens, grounding.layout, grounding.codes, typed.text_flag,
-                        seed=config.seed)
-    init_dir = out / "init"
-    data = out / "data"
-    t0 = time.perf_counter()
-    data_init = export_gguf(init_dir / model_name("qwen35"), hybrid.spec,
-                            init_params(hybrid.spec, seed=config.seed), vocab=vocab)
-    engine_config = EngineConfig(n_seq_max=1, n_threads=config.threads)
-    progress(f"dataset: {config.episodes} episodes into {data}")
-    with load_engine(ModelFiles(data_init.path, mmproj), engine_config) as engine:
-        manifest = generate(engine, config.dataset(), data, progress=progress)
+    designs = agent_designs(vocab.tokens, rec.classes, hybrid.spec.n_embd, seed=config.seed,
+                            scaffold_weight=config.scaffold_weight)
+    if not all(np.array_equal(designs.grounding.codes[c], rec.codes[i])
+               for i, c in enumerate(rec.classes)):  # designs' invariant
+        raise AssertionError("the recogniser's class codes are not spread_codes(classes, seed)")
     record: dict[str, Any] = {
         "config": attrs.asdict(config), "mmproj": {"file": MMPROJ_NAME, "sha256": _sha256(mmproj),
                                                    "recogniser": rec_record},
-        "dataset": {"dir": "data", "examples": manifest["totals"]["examples"],
-                    "seconds": round(time.perf_counter() - t0, 1)},
         "models": {},
         "environment": environment(),  # what the bytes depend on besides the seed
     }
+    t0 = time.perf_counter()
+    data = _dataset(config.dataset(), out, mmproj, config.threads, progress)
+    record["dataset"] = {"dir": data.name, "examples": _examples(data),
+                         "seconds": round(time.perf_counter() - t0, 1)}
+    staged = config.done.updates > 0
+    if staged:
+        t0 = time.perf_counter()
+        done_data = _dataset(config.done_dataset(), out, mmproj, config.threads, progress)
+        record["done_dataset"] = {"dir": done_data.name, "examples": _examples(done_data),
+                                  "seconds": round(time.perf_counter() - t0, 1)}
     for arch in config.arches:
         shape = agent_shape(arch)
         progress(f"{arch}: training {config.fit.steps} steps")
@@ -165,27 +170,110 @@ def train_agents(config: RecipeConfig, out: Path, *,
             export_gguf(out / "checkpoints" / f"agent-{arch}-step{step}.gguf", spec, params,
                         vocab=vocab)
 
-        start = design(init_params(shape.spec, seed=config.seed), shape.spec, grounding,
-                       seed=config.seed)
-        readout = Readout(grounding.layout, grounding.x_ids, grounding.y_ids)
-        start = design_readout(start, shape.spec, readout)  # before the flags: x pieces get theirs
-        start = design_typed(design_copy(start, shape.spec, words), shape.spec, typed)
-        start = design_label(start, shape.spec, labels)  # after the typed flag: its KV head
-        frozen = merge_masks(frozen_lookup(start, shape.spec, grounding),
-                             frozen_copy(start, shape.spec, words),
-                             frozen_typed(start, shape.spec, typed),
-                             frozen_label(start, shape.spec, labels),
-                             frozen_readout(start, shape.spec, readout))
+        start = designs.apply(init_params(shape.spec, seed=config.seed), shape.spec)
         params, report = fit(shape.spec, start, data, config.fit,
                              progress=lambda s, a=arch: progress(f"{a}: {s}"),
-                             checkpoint=keep, grounding=grounding, frozen=frozen)
-        exported = export_gguf(out / model_name(arch), shape.spec, params, vocab=vocab)
-        record["models"][arch] = _model_record(exported.path, exported.sha256, report)
-        progress(f"{arch}: wrote {exported.path} ({exported.n_bytes / 2**20:.1f} MiB) in "
-                 f"{report.wall_seconds:.0f} s ({report.cpu_seconds:.0f} CPU s); final loss "
-                 f"{report.loss:.3f}, token accuracy {report.accuracy:.3f}")
+                             checkpoint=keep, grounding=designs.grounding,
+                             frozen=designs.frozen(start, shape.spec))
+        base_path = out / BASE_DIR / model_name(arch) if staged else out / model_name(arch)
+        exported = export_gguf(base_path, shape.spec, params, vocab=vocab)
+        model = _model_record(exported.path, exported.sha256, report)
+        _progress_written(progress, arch, exported.path, exported.n_bytes, report)
+        if staged:
+            model = {**_done_model(config, exported.path, done_data, out, designs, arch,
+                                   progress), "base": model}
+        record["models"][arch] = model
     write_durably(out / "recipe.json", json.dumps(record, indent=1).encode())
     return record
+
+
+def train_done_from(config: RecipeConfig, base: Path, out: Path, *,
+                    progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """The done stage alone, from the base agents in ``base`` (``agent-<arch>.gguf``,
+    ``mmproj.gguf`` and the ``recipe.json`` that made them, with no done stage of its own):
+    what ``train_agents`` makes when its base agents are those files.  ValueError if
+    ``base`` does not hold them or was made with another seed."""
+    made = base_record(base, config)
+    out.mkdir(parents=True, exist_ok=True)
+    mmproj = out / MMPROJ_NAME
+    if mmproj.resolve() != (base / MMPROJ_NAME).resolve():
+        write_durably(mmproj, (base / MMPROJ_NAME).read_bytes())
+    vocab = agent_vocab()
+    designs = agent_designs(vocab.tokens, made["mmproj"]["recogniser"]["classes"],
+                            agent_shape("qwen35").spec.n_embd, seed=config.seed,
+                            scaffold_weight=config.scaffold_weight)
+    t0 = time.perf_counter()
+    done_data = _dataset(config.done_dataset(), out, mmproj, config.threads, progress)
+    record: dict[str, Any] = {
+        "config": attrs.asdict(config), "from": str(base), "mmproj": made["mmproj"],
+        "dataset": made.get("dataset"),
+        "done_dataset": {"dir": done_data.name, "examples": _examples(done_data),
+                         "seconds": round(time.perf_counter() - t0, 1)},
+        "models": {}, "environment": environment(),
+    }
+    for arch in config.arches:
+        model = _done_model(config, base / model_name(arch), done_data, out, designs, arch,
+                            progress)
+        record["models"][arch] = {**model, "base": made["models"][arch]}
+    write_durably(out / "recipe.json", json.dumps(record, indent=1).encode())
+    return record
+
+
+def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
+    """``base``'s recipe record, checked to hold base agents of ``config``'s seed."""
+    try:
+        made = json.loads((base / "recipe.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{base}: no readable recipe.json ({exc})") from exc
+    if made.get("config", {}).get("seed") != config.seed:
+        raise ValueError(f"{base} was made with seed {made.get('config', {}).get('seed')}, "
+                         f"not {config.seed}: its designs would differ")
+    missing = [n for n in (MMPROJ_NAME, *map(model_name, config.arches))
+               if not (base / n).is_file()]
+    missing += [f"{a} in recipe.json" for a in config.arches if a not in made.get("models", {})]
+    if missing:
+        raise ValueError(f"{base} lacks {', '.join(missing)}")
+    if any("base" in made["models"][a] for a in config.arches):
+        raise ValueError(f"{base} holds agents that went through the done stage already")
+    return made
+
+
+def _dataset(dataset: DatasetConfig, out: Path, mmproj: Path, threads: int,
+             progress: Callable[[str], None]) -> Path:
+    """Generate ``dataset`` into ``out/data`` (``out/data-done`` for the with-``done()``
+    one of a recipe without it): the encodings of the recipe's projector and the tokens of
+    the seed's initial hybrid (the same vocabulary for both arches); a rerun keeps
+    finished shards."""
+    hybrid = agent_shape("qwen35")
+    data = out / ("data-done" if dataset.with_done else "data")
+    init = export_gguf(out / "init" / model_name("qwen35"), hybrid.spec,
+                       init_params(hybrid.spec, seed=dataset.seed), vocab=agent_vocab())
+    progress(f"dataset: {dataset.episodes} episodes into {data}")
+    with load_engine(ModelFiles(init.path, mmproj),
+                     EngineConfig(n_seq_max=1, n_threads=threads)) as engine:
+        generate(engine, dataset, data, progress=progress)
+    return data
+
+
+def _examples(data: Path) -> int:
+    return int(load_manifest(data)["totals"]["examples"])
+
+
+def _done_model(config: RecipeConfig, base: Path, data: Path, out: Path, designs: Designs,
+                arch: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    progress(f"{arch}: done stage, {config.done.updates} updates from {base}")
+    exported, report = train_done(base, data, out / model_name(arch), config.done, designs,
+                                  seed=config.seed,
+                                  progress=lambda s: progress(f"{arch} (done stage): {s}"))
+    _progress_written(progress, arch, exported.path, exported.n_bytes, report)
+    return _model_record(exported.path, exported.sha256, report)
+
+
+def _progress_written(progress: Callable[[str], None], arch: str, path: Path, n_bytes: int,
+                      report: FitReport) -> None:
+    progress(f"{arch}: wrote {path} ({n_bytes / 2**20:.1f} MiB) in {report.wall_seconds:.0f} s "
+             f"({report.cpu_seconds:.0f} CPU s); final loss {report.loss:.3f}, token accuracy "
+             f"{report.accuracy:.3f}")
 
 
 def _recogniser(config: RecipeConfig, progress: Callable[[str], None],

@@ -1,0 +1,76 @@
+"""The agents' designed parts as one object: the lookup (``grounding``), the read-out
+(``readout``), the word copy (``word_copy``), the typed flag (``typed_flag``) and the label
+copy (``label_copy``), built from the recogniser's classes and the recipe's seed.
+
+One home for what the recipe designs into a fresh agent and keeps fixed in training, so the
+base training and the done stage (``done_stage``) design and freeze the same slices.
+Invariant: the class codes are ``codes.spread_codes(len(classes), KEY_DIMS, seed)`` — the
+recogniser's own (``recogniser.train_recogniser`` draws them so, from the same seed) — so an
+agent's designs can be rebuilt from the class names its ``recipe.json`` records, without
+training the recogniser again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from cachepolicy.forge import TextSpec
+from runtime.train.agents import TYPED_WORDS, X_PIECES, Y_PIECES
+from runtime.train.cell_vision import KEY_DIMS, row_layout
+from runtime.train.codes import spread_codes
+from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
+from runtime.train.label_copy import LabelCopy, design_label, frozen_label, label_copy
+from runtime.train.optim import merge_masks
+from runtime.train.readout import Readout, design_readout, frozen_readout
+from runtime.train.typed_flag import TypedFlag, design_typed, frozen_typed, typed_flag
+from runtime.train.word_copy import ASK_PIECES, WordCopy, design_copy, frozen_copy
+
+__all__ = ["Designs", "agent_designs"]
+
+
+@attrs.frozen(eq=False)
+class Designs:
+    """The designed parts of an agent of one vocabulary (module docstring)."""
+
+    grounding: Grounding
+    readout: Readout
+    words: WordCopy
+    typed: TypedFlag
+    labels: LabelCopy
+    seed: int
+
+    def apply(self, params: Mapping[str, np.ndarray], spec: TextSpec) -> dict[str, np.ndarray]:
+        """``params`` (a fresh agent's) with every design written in, in the order each
+        needs: the read-out before the flags (x pieces get theirs), the label copy after the
+        typed flag (it shares that KV head)."""
+        start = design(params, spec, self.grounding, seed=self.seed)
+        start = design_readout(start, spec, self.readout)
+        start = design_typed(design_copy(start, spec, self.words), spec, self.typed)
+        return design_label(start, spec, self.labels)
+
+    def frozen(self, params: Mapping[str, np.ndarray], spec: TextSpec) -> dict[str, np.ndarray]:
+        """Masks (1 = kept fixed in training) of every designed slice."""
+        return merge_masks(frozen_lookup(params, spec, self.grounding),
+                           frozen_copy(params, spec, self.words),
+                           frozen_typed(params, spec, self.typed),
+                           frozen_label(params, spec, self.labels),
+                           frozen_readout(params, spec, self.readout))
+
+
+def agent_designs(tokens: Sequence[str], classes: Sequence[str], n_embd: int, *, seed: int,
+                  scaffold_weight: float) -> Designs:
+    """The designs for a vocabulary's ``tokens`` and the recogniser's ``classes`` (in its
+    order), for agents ``n_embd`` wide."""
+    codes = spread_codes(len(classes), KEY_DIMS, seed)
+    grounding = Grounding(row_layout(n_embd), {c: codes[i] for i, c in enumerate(classes)},
+                          piece_ids(tokens, X_PIECES), piece_ids(tokens, Y_PIECES),
+                          weight=scaffold_weight)
+    words = WordCopy(grounding.layout, piece_ids(tokens, TYPED_WORDS),
+                     piece_ids(tokens, ASK_PIECES), seed=seed)
+    typed = typed_flag(tokens, words, seed=seed)
+    labels = label_copy(tokens, grounding.layout, grounding.codes, typed.text_flag, seed=seed)
+    return Designs(grounding, Readout(grounding.layout, grounding.x_ids, grounding.y_ids),
+                   words, typed, labels, seed)
