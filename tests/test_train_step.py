@@ -102,3 +102,21 @@ def test_loss_reads_only_response_rows(forged: Callable[..., ForgedModel]) -> No
     row = int(np.flatnonzero(np.asarray(batch.loss_mask[0]))[0])
     changed = batch._replace(targets=batch.targets.at[0, row].set(5))
     assert float(loss_fn(model.params, changed, model.spec)[0]) != float(loss)
+
+
+def test_kind_weights_shift_the_share_of_updates_and_leave_the_equal_order_alone() -> None:
+    from itertools import islice
+
+    from runtime.train.fit import _order
+
+    kinds = [0] * 10 + [1] * 30 + [2] * 5  # example i's kind
+    equal = list(islice(_order(kinds, seed=3), 3000))
+    assert list(islice(_order(kinds, seed=3, weights={}), 3000)) == equal  # no weights: as before
+    share = np.bincount([kinds[i] for i in equal], minlength=3) / 3000
+    assert np.all(np.abs(share - 1 / 3) < 0.04)  # equal shares, whatever each kind's size
+    weighted = list(islice(_order(kinds, seed=3, weights={2: 3.0}), 3000))
+    share = np.bincount([kinds[i] for i in weighted], minlength=3) / 3000
+    assert abs(share[2] - 0.6) < 0.04 and abs(share[0] - 0.2) < 0.04  # 3 : 1 : 1
+    # every example of a kind comes once per that kind's epoch
+    firsts = [i for i in weighted if kinds[i] == 2][:5]
+    assert sorted(firsts) == [40, 41, 42, 43, 44]

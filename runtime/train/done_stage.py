@@ -39,10 +39,14 @@ class DoneStage:
     updates: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
     learning_rate: float = 1e-4
     warmup_steps: int = 50
+    #: (kind, weight): a kind's share of the stage's updates against 1 for the others
+    #: (``FitConfig.kind_weights``)
+    kind_weights: tuple[tuple[str, float], ...] = ()
 
     def fit_config(self, seed: int) -> FitConfig:
         return FitConfig(steps=max(1, self.updates), learning_rate=self.learning_rate,
-                         warmup_steps=self.warmup_steps, seed=seed)
+                         warmup_steps=self.warmup_steps, seed=seed,
+                         kind_weights=self.kind_weights)
 
 
 def train_done(base: Path, data: Path, out: Path, stage: DoneStage, designs: Designs, *,

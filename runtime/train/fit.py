@@ -56,6 +56,9 @@ class FitConfig:
     seed: int = 0
     log_every: int = 50
     checkpoint_every: int = 1000
+    #: (kind, weight) pairs: a kind's share of updates against 1 for each kind not named
+    #: (empty: equal shares, the order the base agents were trained in)
+    kind_weights: tuple[tuple[str, float], ...] = ()
 
 @attrs.frozen
 class FitReport:
@@ -106,17 +109,24 @@ def on_a_line(enc: EncodedImage) -> EncodedImage:
     return attrs.evolve(enc, positions0=np.arange(n, dtype=np.int32)[None, :],
                         pos_step=np.ones(1, dtype=np.int32), n_pos=n)
 
-def _order(kinds: Sequence[int], seed: int) -> Iterator[int]:
-    """Example indices (``kinds[i]``: example i's task kind), the kind drawn uniformly at each
-    update, then that kind's next example (each kind's examples once per its own epoch,
-    reshuffled): every kind gets the same share of updates however many steps its episodes
-    have (a one-step kind has a sixth of a six-step kind's examples)."""
+def _order(kinds: Sequence[int], seed: int,
+           weights: Mapping[int, float] | None = None) -> Iterator[int]:
+    """Example indices (``kinds[i]``: example i's task kind), the kind drawn at each update —
+    uniformly, or in proportion to ``weights`` (1 for a kind not in it) —, then that kind's
+    next example (each kind's examples once per its own epoch, reshuffled): without weights
+    every kind gets the same share of updates however many steps its episodes have (a
+    one-step kind has a sixth of a six-step kind's examples)."""
     rng = np.random.default_rng(seed)
     groups = {k: np.flatnonzero(np.asarray(kinds) == k) for k in sorted(set(kinds))}
     streams = {k: iter(()) for k in groups}
     labels = list(groups)
+    share = None
+    if weights:  # the uniform draw below stays as it was: the base agents' order
+        w = np.array([weights.get(k, 1.0) for k in labels], np.float64)
+        share = w / w.sum()
     while True:
-        k = labels[int(rng.integers(len(labels)))]
+        k = labels[int(rng.integers(len(labels)) if share is None
+                       else rng.choice(len(labels), p=share))]
         nxt = next(streams[k], None)
         if nxt is None:
             streams[k] = iter(rng.permutation(groups[k]).tolist())
@@ -150,7 +160,12 @@ def fit(spec: TextSpec, params: Params, data: Path, config: FitConfig = FitConfi
                 min_lr_ratio=config.min_lr_ratio, weight_decay=config.weight_decay)
     step = make_train_step(spec, opt, options, frozen)
     state = init_state(params)
-    order = _order([int(s.meta(e)["kind"]) for s, e in index], config.seed)
+    names = list(manifest["config"]["kinds"])
+    unknown = [k for k, _ in config.kind_weights if k not in names]
+    if unknown:
+        raise ValueError(f"kind_weights names {unknown}, not kinds of {data}: {names}")
+    order = _order([int(s.meta(e)["kind"]) for s, e in index], config.seed,
+                   {names.index(k): w for k, w in config.kind_weights})
     t0, c0 = time.perf_counter(), time.process_time()
     window: list[tuple[float, float]] = []
     report_loss = report_acc = float("nan")
