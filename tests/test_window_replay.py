@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cachepolicy.engine import Engine, EngineConfig
 from cachepolicy.errors import PolicyRefusedError
+from cachepolicy.forge import forge_cached
 from cachepolicy.executor import kl_divergence
 from cachepolicy.policies import make_policy
 from cachepolicy.policies.window_replay import WindowReplayPolicy
@@ -29,6 +31,17 @@ STEPS, WINDOW = 7, 3
 @pytest.fixture(scope="module")
 def traj():
     return trajectory(STEPS, 128, 96)
+
+
+@pytest.fixture(scope="module")
+def q4_engine(tmp_path_factory):
+    """The forged qwen35 of size XS quantized Q4_K_M (a user's file type), with vision."""
+    m = forge_cached("qwen35", "XS", vision=True, quant="q4_k_m",
+                     cache_dir=tmp_path_factory.mktemp("q4"))
+    engine = Engine(m.model_path, m.mmproj_path,
+                    EngineConfig(n_ctx_per_seq=2048, n_seq_max=2, n_batch=32, n_threads=1))
+    yield engine
+    engine.close()
 
 
 def _episode(engine, factory, traj, policy: str, option: str | None, seq: int = 0):
@@ -56,8 +69,10 @@ def _episode(engine, factory, traj, policy: str, option: str | None, seq: int = 
     return out
 
 
-def test_a_whole_window_budget_is_terminal_slot_bitwise(engines, traj) -> None:
-    e = engines("qwen35")
+@pytest.mark.parametrize("quant", ["f16", "q4_k_m"])
+def test_a_whole_window_budget_is_terminal_slot_bitwise(engines, q4_engine, traj,
+                                                        quant) -> None:
+    e = engines("qwen35") if quant == "f16" else q4_engine
     factory = SegmentFactory(e)
     slot = _episode(e, factory, traj, "terminal-slot", None)
     whole = _episode(e, factory, traj, "window-replay", "100%")
