@@ -24,7 +24,9 @@ from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.engine.model_facts import ModelFacts, read_facts
 from cachepolicy.engine.records import EngineConfig
 from cachepolicy.engine.sizing import context_cost
+from cachepolicy.engine.kv_access import window_problem
 from cachepolicy.policies import POLICIES
+from cachepolicy.policies.window_replay import WindowReplayPolicy
 from cachepolicy.splicing import SplicingPolicy
 from runtime.actions import Screen
 from runtime.config import AgentConfig
@@ -55,7 +57,8 @@ class PolicyFit:
 
 def policy_fits(facts: ModelFacts) -> tuple[PolicyFit, ...]:
     """Every registered policy asked about this model: its manifest's model kinds, for the
-    policies that move cached KV rows (``SplicingPolicy``) the model's KV-edit problem, and
+    policies that move cached KV rows (``SplicingPolicy``) the model's KV-edit problem, for
+    window-replay whether it can keep a hybrid's rows (``kv_access.window_problem``), and
     for those that shift cached positions the model's shift problem — the conditions a
     policy's construction checks."""
     out = []
@@ -66,6 +69,9 @@ def policy_fits(facts: ModelFacts) -> tuple[PolicyFit, ...]:
             applies, why = False, f"not on {facts.kind.value} models (supports: {supported})"
         elif issubclass(cls, SplicingPolicy) and facts.kv_edit_problem is not None:
             applies, why = False, f"cannot move this model's cached KV: {facts.kv_edit_problem}"
+        elif (issubclass(cls, WindowReplayPolicy)
+              and (why_not := window_problem(facts.kind, facts.rope)) is not None):
+            applies, why = False, why_not
         elif m.shifts_positions and facts.shift_problem is not None:
             applies, why = False, facts.shift_problem
         else:

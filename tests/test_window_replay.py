@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
+from cachepolicy.engine.kv_access import window_problem
+from cachepolicy.engine.model_facts import read_facts
 from cachepolicy.errors import PolicyRefusedError
 from cachepolicy.forge import forge_cached
 from cachepolicy.executor import kl_divergence
@@ -20,6 +22,7 @@ from cachepolicy.tail import ReplayBudget
 from replay_helpers import check_accounts, step_segments
 from runtime.bench.trajectory import trajectory
 from runtime.config import PolicyChoice
+from runtime.model_check import policy_fits
 from scheduler.ledger import MemoryLedger
 from scheduler.transaction import (
     EpisodeCache, StepOptions, admit, begin, commit_finish, commit_prefill,
@@ -112,3 +115,15 @@ def test_the_budget_is_tail_replays_and_the_policy_is_refused_elsewhere(engines)
     with pytest.raises(PolicyRefusedError):
         make_policy("window-replay", model_info(llama), SegmentFactory(llama).kit)
     assert WindowReplayPolicy.manifest.quality == "approximate"
+
+
+def test_check_model_says_where_it_applies(engines, forged) -> None:
+    """The file's reading (check-model) and the loaded engine's agree: qwen35 can, llama
+    (attention-only) cannot, each with its reason."""
+    for arch, applies in (("qwen35", True), ("llama", False)):
+        m = forged(arch)
+        facts = read_facts(m.model_path, m.mmproj_path)
+        fit = {f.name: f for f in policy_fits(facts)}["window-replay"]
+        assert fit.applies is applies and fit.quality == "approximate"
+        assert window_problem(facts.kind, facts.rope) == engines(arch).window_problem
+        assert (engines(arch).window_problem is None) is applies
