@@ -47,12 +47,13 @@ def q4_engine(tmp_path_factory):
     engine.close()
 
 
-def _episode(engine, factory, traj, policy: str, option: str | None, seq: int = 0):
+def _episode(engine, factory, traj, policy: str, option: str | None, seq: int = 0,
+             pinned: int = 0):
     """Run the trajectory through ``policy``; per step (logits, prefill tokens,
-    approximate, placed pieces)."""
+    approximate, the keys of the pieces placed instead of prefilled)."""
     kw = {"option": option} if option is not None else {}
     pol = make_policy(policy, model_info(engine), factory.kit, window=WINDOW,
-                      decode_tokens=4, **kw)
+                      decode_tokens=4, pinned=pinned, **kw)
     engine.clear(seq)
     ep = EpisodeCache("w", seq, pol)
     ledger = MemoryLedger(1 << 30)
@@ -61,7 +62,8 @@ def _episode(engine, factory, traj, policy: str, option: str | None, seq: int = 
         for i in range(STEPS):
             txn = begin(engine, ep, step_segments(factory, traj, i))
             admit(txn, ledger)
-            placed = len(txn.plan.splice.place) if txn.plan.splice is not None else 0
+            placed = (tuple(u.label for u in txn.plan.splice.place)
+                      if txn.plan.splice is not None else ())
             exe = commit_prefill(engine, txn, ledger)
             logits = exe.logits.copy()
             commit_finish(engine, txn, ledger, StepOptions(), exe)
@@ -81,7 +83,7 @@ def test_a_whole_window_budget_is_terminal_slot_bitwise(engines, q4_engine, traj
     whole = _episode(e, factory, traj, "window-replay", "100%")
     for step, (a, b) in enumerate(zip(whole, slot)):
         assert np.array_equal(a[0], b[0]), f"step {step}: logits differ"
-        assert a[1:] == b[1:] and a[3] == 0 and not a[2]
+        assert a[1:] == b[1:] and a[3] == () and not a[2]
     # the check can fail: a budget of nothing changes the logits once a window slides
     none = _episode(e, factory, traj, "window-replay", "0")
     assert not all(np.array_equal(a[0], b[0]) for a, b in zip(none, slot))
@@ -103,6 +105,22 @@ def test_a_short_budget_prefills_less_and_is_marked(engines, traj, budget) -> No
         else:
             assert not approx and prefill == ref[1]
     assert slid >= STEPS - 3  # every step whose window holds a retained screenshot
+
+
+def test_a_pinned_screenshot_is_kept_beside_the_newest_retained(engines, traj) -> None:
+    """With the first screenshot pinned, the window's kept pieces come in two runs, each
+    moved by its own shift (the pinned one by the new line, the retained one also by the
+    screenshot that left between them): both images are placed at budget 0."""
+    e = engines("qwen35")
+    factory = SegmentFactory(e)
+    slot = _episode(e, factory, traj, "terminal-slot", None, pinned=1)
+    short = _episode(e, factory, traj, "window-replay", "0", pinned=1)
+    first = factory.screenshot(0, traj.frames[0].screenshot).key
+    for step in range(3, STEPS):
+        logits, prefill, approx, placed = short[step]
+        newest_kept = factory.screenshot(step - 1, traj.frames[step - 1].screenshot).key
+        assert {first, newest_kept} <= set(placed), (step, placed)
+        assert approx and prefill < slot[step][1] and np.isfinite(logits).all()
 
 
 def test_the_budget_is_tail_replays_and_the_policy_is_refused_elsewhere(engines) -> None:

@@ -11,7 +11,8 @@ into its past.  window-replay keeps what it can and recomputes a budget:
   KV is read out of the sequence as it held them last step, moved by the new line's shift and
   re-rotated per M-RoPE component (``kv_rope``; llama.cpp refuses its own K-shift there), and
   written back (``cachepolicy.splice``: units from the sequence).  The recurrent state does
-  not absorb them: it stays at the region checkpoint;
+  not absorb them: it stays at the region checkpoint.  With pinned screenshots the kept
+  pieces come in two runs, each moved by its own shift (text joining them is prefilled);
 * the budget's tail of the retained window (``[cut, end)``: ``window-replay@10%`` of its rows,
   ``@256`` rows; a screenshot straddling the cut is replayed whole) is prefilled from that
   recurrent state — its recurrent state and its attention KV recomputed — then the new
@@ -50,19 +51,21 @@ from cachepolicy.tail import DEFAULT_BUDGET, ReplayBudget
 
 @attrs.frozen
 class Retained:
-    """The window's pieces ``[region, end)`` the sequence holds from last step, ``delta``
-    positions earlier than this step lays them out."""
+    """The window's pieces the sequence holds from last step: ``held[j]`` is where piece
+    ``j``'s content starts in the sequence now; ``end`` is one past the last such piece."""
 
-    region: int
+    held: dict[int, int]
     end: int
-    delta: int
 
 
 def retained(pieces: tuple[Piece, ...], region: int, view: CacheView) -> Retained | None:
-    """The longest run of window pieces from ``region`` on whose content the sequence holds,
-    contiguous and shifted by one offset, as last step's plan published it (one run per
-    piece, ``CacheState.layout_keys``) — or None.  Images match by key and position count,
-    text token by token (a piece's tokens may lie inside a merged piece of last step's)."""
+    """The window pieces (from ``region`` on) whose content the sequence holds, as last
+    step's plan published it (one run per piece, ``CacheState.layout_keys``) — or None.  An
+    image is held under its key with as many positions; a text piece where its tokens lie,
+    one by one, shifted as the screenshot before or after it is (its tokens may lie inside a
+    merged piece of last step's; a piece joining a kept screenshot to one that left the
+    window is not held).  With pinned screenshots the held pieces come in two runs, each
+    with its own shift."""
     keys, hist = view.state.layout_keys, view.seq.history
     if not keys or len(hist) < len(keys):
         return None
@@ -72,40 +75,43 @@ def retained(pieces: tuple[Piece, ...], region: int, view: CacheView) -> Retaine
     for run in hist[: len(keys)]:
         if run.kind is RunKind.TEXT:
             tokens.update(zip(range(run.pos0, run.end_pos), run.tokens))
-    starts = [sum(p.n_pos for p in pieces[:region])]
-    for p in pieces[region:]:
-        starts.append(starts[-1] + p.n_pos)
-    delta = None
+    starts = {region: sum(p.n_pos for p in pieces[:region])}
     for j in range(region, len(pieces)):
-        held = images.get(pieces[j].key) if pieces[j].is_image else None
-        if held is not None:
-            delta = starts[j - region] - held.pos0
-            break
-    if delta is None:
+        starts[j + 1] = starts[j] + pieces[j].n_pos
+    shift: dict[int, int] = {}  # image piece -> how far it moved
+    for j in range(region, len(pieces)):
+        old = images.get(pieces[j].key) if pieces[j].is_image else None
+        if old is not None and old.n_pos == pieces[j].n_pos:
+            shift[j] = starts[j] - old.pos0
+    if not shift:
         return None
-    end = region
+    held: dict[int, int] = {}
     for j in range(region, len(pieces)):
-        p, at = pieces[j], starts[j - region] - delta
+        p = pieces[j]
         if p.is_image:
-            held = images.get(p.key)
-            ok = held is not None and held.pos0 == at and held.n_pos == p.n_pos
-        else:
-            ok = all(tokens.get(at + o) == t for o, t in enumerate(p.tokens))
-        if not ok:
-            break
-        end = j + 1
-    return Retained(region, end, delta) if end > region else None
+            if j in shift:
+                held[j] = starts[j] - shift[j]
+            continue
+        before = [shift[k] for k in shift if k < j][-1:]
+        after = [shift[k] for k in shift if k > j][:1]
+        for d in after + before:  # an intro moves with the image it opens
+            if all(tokens.get(starts[j] - d + o) == t for o, t in enumerate(p.tokens)):
+                held[j] = starts[j] - d
+                break
+    return Retained(held, max(held) + 1)
 
 
-def replay_from(pieces: tuple[Piece, ...], kept: Retained, budget: ReplayBudget) -> int:
-    """The first replayed piece: the budget's rows of the retained pieces, counted back from
+def replay_from(pieces: tuple[Piece, ...], kept: Retained, budget: ReplayBudget,
+                region: int) -> int:
+    """The first replayed piece: the budget's rows of the held pieces, counted back from
     their end, whole pieces (a screenshot straddling the cut is replayed whole)."""
-    matched = sum(p.n_tokens for p in pieces[kept.region:kept.end])
+    matched = sum(pieces[j].n_tokens for j in kept.held)
     left = budget.rows(matched)
     cut = kept.end
-    while cut > kept.region and left > 0:
+    while cut > region and left > 0:
         cut -= 1
-        left -= pieces[cut].n_tokens
+        if cut in kept.held:
+            left -= pieces[cut].n_tokens
     return cut
 
 
@@ -154,18 +160,14 @@ class WindowReplayPolicy(CachePolicy):
         kept = retained(pieces, region, view)
         if kept is None:
             return plan
-        # the newest screenshot's and the generation prompt's pieces are never placed
-        cut = min(replay_from(pieces, kept, self.budget), len(pieces) - 1)
-        if cut <= region:
+        # the generation prompt (the plan's last piece) is never placed
+        cut = min(replay_from(pieces, kept, self.budget, region), len(pieces) - 1)
+        place = tuple(PlaceUnit(j, 1, pieces[j].key, Source.SEQUENCE, held_pos0=pos0)
+                      for j, pos0 in sorted(kept.held.items()) if j < cut)
+        if not place:
             return plan  # the budget covers the retained window: terminal-slot's plan
-        at = sum(p.n_pos for p in pieces[:region])
-        place = []
-        for j in range(region, cut):
-            place.append(PlaceUnit(j, 1, pieces[j].key, Source.SEQUENCE,
-                                   held_pos0=at - kept.delta))
-            at += pieces[j].n_pos
         # the sequence read out, its rows, the composed blob: three copies at most
         workspace = 3 * plan.forecast.successor_seq_bytes
         forecast = attrs.evolve(plan.forecast,
                                 workspace_bytes=plan.forecast.workspace_bytes + workspace)
-        return attrs.evolve(plan, splice=Splice(place=tuple(place)), forecast=forecast)
+        return attrs.evolve(plan, splice=Splice(place=place), forecast=forecast)
