@@ -33,7 +33,7 @@ import numpy as np
 
 from cachepolicy.engine.checkpoint import ModelKind, Run
 from cachepolicy.engine.errors import EngineError, RestoreError, UnsafeEditError
-from cachepolicy.engine.gguf_meta import metadata
+from cachepolicy.engine.gguf_meta import GgufUnreadable, metadata
 from cachepolicy.engine.kv_blob import BlobFormat, KvRows, compose, parse_hybrid
 from cachepolicy.engine.kv_patch import KvPatch, StoredKv
 from cachepolicy.engine.kv_rope import MULTI_SECTION, RopeSpec
@@ -59,7 +59,10 @@ def read_rope(model: object, model_path: str | Path | None = None) -> RopeSpec:
     rope_type = int(llama_cpp.llama_model_rope_type(model))
     sections: tuple[int, ...] = ()
     if rope_type in MULTI_SECTION and model_path is not None:
-        found = metadata(model_path).get(f"{arch}.rope.dimension_sections") or ()
+        try:
+            found = metadata(model_path).get(f"{arch}.rope.dimension_sections") or ()
+        except GgufUnreadable:  # loaded by llama.cpp, unreadable here: rows are not re-rotated
+            found = ()
         sections = tuple(int(x) for x in found)
     return RopeSpec(rope_type=rope_type, sections=sections,
                     n_rot=int(n_rot) if n_rot else head_dim, head_dim=head_dim,
