@@ -6,6 +6,7 @@ step it placed anything, and still gives finite logits that differ from the exac
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
@@ -19,7 +20,8 @@ from cachepolicy.policies import make_policy
 from cachepolicy.policies.window_replay import WindowReplayPolicy
 from cachepolicy.segments import SegmentFactory, model_info
 from cachepolicy.tail import ReplayBudget
-from replay_helpers import check_accounts, step_segments
+from replay_helpers import AGENT, check_accounts, step_segments
+from runtime.bench.arms import run_arms
 from runtime.bench.trajectory import trajectory
 from runtime.config import PolicyChoice
 from runtime.model_check import policy_fits
@@ -121,6 +123,26 @@ def test_a_pinned_screenshot_is_kept_beside_the_newest_retained(engines, traj) -
         newest_kept = factory.screenshot(step - 1, traj.frames[step - 1].screenshot).key
         assert {first, newest_kept} <= set(placed), (step, placed)
         assert approx and prefill < slot[step][1] and np.isfinite(logits).all()
+
+
+def test_with_overlap_the_placing_moves_into_the_prefetch(engines) -> None:
+    """Under overlap the prefetch places the kept screenshots and replays the tail; the step
+    continues from it, so its critical path is terminal-slot+overlap's (the new screenshot
+    and the generation prompt).  At 100% the next-token logits equal the exact prompt's from
+    scratch at every step (KL exactly 0); at 10% the steps prefill less in all and are
+    marked."""
+    traj = trajectory(STEPS, 160, 120)
+    agent = attrs.evolve(AGENT, window=WINDOW, decode_tokens=6, replay_drift=True)
+    slot, whole, short = run_arms(engines("qwen35"), ["terminal-slot+overlap",
+                                                      "window-replay@100%+overlap",
+                                                      "window-replay@10%+overlap"],
+                                  traj, agent)
+    assert whole.output_sha256 == slot.output_sha256
+    assert all(s.drift_kl == 0.0 and not s.approximate for s in whole.episode.steps)
+    for s, ref in zip(short.episode.steps[1:], slot.episode.steps[1:]):
+        assert s.critical_path_prefill_tokens == ref.critical_path_prefill_tokens
+        assert s.prefill_tokens < ref.prefill_tokens and s.approximate
+        assert s.drift_kl is not None and s.drift_kl > 0.0
 
 
 def test_the_budget_is_tail_replays_and_the_policy_is_refused_elsewhere(engines) -> None:

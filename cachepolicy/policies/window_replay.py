@@ -27,9 +27,11 @@ spliced) and its placed runs carry tagged digests, so no exact path ever reuses 
 step's drift (next-token KL and top-1 against terminal-scratch's prompt from scratch) is
 measured on the spare sequence when there is one, as relocate's is.
 
-No prefetch: with overlap the whole step is on the critical path (the placed rows come from
-the sequence as the previous step left it).  A first step, or a sequence that does not hold
-last step's window as this policy published it, prefills the window (terminal-slot's plan).
+With overlap the prefetch does it (terminal-slot's prefetch, with the kept screenshots placed
+and the tail replayed) and the step continues from there: its critical path is the new
+screenshot and the generation prompt, as terminal-slot+overlap's.  A first step, or a
+sequence that does not hold last step's window as this policy published it, prefills the
+window (terminal-slot's plan).
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ from cachepolicy.context_log import ContextLog
 from cachepolicy.engine.checkpoint import ModelKind, RunKind
 from cachepolicy.errors import PolicyRefusedError
 from cachepolicy.layouts import PromptKit, terminal_steps
-from cachepolicy.pieces import Piece
-from cachepolicy.plan import CacheView, ModelInfo, Plan, PolicyManifest
+from cachepolicy.pieces import Piece, digests
+from cachepolicy.plan import CacheView, ModelInfo, Plan, PolicyManifest, Start, StartKind
 from cachepolicy.policies.registry import register
 from cachepolicy.policies.terminal_slot import REGION
 from cachepolicy.splice import PlaceUnit, Source, Splice
@@ -156,12 +158,64 @@ class WindowReplayPolicy(CachePolicy):
         plan = self.plan_reusing(log, view, pieces, anchors=[(region, REGION)],
                                  drift_reference=pieces)
         if plan.reused_pieces > region:
-            return plan  # the sequence already holds this window (a retry): nothing to place
+            return plan  # the sequence already holds this window exactly: nothing to place
+        after_prefetch = self._continue(log, view, pieces, region)
+        if after_prefetch is not None:
+            return after_prefetch
+        return self._placing(plan, view, region, decode=True)
+
+    def prefetch(self, log: ContextLog, view: CacheView) -> Plan | None:
+        """While the VM acts: terminal-slot's prefetch (the new history line, the advanced
+        region checkpoint, the K-1 screenshots the next window keeps), with the kept
+        screenshots placed and the budget's tail replayed — so the next step's critical path
+        prefills only the new screenshot and the generation prompt."""
+        if self.window < 2 or not log.actions:
+            return None
+        pieces, region = terminal_steps(log, self.kit, self.window - 1,
+                                        generation_prompt=False, pinned=self.pinned)
+        if pieces and not pieces[-1].is_image and len(pieces) > region:
+            pieces = pieces[:-1]  # its closing text joins the next screenshot's intro
+        plan = self.plan_reusing(log, view, pieces, anchors=[(region, REGION)], decode=False)
+        if plan.reused_pieces > region:
+            return plan
+        return self._placing(plan, view, region, decode=False)
+
+    def _continue(self, log: ContextLog, view: CacheView, pieces: tuple[Piece, ...],
+                  region: int) -> Plan | None:
+        """The step after this policy's prefetch: the sequence holds the step's first ``n``
+        pieces as the prefetch left them — the exact prefix (digests), then the window's
+        kept pieces at their own positions (content) — so it continues there (KEEP) and
+        prefills the rest.  Approximate (the prefetch placed), so the plan carries an empty
+        splice: the step is marked.  None where the sequence holds anything else."""
+        keys, hist = view.state.layout_keys, view.seq.history
+        n = len(keys)
+        if not region < n < len(pieces) or tuple(p.key for p in pieces[:n]) != keys:
+            return None
+        if len(hist) != n or hist[region - 1].digest != digests(pieces)[region - 1]:
+            return None
+        kept = retained(pieces[:n], region, view)
+        at = sum(p.n_pos for p in pieces[:region])
+        for j in range(region, n):
+            if kept is None or kept.held.get(j) != at:
+                return None
+            at += pieces[j].n_pos
+        if at != view.seq.next_pos:
+            return None
+        plan = self.plan_reusing(log, view, pieces, anchors=[(region, REGION)],
+                                 start=(Start(StartKind.KEEP, pos=at), n),
+                                 drift_reference=pieces)
+        return attrs.evolve(plan, splice=Splice())
+
+    def _placing(self, plan: Plan, view: CacheView, region: int, *, decode: bool) -> Plan:
+        """``plan`` (terminal-slot's) with the held window pieces before the budget's cut
+        placed from the sequence instead of prefilled."""
+        pieces = plan.pieces
         kept = retained(pieces, region, view)
         if kept is None:
             return plan
-        # the generation prompt (the plan's last piece) is never placed
-        cut = min(replay_from(pieces, kept, self.budget, region), len(pieces) - 1)
+        # a decoding plan's last piece (the generation prompt) is never placed
+        cut = min(replay_from(pieces, kept, self.budget, region),
+                  len(pieces) - 1 if decode else len(pieces))
         place = tuple(PlaceUnit(j, 1, pieces[j].key, Source.SEQUENCE, held_pos0=pos0)
                       for j, pos0 in sorted(kept.held.items()) if j < cut)
         if not place:
