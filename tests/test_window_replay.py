@@ -155,6 +155,10 @@ def test_the_budget_is_tail_replays_and_the_policy_is_refused_elsewhere(engines)
     with pytest.raises(PolicyRefusedError):
         make_policy("window-replay", model_info(llama), SegmentFactory(llama).kit)
     assert WindowReplayPolicy.manifest.quality == "approximate"
+    qwen = engines("qwen35")
+    policy = make_policy("window-replay", model_info(qwen), SegmentFactory(qwen).kit)
+    assert policy.budget == ReplayBudget(fraction=0.10)  # tail replay's default
+    assert policy.with_tail(ReplayBudget(tokens=8)) is None  # no replay-rung twin
 
 
 def test_check_model_says_where_it_applies(engines, forged) -> None:

@@ -152,6 +152,11 @@ class WindowReplayPolicy(CachePolicy):
         """``256`` (rows) or ``10%`` (of the retained window's rows): tail replay's budget."""
         return ReplayBudget.parse(text)
 
+    def with_tail(self, budget: ReplayBudget) -> CachePolicy | None:
+        """No tail-replay twin for the memory ladder's replay rung: its plans start from the
+        region checkpoint, which this policy always holds, and place by content already."""
+        return None
+
     def select(self, log: ContextLog, view: CacheView, *,
                new: frozenset[str] = frozenset()) -> Plan:
         pieces, region = terminal_steps(log, self.kit, self.window, pinned=self.pinned)
