@@ -71,6 +71,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {d.done.updates}, ~{d.done.updates // 120} min a model on "
                         "one core; 0: the base agents, which never say done())")
     p.add_argument("--done-learning-rate", type=float, default=d.done.learning_rate)
+    p.add_argument("--done-arch", default=",".join(d.done.arches),
+                   help="comma-separated arches that go through the done stage (default "
+                        f"{','.join(d.done.arches)}: the llama agent after it lost save-note "
+                        "and switch-window, docs/training.md; the others ship their base "
+                        "file)")
     p.add_argument("--from", dest="base", type=Path, default=None, metavar="DIR",
                    help="run only the done stage, from the base agents in DIR (agent-<arch>."
                         "gguf, mmproj.gguf and their recipe.json; e.g. a run with "
@@ -117,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
                               early_typing=args.early_typing, max_slip_run=args.max_slip_run,
                               with_done=args.with_done,
                               done=DoneStage(updates=args.done_updates,
-                                             learning_rate=args.done_learning_rate))
+                                             learning_rate=args.done_learning_rate,
+                                             arches=parse_arches(args.done_arch)))
         try:
             config.dataset()  # the dataset's own checks, before any work
         except ValueError as exc:

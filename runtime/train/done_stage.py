@@ -34,14 +34,21 @@ class DoneStage:
     """How long and how hard the done stage trains (the defaults make the shipped agents).
 
     1000 updates at 1e-4 (measured, 2026-12-06): the hybrid ends 210/210 held-out episodes
-    with ``done()`` and solves 157/210 by OSWorld's rule (docs/training.md)."""
+    with ``done()`` and solves 157/210 by OSWorld's rule (docs/training.md).  ``arches``: the
+    agents that go through it — the hybrid only: the llama agent after it says ``done()``
+    where Save is still to click (123/210 against its base file's 155/210), so its base
+    file is the one shipped."""
 
     updates: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
+    arches: tuple[str, ...] = attrs.field(default=("qwen35",), converter=tuple)
     learning_rate: float = 1e-4
     warmup_steps: int = 50
     #: (kind, weight): a kind's share of the stage's updates against 1 for the others
     #: (``FitConfig.kind_weights``)
     kind_weights: tuple[tuple[str, float], ...] = ()
+
+    def applies(self, arch: str) -> bool:
+        return self.updates > 0 and arch in self.arches
 
     def fit_config(self, seed: int) -> FitConfig:
         return FitConfig(steps=max(1, self.updates), learning_rate=self.learning_rate,

@@ -156,8 +156,8 @@ def train_agents(config: RecipeConfig, out: Path, *,
     data = _dataset(config.dataset(), out, mmproj, config.threads, progress)
     record["dataset"] = {"dir": data.name, "examples": _examples(data),
                          "seconds": round(time.perf_counter() - t0, 1)}
-    staged = config.done.updates > 0
-    if staged:
+    done_data = data  # read only where the stage applies, and then it is set below
+    if any(config.done.applies(a) for a in config.arches):
         t0 = time.perf_counter()
         done_data = _dataset(config.done_dataset(), out, mmproj, config.threads, progress)
         record["done_dataset"] = {"dir": done_data.name, "examples": _examples(done_data),
@@ -175,6 +175,7 @@ def train_agents(config: RecipeConfig, out: Path, *,
                              progress=lambda s, a=arch: progress(f"{a}: {s}"),
                              checkpoint=keep, grounding=designs.grounding,
                              frozen=designs.frozen(start, shape.spec))
+        staged = config.done.applies(arch)
         base_path = out / BASE_DIR / model_name(arch) if staged else out / model_name(arch)
         exported = export_gguf(base_path, shape.spec, params, vocab=vocab)
         model = _model_record(exported.path, exported.sha256, report)
@@ -202,16 +203,22 @@ def train_done_from(config: RecipeConfig, base: Path, out: Path, *,
     designs = agent_designs(vocab.tokens, made["mmproj"]["recogniser"]["classes"],
                             agent_shape("qwen35").spec.n_embd, seed=config.seed,
                             scaffold_weight=config.scaffold_weight)
-    t0 = time.perf_counter()
-    done_data = _dataset(config.done_dataset(), out, mmproj, config.threads, progress)
     record: dict[str, Any] = {
         "config": attrs.asdict(config), "from": str(base), "mmproj": made["mmproj"],
-        "dataset": made.get("dataset"),
-        "done_dataset": {"dir": done_data.name, "examples": _examples(done_data),
-                         "seconds": round(time.perf_counter() - t0, 1)},
-        "models": {}, "environment": environment(),
+        "dataset": made.get("dataset"), "models": {}, "environment": environment(),
     }
+    done_data = out / "data-done"  # written below where the stage applies
+    if any(config.done.applies(a) for a in config.arches):
+        t0 = time.perf_counter()
+        done_data = _dataset(config.done_dataset(), out, mmproj, config.threads, progress)
+        record["done_dataset"] = {"dir": done_data.name, "examples": _examples(done_data),
+                                  "seconds": round(time.perf_counter() - t0, 1)}
     for arch in config.arches:
+        if not config.done.applies(arch):  # shipped as its base file (``DoneStage.arches``)
+            if (out / model_name(arch)).resolve() != (base / model_name(arch)).resolve():
+                write_durably(out / model_name(arch), (base / model_name(arch)).read_bytes())
+            record["models"][arch] = made["models"][arch]
+            continue
         model = _done_model(config, base / model_name(arch), done_data, out, designs, arch,
                             progress)
         record["models"][arch] = {**model, "base": made["models"][arch]}
@@ -233,7 +240,7 @@ def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
     missing += [f"{a} in recipe.json" for a in config.arches if a not in made.get("models", {})]
     if missing:
         raise ValueError(f"{base} lacks {', '.join(missing)}")
-    if any("base" in made["models"][a] for a in config.arches):
+    if any("base" in made["models"][a] for a in config.arches if config.done.applies(a)):
         raise ValueError(f"{base} holds agents that went through the done stage already")
     return made
 
