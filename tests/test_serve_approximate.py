@@ -192,6 +192,38 @@ def test_tail_replay_behind_serve_and_per_episode(forged, tmp_path) -> None:
                                             ("episode", "tail-replay"): 2}
 
 
+def test_window_replay_behind_serve_prefills_less_and_says_so(forged, tmp_path) -> None:
+    """On a hybrid under M-RoPE: ``--policy window-replay@10%`` runs the chat API's terminal
+    mode — its answers named and, from the first step that moved a retained screenshot on,
+    marked approximate, each prefilling less than the exact server does for the same
+    conversation — and ``/metrics`` counts exactly the marked answers; an episode's own
+    ``window-replay@100%`` (the whole window replayed: terminal-slot's work) is exact."""
+    m = forged("qwen35")
+    runs = {}
+    for policy in ("terminal-slot", "window-replay@10%"):
+        with kvagent_serve(m.model_path.parent, tmp_path, "--max-episodes", "2",
+                           "--window", str(WINDOW), "--policy", policy) as s, \
+                httpx.Client(base_url=s.url, timeout=120) as c:
+            runs[policy] = _chat(c, s.model, 5)
+            if policy != "terminal-slot":
+                _, runs["whole"] = _episode(c, 4, {"policy": "window-replay@100%"})
+            runs[policy + " metrics"] = c.get("/metrics").text
+    exact, wr = runs["terminal-slot"], runs["window-replay@10%"]
+    assert {f["policy"] for f in wr} == {"window-replay"}
+    marked = [f["approximate"] for f in wr]
+    print("approximate, prefill exact / window-replay:", marked,
+          [(e["prefill_tokens"], w["prefill_tokens"]) for e, w in zip(exact, wr)])
+    assert not marked[0] and all(marked[2:])  # step 0 has nothing retained to move
+    for e, w, approx in zip(exact, wr, marked):
+        if approx:  # a moved screenshot is not prefilled again
+            assert w["prefill_tokens"] < e["prefill_tokens"]
+        else:
+            assert w["prefill_tokens"] == e["prefill_tokens"]
+    assert [st["approximate"] for st in runs["whole"]] == [False] * 4
+    assert _approximate_counts(runs["window-replay@10% metrics"]) == {
+        ("chat", "window-replay"): sum(marked)}
+
+
 def test_the_default_server_is_exact_and_marks_nothing(forged, tmp_path) -> None:
     m = forged("qwen35")
     with kvagent_serve(m.model_path.parent, tmp_path, "--max-episodes", "2",
