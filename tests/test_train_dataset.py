@@ -224,3 +224,22 @@ def test_a_code_typed_after_its_screen_left_the_window_is_left_out(engine: objec
             typed += 1
             assert meta["shown"] == meta["step"] + 1  # the code's screen is in the prompt
     assert typed > 0
+
+
+def test_the_marked_app_clicked_after_its_screen_left_the_window_is_left_out(
+        engine: object, tmp_path: Path) -> None:
+    """marked-launch's last click names the ``marked`` class (the lookup finds it on the first
+    screenshot only): an example keeps it only when that screenshot is in the prompt."""
+    config = attrs.evolve(CONFIG, kinds=("marked-launch",), episodes=3, shard_episodes=3,
+                          perturbed=0.0, slipped=0.0, variants=4)
+    m = generate(engine, config, tmp_path)  # type: ignore[arg-type]
+    assert m["totals"]["unanswerable_skipped"] > 0
+    (shard,) = shards(tmp_path)
+    marked = 0
+    for e in range(len(shard)):
+        meta = shard.meta(e)
+        if meta["clicked"] == "marked":
+            marked += 1
+            assert meta["step"] >= 4  # four screens after the mark: a K = 3 window lost it
+            assert meta["shown"] == meta["step"] + 1  # every screenshot, the first included
+    assert marked > 0

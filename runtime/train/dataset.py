@@ -56,7 +56,7 @@ from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.train.agents import AGENT_SCREEN
 from runtime.train.cell_features import CELL
-from runtime.train.cell_labels import click_class
+from runtime.train.cell_labels import MARKED, query_class
 from runtime.train.dataset_stats import shard_stats, summarize
 from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, StepExample, TextPiece
 from runtime.train.shards import PieceKind, Projector, Shard, ShardWriter
@@ -65,6 +65,7 @@ from vmenv.simdesk import (
     DemoStep, demonstration, is_eval_seed, sample_task, task_kinds, train_seeds,
 )
 from vmenv.simdesk.demos import DemonstrationError
+from vmenv.simdesk.goals import Goal
 from vmenv.simdesk.render import render_png
 from vmenv.simdesk.seeds import MAX_SEED
 from vmenv.trajectory_writer import write_durably
@@ -135,6 +136,7 @@ class Episode:
     mode: int = CLEAN
     off_at: int | None = None
     code: bool = False  # the text to type is a code shown on the first screen only
+    goal: Goal | None = None  # what the checker asks (marked-launch: the app to open last)
 
 
 def episode_rng(config: DatasetConfig, e: int, what: str = "rollout") -> random.Random:
@@ -165,7 +167,7 @@ def rollout(config: DatasetConfig, e: int) -> Episode:
                           slip_at=at if mode == SLIPPED else None, slip_run=run,
                           early_text=early, click_grid=CELL)
     return Episode(e, kind, seed, task.instruction, steps, mode, at,
-                   code=task.goal is not None and task.goal.code)
+                   code=task.goal is not None and task.goal.code, goal=task.goal)
 
 
 class Generator:
@@ -216,7 +218,8 @@ class Generator:
         for i, (log_i, step) in enumerate(zip(logs, ep.steps)):
             if step.slip:  # the agent's mistake: in the later steps' history, never a target
                 continue
-            clicked = (click_class(step.state, step.action.x, step.action.y)
+            # the class the click's lookup must name (``marked``: found on screenshot 0)
+            clicked = (query_class(ep.goal, step.state, step.action.x, step.action.y)
                        if isinstance(step.action, Click) else "")
             seen: set[bytes] = set()
             for policy, k in self.layouts(rng):
@@ -225,7 +228,7 @@ class Generator:
                 if key in seen:  # another K that shows the same (e.g. at step 0)
                     continue
                 seen.add(key)
-                if not answerable(ep, ex, step.action):
+                if not answerable(ep, ex, step.action, clicked):
                     skipped += 1
                     continue
                 pieces: list[tuple[PieceKind, Any]] = []
@@ -250,14 +253,15 @@ class Generator:
         return n, skipped
 
 
-def answerable(ep: Episode, ex: StepExample, action: Action) -> bool:
-    """Whether the prompt holds what the target needs.  The one thing a screen shows once is
-    remember-code's code (the first screenshot only; the history holds actions, never the
-    code): typing it is unanswerable once that screenshot left the window — training on it
-    would teach the model to invent a code."""
-    if not (ep.code and isinstance(action, TypeText)):
-        return True
-    return any(p.image is not None and p.image.step == 0 for p in ex.layout)
+def answerable(ep: Episode, ex: StepExample, action: Action, clicked: str = "") -> bool:
+    """Whether the prompt holds what the target needs.  Two things a screen shows once, on
+    the first screenshot only (the history holds actions, never them): remember-code's code
+    and the launcher marked-launch marks (``clicked`` is ``MARKED``: the click the mark
+    decides).  Typing the code or clicking the marked app is unanswerable once that
+    screenshot left the window — training on it would teach the model to guess."""
+    needs_first = (ep.code and isinstance(action, TypeText)) or clicked == MARKED
+    return not needs_first or any(p.image is not None and p.image.step == 0
+                                  for p in ex.layout)
 
 
 # ---------------------------------------------------------------------------- the run
