@@ -23,6 +23,8 @@ RoPE: their store paths are not validated on it (only window-replay's sequence r
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 import numpy as np
 
@@ -94,37 +96,43 @@ class RopeSpec:
 
     def pair_components(self) -> np.ndarray:
         """For each rotated pair, the position component (0..3 = t, y, x, z) its angle is
-        taken from — ggml's ``rope_multi`` sector rule (``ggml_mrope_cache_init``): sector
-        ``s = i mod sum(sections)``; IMROPE interleaves (y if ``s % 3 == 1`` and
-        ``s < 3 sections[1]``, x if ``s % 3 == 2`` and ``s < 3 sections[2]``, t if
-        ``s % 3 == 0`` and ``s < 3 sections[0]``, else z), MROPE takes consecutive
-        blocks.  One component (t) for NORM / NEOX."""
-        n_pairs = self.n_rot // 2
+        taken from (``sector_components``); one component (t) for NORM / NEOX."""
         if not self.multi_section:
-            return np.zeros(n_pairs, dtype=np.int64)
-        sec = self.sections
-        total = sum(sec)
-        out = np.empty(n_pairs, dtype=np.int64)
-        for i in range(n_pairs):
-            s = i % total
-            if self.rope_type == ROPE_IMROPE:
-                if s % 3 == 1 and s < 3 * sec[1]:
-                    out[i] = 1
-                elif s % 3 == 2 and s < 3 * sec[2]:
-                    out[i] = 2
-                elif s % 3 == 0 and s < 3 * sec[0]:
-                    out[i] = 0
-                else:
-                    out[i] = 3
-            else:
-                out[i] = (0 if s < sec[0] else 1 if s < sec[0] + sec[1]
-                          else 2 if s < sec[0] + sec[1] + sec[2] else 3)
-        return out
+            return np.zeros(self.n_rot // 2, dtype=np.int64)
+        return sector_components(self.rope_type, self.sections, self.n_rot // 2)
 
     def inv_freq(self) -> np.ndarray:
         """Angle per position step of each rotated pair (float64)."""
         i = np.arange(self.n_rot // 2, dtype=np.float64)
         return self.freq_scale * self.freq_base ** (-2.0 * i / self.n_rot)
+
+
+def sector_components(rope_type: int, sections: Sequence[int], n_pairs: int) -> np.ndarray:
+    """For each of ``n_pairs`` rotated pairs under multi-section RoPE, the position component
+    (0..3 = t, y, x, z) its angle is taken from — ggml's ``rope_multi`` sector rule
+    (``ggml_mrope_cache_init``): sector ``s = i mod sum(sections)``; IMROPE interleaves (y if
+    ``s % 3 == 1`` and ``s < 3 sections[1]``, x if ``s % 3 == 2`` and ``s < 3 sections[2]``,
+    t if ``s % 3 == 0`` and ``s < 3 sections[0]``, else z), MROPE takes consecutive blocks.
+    The one implementation: the engine's re-rotation and the trainer's forward
+    (``runtime.train.rope``) both read it."""
+    sec = tuple(sections)
+    total = sum(sec)
+    out = np.empty(n_pairs, dtype=np.int64)
+    for i in range(n_pairs):
+        s = i % total
+        if rope_type == ROPE_IMROPE:
+            if s % 3 == 1 and s < 3 * sec[1]:
+                out[i] = 1
+            elif s % 3 == 2 and s < 3 * sec[2]:
+                out[i] = 2
+            elif s % 3 == 0 and s < 3 * sec[0]:
+                out[i] = 0
+            else:
+                out[i] = 3
+        else:
+            out[i] = (0 if s < sec[0] else 1 if s < sec[0] + sec[1]
+                      else 2 if s < sec[0] + sec[1] + sec[2] else 3)
+    return out
 
 
 def rotate(spec: RopeSpec, k: np.ndarray, delta: np.ndarray | int,

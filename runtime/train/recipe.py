@@ -65,6 +65,7 @@ log = structlog.get_logger("kvagent.train")
 
 MMPROJ_NAME = "mmproj.gguf"
 BASE_DIR = "base"  # the base agents of a recipe with a done stage
+DONE_DATA = "data-done"  # the done stage's dataset
 #: the kinds whose one click answers a dialog, and where their extra recogniser seeds start
 DIALOG_KINDS = ("dialog-button", "click-ok")
 DIALOG_SEEDS = 1_000_000
@@ -152,16 +153,8 @@ def train_agents(config: RecipeConfig, out: Path, *,
         "models": {},
         "environment": environment(),  # what the bytes depend on besides the seed
     }
-    t0 = time.perf_counter()
-    data = _dataset(config.dataset(), out, mmproj, config.threads, progress)
-    record["dataset"] = {"dir": data.name, "examples": _examples(data),
-                         "seconds": round(time.perf_counter() - t0, 1)}
-    done_data = data  # read only where the stage applies, and then it is set below
-    if any(config.done.applies(a) for a in config.arches):
-        t0 = time.perf_counter()
-        done_data = _dataset(config.done_dataset(), out, mmproj, config.threads, progress)
-        record["done_dataset"] = {"dir": done_data.name, "examples": _examples(done_data),
-                                  "seconds": round(time.perf_counter() - t0, 1)}
+    data = _dataset(config.dataset(), out, mmproj, config.threads, progress, record)
+    done_data = _done_dataset(config, out, mmproj, progress, record)
     for arch in config.arches:
         shape = agent_shape(arch)
         progress(f"{arch}: training {config.fit.steps} steps")
@@ -207,12 +200,7 @@ def train_done_from(config: RecipeConfig, base: Path, out: Path, *,
         "config": attrs.asdict(config), "from": str(base), "mmproj": made["mmproj"],
         "dataset": made.get("dataset"), "models": {}, "environment": environment(),
     }
-    done_data = out / "data-done"  # written below where the stage applies
-    if any(config.done.applies(a) for a in config.arches):
-        t0 = time.perf_counter()
-        done_data = _dataset(config.done_dataset(), out, mmproj, config.threads, progress)
-        record["done_dataset"] = {"dir": done_data.name, "examples": _examples(done_data),
-                                  "seconds": round(time.perf_counter() - t0, 1)}
+    done_data = _done_dataset(config, out, mmproj, progress, record)
     for arch in config.arches:
         if not config.done.applies(arch):  # shipped as its base file (``DoneStage.arches``)
             if (out / model_name(arch)).resolve() != (base / model_name(arch)).resolve():
@@ -245,20 +233,33 @@ def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
     return made
 
 
+def _done_dataset(config: RecipeConfig, out: Path, mmproj: Path,
+                  progress: Callable[[str], None], record: dict[str, Any]) -> Path:
+    """The done stage's dataset, generated where the stage applies to one of the arches
+    (``record["done_dataset"]``); its directory either way (read only where it applies)."""
+    if not any(config.done.applies(a) for a in config.arches):
+        return out / DONE_DATA
+    return _dataset(config.done_dataset(), out, mmproj, config.threads, progress, record,
+                    key="done_dataset", name=DONE_DATA)
+
+
 def _dataset(dataset: DatasetConfig, out: Path, mmproj: Path, threads: int,
-             progress: Callable[[str], None]) -> Path:
-    """Generate ``dataset`` into ``out/data`` (``out/data-done`` for the with-``done()``
-    one of a recipe without it): the encodings of the recipe's projector and the tokens of
-    the seed's initial hybrid (the same vocabulary for both arches); a rerun keeps
-    finished shards."""
+             progress: Callable[[str], None], record: dict[str, Any], *,
+             key: str = "dataset", name: str = "data") -> Path:
+    """Generate ``dataset`` into ``out/name`` and note it in ``record[key]`` (directory,
+    examples, seconds): the encodings of the recipe's projector and the tokens of the seed's
+    initial hybrid (the same vocabulary for both arches); a rerun keeps finished shards."""
+    t0 = time.perf_counter()
     hybrid = agent_shape("qwen35")
-    data = out / ("data-done" if dataset.with_done else "data")
+    data = out / name
     init = export_gguf(out / "init" / model_name("qwen35"), hybrid.spec,
                        init_params(hybrid.spec, seed=dataset.seed), vocab=agent_vocab())
     progress(f"dataset: {dataset.episodes} episodes into {data}")
     with load_engine(ModelFiles(init.path, mmproj),
                      EngineConfig(n_seq_max=1, n_threads=threads)) as engine:
         generate(engine, dataset, data, progress=progress)
+    record[key] = {"dir": data.name, "examples": _examples(data),
+                   "seconds": round(time.perf_counter() - t0, 1)}
     return data
 
 

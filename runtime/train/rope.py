@@ -23,29 +23,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cachepolicy.engine.kv_rope import ROPE_IMROPE, sector_components
 from cachepolicy.forge import TextSpec
 
 
 def pair_components(spec: TextSpec) -> np.ndarray:
     """For each rotary pair, the index of the position component it turns by (0 for
-    NORMAL mode; 0..3 = t, y, x, z under IMROPE)."""
+    NORMAL mode; 0..3 = t, y, x, z under IMROPE: the engine's sector rule)."""
     n_pairs = spec.rope_dims // 2
     if not spec.is_hybrid:
         return np.zeros(n_pairs, dtype=np.int32)
-    sections = spec.rope_sections
-    total = sum(sections)
-    out = np.empty(n_pairs, dtype=np.int32)
-    for i in range(n_pairs):
-        s = i % total
-        if s % 3 == 1 and s < 3 * sections[1]:
-            out[i] = 1
-        elif s % 3 == 2 and s < 3 * sections[2]:
-            out[i] = 2
-        elif s % 3 == 0 and s < 3 * sections[0]:
-            out[i] = 0
-        else:
-            out[i] = 3
-    return out
+    return sector_components(ROPE_IMROPE, spec.rope_sections, n_pairs).astype(np.int32)
 
 
 def n_position_components(spec: TextSpec) -> int:
