@@ -9,32 +9,16 @@ Tolerances as in ``tests/test_kv_store.py``: the cache is f16; llama.cpp rotates
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
-from PIL import Image
 
 from cachepolicy.engine.errors import UnsafeEditError
 from cachepolicy.engine.kv_blob import KvRows, compose, parse_hybrid
 from cachepolicy.engine.kv_patch import relocate
 from cachepolicy.engine.kv_rope import ROPE_IMROPE, TEXT_STEP, RopeSpec, rotate
+from test_kv_store import _png, _ulps  # the same screenshots and f16-step measure
 
 CONTEXT = list(range(10, 40))
-
-
-def _png(seed: int, w: int = 64, h: int = 64) -> bytes:
-    rng = np.random.default_rng(seed)
-    out = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(out, format="PNG")
-    return out.getvalue()
-
-
-def _ulps(a: np.ndarray, b: np.ndarray) -> float:
-    scale = np.float16(max(np.abs(a.astype(np.float32)).max(),
-                           np.abs(b.astype(np.float32)).max()))
-    return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()
-                 / float(np.spacing(scale)))
 
 
 @pytest.fixture
