@@ -91,10 +91,12 @@ class CachePolicy(abc.ABC):
         #: (``cachepolicy.tail``); None: the exact planner only
         self.tail: ReplayBudget | None = tail if tail is not None else self.default_tail
         #: an approximate policy's plans carry their layout's exact prompt as the drift
-        #: reference (next-token KL and top-1 on a spare sequence, as relocate's do)
+        #: reference (next-token KL and top-1 on a spare sequence): opt-in, since it is a
+        #: from-scratch prefill more per step — behind a server it would undo what the
+        #: policy saves
         self.measure_drift = measure_drift
         if measure_drift:
-            if self.tail is None:
+            if self.tail is None and self.manifest.quality != "approximate":
                 raise PolicyError(f"policy {self.name!r} is exact: nothing to measure")
             self.manifest = attrs.evolve(self.manifest, needs_scratch_sequence=True)
 

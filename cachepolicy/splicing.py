@@ -100,9 +100,9 @@ class SplicingPolicy(CachePolicy, abc.ABC):
 
     def __init__(self, model: ModelInfo, kit: PromptKit, *, window: int = 3,
                  decode_tokens: int = 16, option: str | None = None,
-                 pinned: int = 0) -> None:
+                 pinned: int = 0, measure_drift: bool = False) -> None:
         super().__init__(model, kit, window=window, decode_tokens=decode_tokens,
-                         pinned=pinned)
+                         pinned=pinned, measure_drift=measure_drift)
         if model.kv_edit_problem is not None:
             raise PolicyRefusedError(f"policy {self.name!r} cannot run on this model: "
                                      f"{model.kv_edit_problem}")
@@ -199,7 +199,8 @@ class SplicingPolicy(CachePolicy, abc.ABC):
                         placed=tuple(placed),
                         retain=self._retained(known, recalled))
         plan = self.plan_reusing(log, view, pieces, start=start, decode=decode,
-                                 drift_reference=reference, trim_after=region)
+                                 drift_reference=reference if self.measure_drift else (),
+                                 trim_after=region)
         return self._with_splice(plan, view, splice, units)
 
     def _recall(self, unit: Unit, pieces: tuple[Piece, ...],

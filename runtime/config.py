@@ -205,9 +205,10 @@ class AgentConfig:
         e.g. relocate on a hybrid model); an approximate one replays with this config's
         budget."""
         name = policy or self.policy
-        approximate = POLICIES[name].default_tail is not None
         options: dict[str, object] = (
-            {"tail": self.tail(), "measure_drift": self.replay_drift} if approximate else {})
+            {"tail": self.tail()} if POLICIES[name].default_tail is not None else {})
+        if POLICIES[name].manifest.quality == "approximate":
+            options["measure_drift"] = self.replay_drift
         if POLICIES[name].takes_option:
             options["option"] = self.policy_option
         if self.pinned:

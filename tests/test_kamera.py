@@ -25,8 +25,11 @@ def traj():
 
 
 def _arms(engines, names, traj, arch="llama"):
+    """The arms with their drift measured (``--replay-drift``: off by default, it prefills
+    the exact prompt from scratch once more a step)."""
     return run_arms(engines(arch), names, traj, attrs.evolve(AGENT, window=WINDOW,
-                                                              decode_tokens=6))
+                                                              decode_tokens=6,
+                                                              replay_drift=True))
 
 
 def _tokens(steps):

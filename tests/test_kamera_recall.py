@@ -33,7 +33,7 @@ def revisits() -> Trajectory:
 
 def _arms(engines, names, traj):
     out = run_arms(engines("llama"), names, traj,
-                   attrs.evolve(AGENT, window=WINDOW, decode_tokens=6))
+                   attrs.evolve(AGENT, window=WINDOW, decode_tokens=6, replay_drift=True))
     for res in out:  # an episode that ends in error (an integrity check at close) fails
         assert res.episode is not None and res.episode.status != "error", res.episode
     return out

@@ -107,7 +107,8 @@ def test_kamera_and_relocate_keep_the_pinned_screenshot_s_rows(engines, traj) ->
     re-rotated at every later slide, never prefilled or stored again — and holds the exact
     policy's bytes; relocate keeps it where it is and removes only what leaves."""
     scratch, kam, rel = run_arms(engines("llama"), ["terminal-scratch", "kamera@m8",
-                                                    "relocate"], traj, PINNED)
+                                                    "relocate"], traj,
+                                 attrs.evolve(PINNED, replay_drift=True))
     factory = SegmentFactory(engines("llama"))
     for t in range(1, STEPS):
         s, r, ref = kam.steps[t], rel.steps[t], scratch.steps[t]

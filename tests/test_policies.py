@@ -95,11 +95,15 @@ def test_relocate_is_refused_on_hybrid_models(engines) -> None:
 
 
 def test_relocate_reports_drift_on_attention_models(engines, traj) -> None:
-    res = _arm(engines, "llama", "relocate", traj)
+    res = _arm(engines, "llama", "relocate", traj, replay_drift=True)
     assert res.refused is None
     sliding = res.steps[WINDOW:]
     assert all(s["drift_kl"] is not None and s["drift_kl"] >= 0.0 for s in sliding)
     assert all(isinstance(s["drift_top1_agree"], bool) for s in sliding)
+    # unasked, no step pays the from-scratch reference prefill (a server's default)
+    plain = _arm(engines, "llama", "relocate", traj)
+    assert all(s["drift_kl"] is None for s in plain.steps)
+    assert [s["prefill_tokens"] for s in plain.steps] == [s["prefill_tokens"] for s in res.steps]
     # it prefills only the new content: far less than a full re-prefill of the same context
     assert all(s["prefill_tokens"] < s["context_tokens"] / 2 for s in sliding)
     assert POLICIES["relocate"].manifest.quality == "approximate"

@@ -3,8 +3,9 @@
 seq_add) and prefill only the new content.
 
 Approximate: the survivors keep what they absorbed from the dropped image, and their cached
-keys were computed at their old positions' context.  Each step measures the drift (next-token
-KL and top-1 agreement) against an exact from-scratch terminal prefill.
+keys were computed at their old positions' context.  Asked to (``measure_drift``:
+``--replay-drift``, bench-eval's default), each step measures the drift (next-token KL and
+top-1 agreement) against an exact from-scratch terminal prefill on a spare sequence.
 
 Refused at configuration where llama.cpp cannot shift positions (``manifest.shifts_positions``
 against ``ModelInfo.shift_problem``):
@@ -37,6 +38,10 @@ class RelocatePolicy(CachePolicy):
         supports=frozenset({ModelKind.ATTENTION}), needs_scratch_sequence=True,
         shifts_positions=True)
 
+    def _drift(self, reference: tuple[Piece, ...]) -> tuple[Piece, ...]:
+        """The drift reference of a plan: the exact prompt, where drift is measured."""
+        return merge_text(reference) if self.measure_drift else ()
+
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
         pieces = tuple(p for p in chronological(log, self.kit, self.window, pinned=self.pinned)
                        if p.is_image or p.tokens)
@@ -51,7 +56,7 @@ class RelocatePolicy(CachePolicy):
                       and keys[: len(kept)] == kept)
         if not consistent:  # first step, or the sequence is not what we published
             return self.plan_reusing(log, view, pieces, reuse=False,
-                                     drift_reference=merge_text(reference),
+                                     drift_reference=self._drift(reference),
                                      trim_after=len(pieces) - 1)
         spans: list[RemoveSpan] = []
         for i, key in enumerate(held):
@@ -67,5 +72,5 @@ class RelocatePolicy(CachePolicy):
         start = Start(StartKind.TRIM, pos=end)
         return self.plan_reusing(log, view, pieces, start=(start, len(kept)),
                                  edits=tuple(reversed(spans)),
-                                 drift_reference=merge_text(reference),
+                                 drift_reference=self._drift(reference),
                                  trim_after=len(pieces) - 1)

@@ -25,7 +25,8 @@ covering the retained window places nothing: the plan is terminal-slot's own, bi
 step that placed anything is marked ``approximate`` (``Execution.approximate``: the plan
 spliced) and its placed runs carry tagged digests, so no exact path ever reuses it.  Each
 step's drift (next-token KL and top-1 against terminal-scratch's prompt from scratch) is
-measured on the spare sequence when there is one, as relocate's is.
+measured on the spare sequence where asked (``measure_drift``: ``--replay-drift``,
+bench-eval's default), as relocate's is — a from-scratch prefill more per step.
 
 With overlap the prefetch does it (terminal-slot's prefetch, with the kept screenshots placed
 and the tail replayed) and the step continues from there: its critical path is the new
@@ -139,9 +140,9 @@ class WindowReplayPolicy(CachePolicy):
 
     def __init__(self, model: ModelInfo, kit: PromptKit, *, window: int = 3,
                  decode_tokens: int = 16, option: str | None = None,
-                 pinned: int = 0) -> None:
+                 pinned: int = 0, measure_drift: bool = False) -> None:
         super().__init__(model, kit, window=window, decode_tokens=decode_tokens,
-                         pinned=pinned)
+                         pinned=pinned, measure_drift=measure_drift)
         if model.window_problem is not None:
             raise PolicyRefusedError(f"policy {self.name!r} cannot run on this model: "
                                      f"{model.window_problem}")
@@ -161,7 +162,7 @@ class WindowReplayPolicy(CachePolicy):
                new: frozenset[str] = frozenset()) -> Plan:
         pieces, region = terminal_steps(log, self.kit, self.window, pinned=self.pinned)
         plan = self.plan_reusing(log, view, pieces, anchors=[(region, REGION)],
-                                 drift_reference=pieces)
+                                 drift_reference=pieces if self.measure_drift else ())
         if plan.reused_pieces > region:
             return plan  # the sequence already holds this window exactly: nothing to place
         after_prefetch = self._continue(log, view, pieces, region)
@@ -208,7 +209,7 @@ class WindowReplayPolicy(CachePolicy):
             return None
         plan = self.plan_reusing(log, view, pieces, anchors=[(region, REGION)],
                                  start=(Start(StartKind.KEEP, pos=at), n),
-                                 drift_reference=pieces)
+                                 drift_reference=pieces if self.measure_drift else ())
         return attrs.evolve(plan, splice=Splice())
 
     def _placing(self, plan: Plan, view: CacheView, region: int, *, decode: bool) -> Plan:

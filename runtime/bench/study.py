@@ -57,6 +57,8 @@ def cell_args(args: argparse.Namespace, model: Path, mmproj: Path, screen: tuple
     cell.arms = args.arms or DEFAULT_ARMS
     cell.json_out = out
     cell.vm_seconds = args.vm_seconds or VM_SECONDS
+    # the study times critical paths: no approximate arm's from-scratch drift reference
+    cell.replay_drift = False
     return cell
 
 

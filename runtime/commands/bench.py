@@ -81,7 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="draw per-step critical-path prefill, latency and ledger bytes per arm "
                         "with the bound into this PNG (default: next to --json, as .png)")
     add_agent_arguments(p, defaults=bench_agent_defaults())
-    p.set_defaults(policy="terminal-slot", overlap=False)  # arms set their own
+    # arms set their own policy; an approximate arm's drift (KL, top-1 against its exact
+    # prompt) is measured unless --no-replay-drift: its reference prefill runs inside the
+    # step, so time approximate arms without it (the study does)
+    p.set_defaults(policy="terminal-slot", overlap=False, replay_drift=True)
 
 
 OVERLAP = "+overlap"

@@ -71,7 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, dest="json_out",
                    help="write every instance's episode under every arm here")
     add_agent_arguments(p)
-    p.set_defaults(policy="terminal-scratch", overlap=False)  # each arm sets its own
+    # each arm sets its own policy; an evaluation measures every approximate step's drift
+    # against its exact prompt (not timed): --no-replay-drift skips it
+    p.set_defaults(policy="terminal-scratch", overlap=False, replay_drift=True)
 
 
 def _check(args: argparse.Namespace) -> str | None:
