@@ -70,6 +70,11 @@ class RopeSpec:
                     "NORM and NEOX)")
         if self.rope_type not in (ROPE_NORM, ROPE_NEOX):
             return f"rope type {self.rope_type} (only NORM and NEOX re-rotate here)"
+        return self._rotation_problem()
+
+    def _rotation_problem(self) -> str | None:
+        """What any re-rotation here needs of the frequencies and head shape: a linear (or
+        no) frequency scale, an even ``n_rot`` within the head."""
         if self.scaling not in ("none", "linear", ""):
             return f"rope scaling {self.scaling!r}"
         if self.n_rot % 2 or self.n_rot > self.head_dim or self.head_dim <= 0:
@@ -84,11 +89,7 @@ class RopeSpec:
             return self.problem
         if len(self.sections) != 4 or sum(self.sections) <= 0:
             return f"multi-section RoPE with unknown sections {self.sections}"
-        if self.scaling not in ("none", "linear", ""):
-            return f"rope scaling {self.scaling!r}"
-        if self.n_rot % 2 or self.n_rot > self.head_dim or self.head_dim <= 0:
-            return f"n_rot {self.n_rot} with head dim {self.head_dim}"
-        return None
+        return self._rotation_problem()
 
     @property
     def multi_section(self) -> bool:
