@@ -153,8 +153,9 @@ def train_agents(config: RecipeConfig, out: Path, *,
         "models": {},
         "environment": environment(),  # what the bytes depend on besides the seed
     }
-    data = _dataset(config.dataset(), out, mmproj, config.threads, progress, record)
-    done_data = _done_dataset(config, out, mmproj, progress, record)
+    data, done_data = out / "data", out / DONE_DATA  # the second read only where it applies
+    _datasets(out, [(config.dataset(), "dataset", data), *_done_dataset(config, done_data)],
+              mmproj, config.threads, progress, record)
     for arch in config.arches:
         shape = agent_shape(arch)
         progress(f"{arch}: training {config.fit.steps} steps")
@@ -200,7 +201,8 @@ def train_done_from(config: RecipeConfig, base: Path, out: Path, *,
         "config": attrs.asdict(config), "from": str(base), "mmproj": made["mmproj"],
         "dataset": made.get("dataset"), "models": {}, "environment": environment(),
     }
-    done_data = _done_dataset(config, out, mmproj, progress, record)
+    done_data = out / DONE_DATA
+    _datasets(out, _done_dataset(config, done_data), mmproj, config.threads, progress, record)
     for arch in config.arches:
         if not config.done.applies(arch):  # shipped as its base file (``DoneStage.arches``)
             if (out / model_name(arch)).resolve() != (base / model_name(arch)).resolve():
@@ -233,34 +235,34 @@ def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
     return made
 
 
-def _done_dataset(config: RecipeConfig, out: Path, mmproj: Path,
-                  progress: Callable[[str], None], record: dict[str, Any]) -> Path:
-    """The done stage's dataset, generated where the stage applies to one of the arches
-    (``record["done_dataset"]``); its directory either way (read only where it applies)."""
+def _done_dataset(config: RecipeConfig, data: Path,
+                  ) -> list[tuple[DatasetConfig, str, Path]]:
+    """The done stage's dataset as ``_datasets`` takes it, where the stage applies to one of
+    the arches (else nothing to generate)."""
     if not any(config.done.applies(a) for a in config.arches):
-        return out / DONE_DATA
-    return _dataset(config.done_dataset(), out, mmproj, config.threads, progress, record,
-                    key="done_dataset", name=DONE_DATA)
+        return []
+    return [(config.done_dataset(), "done_dataset", data)]
 
 
-def _dataset(dataset: DatasetConfig, out: Path, mmproj: Path, threads: int,
-             progress: Callable[[str], None], record: dict[str, Any], *,
-             key: str = "dataset", name: str = "data") -> Path:
-    """Generate ``dataset`` into ``out/name`` and note it in ``record[key]`` (directory,
-    examples, seconds): the encodings of the recipe's projector and the tokens of the seed's
-    initial hybrid (the same vocabulary for both arches); a rerun keeps finished shards."""
-    t0 = time.perf_counter()
-    hybrid = agent_shape("qwen35")
-    data = out / name
+def _datasets(out: Path, wanted: list[tuple[DatasetConfig, str, Path]], mmproj: Path,
+              threads: int, progress: Callable[[str], None], record: dict[str, Any]) -> None:
+    """Generate each ``(dataset, key, directory)`` of ``wanted`` and note it in
+    ``record[key]`` (directory, examples, seconds), all through one engine: the encodings of
+    the recipe's projector and the tokens of the seed's initial hybrid (the same vocabulary
+    for both arches; exported once); a rerun keeps finished shards."""
+    if not wanted:
+        return
+    hybrid, seed = agent_shape("qwen35"), wanted[0][0].seed
     init = export_gguf(out / "init" / model_name("qwen35"), hybrid.spec,
-                       init_params(hybrid.spec, seed=dataset.seed), vocab=agent_vocab())
-    progress(f"dataset: {dataset.episodes} episodes into {data}")
+                       init_params(hybrid.spec, seed=seed), vocab=agent_vocab())
     with load_engine(ModelFiles(init.path, mmproj),
                      EngineConfig(n_seq_max=1, n_threads=threads)) as engine:
-        generate(engine, dataset, data, progress=progress)
-    record[key] = {"dir": data.name, "examples": _examples(data),
-                   "seconds": round(time.perf_counter() - t0, 1)}
-    return data
+        for dataset, key, data in wanted:
+            t0 = time.perf_counter()
+            progress(f"dataset: {dataset.episodes} episodes into {data}")
+            generate(engine, dataset, data, progress=progress)
+            record[key] = {"dir": data.name, "examples": _examples(data),
+                           "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def _examples(data: Path) -> int:
