@@ -76,6 +76,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{','.join(d.done.arches)}: the llama agent after it lost save-note "
                         "and switch-window, docs/training.md; the others ship their base "
                         "file)")
+    p.add_argument("--done-flags", dest="done_flags", action=argparse.BooleanOptionalAction,
+                   default=d.done.instruction_flags,
+                   help="design the instruction flags (a Save, a menu, an Enter asked) into "
+                        "each base agent before its done stage (runtime/train/"
+                        "instruction_flags.py)")
     p.add_argument("--from", dest="base", type=Path, default=None, metavar="DIR",
                    help="run only the done stage, from the base agents in DIR (agent-<arch>."
                         "gguf, mmproj.gguf and their recipe.json; e.g. a run with "
@@ -123,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
                               with_done=args.with_done,
                               done=DoneStage(updates=args.done_updates,
                                              learning_rate=args.done_learning_rate,
-                                             arches=parse_arches(args.done_arch)))
+                                             arches=parse_arches(args.done_arch),
+                                             instruction_flags=args.done_flags))
         try:
             config.dataset()  # the dataset's own checks, before any work
         except ValueError as exc:

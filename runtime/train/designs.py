@@ -1,6 +1,7 @@
 """The agents' designed parts as one object: the lookup (``grounding``), the read-out
-(``readout``), the word copy (``word_copy``), the typed flag (``typed_flag``) and the label
-copy (``label_copy``), built from the recogniser's classes and the recipe's seed.
+(``readout``), the word copy (``word_copy``), the typed flag (``typed_flag``), the label
+copy (``label_copy``) and the instruction flags (``instruction_flags``), built from the
+recogniser's classes and the recipe's seed.
 
 One home for what the recipe designs into a fresh agent and keeps fixed in training, so the
 base training and the done stage (``done_stage``) design and freeze the same slices.
@@ -22,6 +23,9 @@ from runtime.train.agents import TYPED_WORDS, X_PIECES, Y_PIECES
 from runtime.train.cell_vision import KEY_DIMS, row_layout
 from runtime.train.codes import spread_codes
 from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
+from runtime.train.instruction_flags import (
+    InstructionFlags, design_flags, frozen_flags, instruction_flags,
+)
 from runtime.train.label_copy import LabelCopy, design_label, frozen_label, label_copy
 from runtime.train.optim import merge_masks
 from runtime.train.readout import Readout, design_readout, frozen_readout
@@ -41,6 +45,15 @@ class Designs:
     typed: TypedFlag
     labels: LabelCopy
     seed: int
+    #: the instruction flags (``instruction_flags``): designed into a trained base agent by
+    #: the done stage when it asks for them, never by ``apply``
+    flags: InstructionFlags
+
+    def apply_flags(self, params: Mapping[str, np.ndarray], spec: TextSpec,
+                    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``params`` (an agent with ``apply``'s designs) with the instruction flags, and
+        the masks of what they add to keep fixed."""
+        return design_flags(params, spec, self.flags), frozen_flags(params, spec, self.flags)
 
     def apply(self, params: Mapping[str, np.ndarray], spec: TextSpec) -> dict[str, np.ndarray]:
         """``params`` (a fresh agent's) with every design written in, in the order each
@@ -73,4 +86,4 @@ def agent_designs(tokens: Sequence[str], classes: Sequence[str], n_embd: int, *,
     typed = typed_flag(tokens, words, seed=seed)
     labels = label_copy(tokens, grounding.layout, grounding.codes, typed.text_flag, seed=seed)
     return Designs(grounding, Readout(grounding.layout, grounding.x_ids, grounding.y_ids),
-                   words, typed, labels, seed)
+                   words, typed, labels, seed, instruction_flags(tokens, labels))

@@ -25,6 +25,7 @@ import numpy as np
 from runtime.train.designs import Designs
 from runtime.train.fit import FitConfig, FitReport, fit
 from runtime.train.gguf_io import ExportedModel, export_gguf, load_gguf
+from runtime.train.optim import merge_masks
 
 __all__ = ["DoneStage", "train_done"]
 
@@ -46,6 +47,9 @@ class DoneStage:
     #: (kind, weight): a kind's share of the stage's updates against 1 for the others
     #: (``FitConfig.kind_weights``)
     kind_weights: tuple[tuple[str, float], ...] = ()
+    #: design the instruction flags (``instruction_flags``: Save / menu / Enter asked) into
+    #: the base agent before the stage trains it
+    instruction_flags: bool = False
 
     def applies(self, arch: str) -> bool:
         return self.updates > 0 and arch in self.arches
@@ -64,6 +68,9 @@ def train_done(base: Path, data: Path, out: Path, stage: DoneStage, designs: Des
     loaded = load_gguf(base)
     start = {k: np.asarray(v) for k, v in loaded.params.items()}
     frozen = designs.frozen(start, loaded.spec)
+    if stage.instruction_flags:
+        start, flag_masks = designs.apply_flags(start, loaded.spec)
+        frozen = merge_masks(frozen, flag_masks)
     params, report = fit(loaded.spec, start, data, stage.fit_config(seed), progress=progress,
                          grounding=designs.grounding, frozen=frozen)
     return export_gguf(out, loaded.spec, params, vocab=loaded.vocab), report

@@ -1,0 +1,141 @@
+"""The designed instruction flags (runtime/train/instruction_flags.py).
+
+- Each flag word is one piece through llama.cpp's own tokenizer and occurs in exactly the
+  instructions of the kinds that ask for its step (`` Save``: the kinds that save a note;
+  `` menu``: menu-launch; `` Enter``: menu-launch's Terminal variant), over many seeds.
+- With the whole designed start, the row that chooses the verb carries the named flag after
+  the copy layer — and the other flags not — on both arches; without a flag word in the
+  prompt the flags' output columns add exactly nothing.
+- Applied to the shipped agents (trained files), the rows and columns they use are free, and
+  the masks keep the flag dims fixed.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cachepolicy.engine import Engine, EngineConfig
+from runtime.agent_models import AGENT_DIR
+from runtime.train.agents import TYPED_WORDS, X_PIECES, Y_PIECES, agent_shape, agent_vocab
+from runtime.train.cell_vision import row_layout
+from runtime.train.codes import spread_codes
+from runtime.train.gguf_io import export_gguf, load_gguf
+from runtime.train.grounding import Grounding, design, piece_ids
+from runtime.train.instruction_flags import (
+    FLAG_PIECES, InstructionFlags, design_flags, frozen_flags, instruction_flags,
+)
+from runtime.train.label_copy import design_label, label_copy
+from runtime.train.model import ForwardOptions, Rows, hidden_and_residual
+from runtime.train.params import init_params
+from runtime.train.readout import Readout, design_readout
+from runtime.train.typed_flag import design_typed, typed_flag
+from runtime.train.word_copy import ASK_PIECES, WordCopy, copy_layer, design_copy
+from vmenv.simdesk.drafts import KINDS
+from vmenv.simdesk.words import BUTTON_WORDS
+
+VOCAB = agent_vocab()
+LAYOUT = row_layout(192)
+CLASSES = [f"dialog.{w.lower()}" for w in BUTTON_WORDS] + ["dialog.ok", "other"]
+CODES = dict(zip(CLASSES, spread_codes(len(CLASSES), 36, seed=0)))
+#: the kinds whose instructions ask for each flag's step (some instances, for Enter)
+ASKING = {" Save": {"save-note", "switch-window", "remember-code", "marked-launch"},
+          " menu": {"menu-launch"}, " Enter": {"menu-launch"}}
+
+
+def test_flag_words_are_pieces_in_exactly_the_asking_instructions(tmp_path: Path) -> None:
+    spec = agent_shape("llama").spec
+    model = export_gguf(tmp_path / "init.gguf", spec, init_params(spec, seed=0), vocab=VOCAB)
+    seen: dict[str, set[str]] = {p: set() for p in FLAG_PIECES}
+    ids = dict(zip(FLAG_PIECES, piece_ids(VOCAB.tokens, FLAG_PIECES)))
+    with Engine(model.path, None, EngineConfig(n_seq_max=1, n_threads=1)) as engine:
+        for kind, draft in KINDS.items():
+            for seed in range(24):
+                text = draft(random.Random(seed), ["hello", "jackal"]).instruction
+                pieces = set(engine.tokenize(f"Task: {text}"))
+                for flag in FLAG_PIECES:
+                    if ids[flag] in pieces:
+                        seen[flag].add(kind)
+                    elif kind in ASKING[flag] and flag != " Enter":
+                        pytest.fail(f"{kind}@{seed} lacks {flag!r}: {text}")
+    assert seen == ASKING
+
+
+def _start(arch: str) -> tuple[dict[str, np.ndarray], InstructionFlags]:
+    spec = agent_shape(arch).spec
+    g = Grounding(LAYOUT, CODES, piece_ids(VOCAB.tokens, X_PIECES),
+                  piece_ids(VOCAB.tokens, Y_PIECES))
+    words = WordCopy(LAYOUT, piece_ids(VOCAB.tokens, TYPED_WORDS),
+                     piece_ids(VOCAB.tokens, ASK_PIECES))
+    typed = typed_flag(VOCAB.tokens, words)
+    p = design(init_params(spec, seed=0), spec, g)
+    p = design_readout(p, spec, Readout(LAYOUT, g.x_ids, g.y_ids))
+    p = design_typed(design_copy(p, spec, words), spec, typed)
+    labels = label_copy(VOCAB.tokens, LAYOUT, CODES, typed.text_flag)
+    flags = instruction_flags(VOCAB.tokens, labels)
+    return design_flags(design_label(p, spec, labels), spec, flags), flags
+
+
+def _prompt(word: str | None) -> list[int]:
+    """A user turn with ``word`` in it (``None``: none of the flag words), a history line that
+    clicked, the assistant header: its last row chooses the verb."""
+    asked = [word.replace(" ", "▁")] if word else ["▁the"]
+    pieces = ["<|im_start|>", "user", "<0x0A>", "Task", ":", "▁Open", "▁Notes", "▁then",
+              "▁click", *asked, ".", "<0x0A>", *["▁the", "▁text", "▁field"] * 12,
+              "<0x0A>", "Step", "▁", "1", ":", "▁click(", "304", ",▁176", ")", "<0x0A>",
+              "<|im_end|>", "<0x0A>", "<|im_start|>", "assistant", "<0x0A>"]
+    return [VOCAB.tokens.index(p) for p in pieces]
+
+
+def _verb_row(params: dict[str, np.ndarray], arch: str, word: str | None) -> np.ndarray:
+    """The residual entering the layer after the copy layer, at the verb's row."""
+    spec = agent_shape(arch).spec
+    p = {k: jnp.asarray(v) for k, v in params.items()}
+    toks = np.asarray(_prompt(word), np.int32)
+    n = len(toks)
+    width = 4 if spec.is_hybrid else 1
+    pos = np.repeat(np.arange(n, dtype=np.int32), width).reshape(n, width)
+    if width == 4:
+        pos[:, 3] = 0
+    rows = Rows(jnp.asarray(toks), jnp.zeros((n, spec.n_embd)), jnp.zeros(n, bool),
+                jnp.asarray(pos), jnp.ones(n, bool))
+    _, res = hidden_and_residual(p, spec, rows, ForwardOptions(), copy_layer(spec) + 1)
+    return np.asarray(res[-1])
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "llama"])
+def test_the_verb_row_carries_the_asked_flag(arch: str) -> None:
+    spec = agent_shape(arch).spec
+    params, flags = _start(arch)
+    silent = dict(params)
+    name = f"blk.{copy_layer(spec)}.attn_output.weight"
+    silent[name] = params[name].copy()
+    silent[name][:, list(flags.output_columns(spec))] = 0.0
+    dims = list(flags.dims)
+    # no flag word: the flags' columns add exactly nothing
+    assert np.array_equal(_verb_row(params, arch, None), _verb_row(silent, arch, None))
+    for i, word in enumerate(FLAG_PIECES):
+        added = _verb_row(params, arch, word)[dims] - _verb_row(silent, arch, word)[dims]
+        assert added[i] > 0.5, (word, added)
+        assert np.abs(np.delete(added, i)).max() < 0.05 * added[i], (word, added)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "llama"])
+def test_the_shipped_agents_have_room_and_the_masks_keep_the_flags(arch: str) -> None:
+    loaded = load_gguf(AGENT_DIR / f"agent-{arch}.gguf")
+    spec = loaded.spec
+    labels = label_copy(VOCAB.tokens, LAYOUT, CODES, LAYOUT.content.stop - 1)
+    flags = instruction_flags(VOCAB.tokens, labels)
+    base = {k: np.asarray(v) for k, v in loaded.params.items()}
+    params = design_flags(base, spec, flags)  # raises if the rows / columns are in use
+    e = params["token_embd.weight"]
+    assert np.count_nonzero(e[:, list(flags.dims)]) == len(FLAG_PIECES)
+    masks = frozen_flags(params, spec, flags)
+    assert masks["token_embd.weight"][:, list(flags.dims)].all()
+    assert not masks["token_embd.weight"][:, : LAYOUT.content.start].any()
+    with pytest.raises(ValueError, match="no free value rows"):
+        design_flags(params, spec, flags)  # a second time: the rows are taken
