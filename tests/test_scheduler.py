@@ -12,6 +12,7 @@ from cachepolicy.segments import SegmentFactory, model_info
 from preempt_helpers import PreemptHook
 from replay_helpers import OPTIONS, outputs, past_step, replay, step_segments
 from runtime.bench.trajectory import trajectory
+from scheduler.errors import NoFreeSequenceError
 from scheduler.ledger import MemoryLedger
 from scheduler.priority_lock import PriorityLock
 from scheduler.scheduler import Priority, Scheduler
@@ -312,7 +313,7 @@ async def test_the_spare_sequence_goes_to_the_policies_that_ask_for_it(engines) 
     reference), to no other; without one, nobody gets it and every sequence is free."""
     e = engines("llama")
     factory = SegmentFactory(e)
-    relocate = make_policy("relocate", model_info(e), factory.kit, window=2)
+    relocate = make_policy("relocate", model_info(e), factory.kit, window=2, measure_drift=True)
     slot = make_policy("terminal-slot", model_info(e), factory.kit, window=2)
     assert relocate.manifest.needs_scratch_sequence and not slot.manifest.needs_scratch_sequence
     last = e.config.n_seq_max - 1
@@ -325,3 +326,24 @@ async def test_the_spare_sequence_goes_to_the_policies_that_ask_for_it(engines) 
     async with Scheduler(e, MemoryLedger(1 << 30), factory, options=OPTS) as sched:
         assert sched.open_episode("a", relocate).scratch_seq is None
         assert last in sched._free_seqs
+
+
+async def test_relocate_without_drift_leaves_every_sequence_to_the_episodes(engines) -> None:
+    """Drift is opt-in (``measure_drift``): relocate without it asks for no spare sequence, so
+    a scheduler sized from its manifest (``run_agents``) holds none aside and every engine
+    sequence can carry an episode; with it, the last one is the drift reference's."""
+    e = engines("llama")
+    factory = SegmentFactory(e)
+    plain = make_policy("relocate", model_info(e), factory.kit, window=2)
+    measured = make_policy("relocate", model_info(e), factory.kit, window=2, measure_drift=True)
+    assert not plain.manifest.needs_scratch_sequence and measured.manifest.needs_scratch_sequence
+    n = e.config.n_seq_max
+    for policy, episodes in ((plain, n), (measured, n - 1)):
+        async with Scheduler(e, MemoryLedger(1 << 30), factory, options=OPTS,
+                             spare_sequence=policy.manifest.needs_scratch_sequence) as sched:
+            opened = [sched.open_episode(f"e{i}", policy) for i in range(episodes)]
+            assert sorted(ep.seq for ep in opened) == list(range(episodes))
+            assert {ep.scratch_seq for ep in opened} == ({None} if policy is plain else {n - 1})
+            with pytest.raises(NoFreeSequenceError):
+                sched.open_episode("one-more", policy)
+            sched.check_integrity()

@@ -35,8 +35,9 @@ class RelocatePolicy(CachePolicy):
         evidence="the sequence's runs aligned with the published layout keys",
         adds_work="a position shift (RoPE re-rotation) of the survivors per step",
         omitted_recoverable=False, quality="approximate", bounded=True,
-        supports=frozenset({ModelKind.ATTENTION}), needs_scratch_sequence=True,
-        shifts_positions=True)
+        # the spare sequence is only the drift reference's: ``CachePolicy`` asks for it when
+        # ``measure_drift`` is on, and no scheduler holds one aside for relocate otherwise
+        supports=frozenset({ModelKind.ATTENTION}), shifts_positions=True)
 
     def _drift(self, reference: tuple[Piece, ...]) -> tuple[Piece, ...]:
         """The drift reference of a plan: the exact prompt, where drift is measured."""
