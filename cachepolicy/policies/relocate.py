@@ -44,8 +44,25 @@ class RelocatePolicy(CachePolicy):
         return merge_text(reference) if self.measure_drift else ()
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
-        pieces = tuple(p for p in chronological(log, self.kit, self.window, pinned=self.pinned)
+        return self._plan(log, view, self.window, decode=True)
+
+    def prefetch(self, log: ContextLog, view: CacheView) -> Plan | None:
+        """What the next step does before its screenshot exists: the window's slide (the
+        screenshot leaving it cut out, the survivors shifted) and this step's action text —
+        the next prompt without its new screenshot and generation prompt, which are all its
+        step then prefills.  The same edits and pieces in the same order as the step would
+        make them itself, so its cache (and its answer) is the same; only the K-shift and
+        the text leave the critical path.  None where the slide would take the pinned
+        screenshots' place (a window of one)."""
+        if self.window - 1 <= self.pinned:
+            return None
+        return self._plan(log, view, self.window - 1, decode=False)
+
+    def _plan(self, log: ContextLog, view: CacheView, window: int, *, decode: bool) -> Plan:
+        pieces = tuple(p for p in chronological(log, self.kit, window, pinned=self.pinned)
                        if p.is_image or p.tokens)
+        if not decode:  # a prefetch: no generation prompt
+            pieces = pieces[:-1]
         reference, _ = terminal(log, self.kit, self.window, pinned=self.pinned)
         keys = [p.key for p in pieces]
         held = list(view.state.layout_keys)
@@ -55,10 +72,11 @@ class RelocatePolicy(CachePolicy):
         kept = [k for k in held if k in keys]
         consistent = (bool(held) and len(hist) >= len(held)
                       and keys[: len(kept)] == kept)
+        drift = self._drift(reference) if decode else ()
+        trim_after = len(pieces) - 1 if decode else len(pieces)
         if not consistent:  # first step, or the sequence is not what we published
-            return self.plan_reusing(log, view, pieces, reuse=False,
-                                     drift_reference=self._drift(reference),
-                                     trim_after=len(pieces) - 1)
+            return self.plan_reusing(log, view, pieces, reuse=False, decode=decode,
+                                     drift_reference=drift, trim_after=trim_after)
         spans: list[RemoveSpan] = []
         for i, key in enumerate(held):
             if key in keys:
@@ -72,6 +90,5 @@ class RelocatePolicy(CachePolicy):
         end = hist[len(held)].pos0 if len(hist) > len(held) else view.seq.next_pos
         start = Start(StartKind.TRIM, pos=end)
         return self.plan_reusing(log, view, pieces, start=(start, len(kept)),
-                                 edits=tuple(reversed(spans)),
-                                 drift_reference=self._drift(reference),
-                                 trim_after=len(pieces) - 1)
+                                 edits=tuple(reversed(spans)), decode=decode,
+                                 drift_reference=drift, trim_after=trim_after)
