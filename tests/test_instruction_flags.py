@@ -6,8 +6,8 @@
 - With the whole designed start, the row that chooses the verb carries the named flag after
   the copy layer — and the other flags not — on both arches; without a flag word in the
   prompt the flags' output columns add exactly nothing.
-- Applied to the shipped agents (trained files), the rows and columns they use are free, and
-  the masks keep the flag dims fixed.
+- The shipped agents carry the flags exactly as designed (kept fixed through the done stage
+  and the f16 export), and the masks keep the flag dims fixed.
 """
 
 from __future__ import annotations
@@ -125,17 +125,34 @@ def test_the_verb_row_carries_the_asked_flag(arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "llama"])
-def test_the_shipped_agents_have_room_and_the_masks_keep_the_flags(arch: str) -> None:
+def test_the_shipped_agents_carry_the_flags_as_designed(arch: str) -> None:
+    """The done stage designed the flags into the shipped agents and kept them fixed through
+    its updates and the f16 export: the flag dims hold exactly the design (one entry per
+    flag piece), and the label head's flag rows and columns are taken."""
     loaded = load_gguf(AGENT_DIR / f"agent-{arch}.gguf")
     spec = loaded.spec
     labels = label_copy(VOCAB.tokens, LAYOUT, CODES, LAYOUT.content.stop - 1)
     flags = instruction_flags(VOCAB.tokens, labels)
-    base = {k: np.asarray(v) for k, v in loaded.params.items()}
-    params = design_flags(base, spec, flags)  # raises if the rows / columns are in use
-    e = params["token_embd.weight"]
-    assert np.count_nonzero(e[:, list(flags.dims)]) == len(FLAG_PIECES)
+    shipped = {k: np.asarray(v) for k, v in loaded.params.items()}
+    e = shipped["token_embd.weight"][:, list(flags.dims)]
+    assert np.count_nonzero(e) == len(FLAG_PIECES)
+    assert np.array_equal(e[list(flags.flag_ids)], np.diag([3.0] * len(FLAG_PIECES)))
+    v = shipped[f"blk.{copy_layer(spec)}.attn_v.weight"]
+    for row, dim in zip(flags.value_rows(spec), flags.dims):
+        assert np.count_nonzero(v[row]) == 1 and v[row, dim] == 1.0
+    with pytest.raises(ValueError, match="no free value rows"):
+        design_flags(shipped, spec, flags)
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "llama"])
+def test_the_masks_keep_the_flag_dims(arch: str) -> None:
+    spec = agent_shape(arch).spec
+    params, flags = _start(arch)
     masks = frozen_flags(params, spec, flags)
     assert masks["token_embd.weight"][:, list(flags.dims)].all()
     assert not masks["token_embd.weight"][:, : LAYOUT.content.start].any()
-    with pytest.raises(ValueError, match="no free value rows"):
-        design_flags(params, spec, flags)  # a second time: the rows are taken
+    norm = masks[f"blk.{copy_layer(spec)}.attn_norm.weight"]
+    assert norm[list(flags.dims)].all() and norm.sum() == len(FLAG_PIECES)
+    if spec.is_hybrid:  # the Gated DeltaNet layer before writes nothing there, and keeps so
+        assert masks["blk.0.ssm_out.weight"][list(flags.dims)].all()
+        assert not np.asarray(params["blk.0.ssm_out.weight"])[list(flags.dims)].any()

@@ -73,14 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--done-learning-rate", type=float, default=d.done.learning_rate)
     p.add_argument("--done-arch", default=",".join(d.done.arches),
                    help="comma-separated arches that go through the done stage (default "
-                        f"{','.join(d.done.arches)}: the llama agent after it lost save-note "
-                        "and switch-window, docs/training.md; the others ship their base "
-                        "file)")
+                        f"{','.join(d.done.arches)}; the others ship their base file)")
     p.add_argument("--done-flags", dest="done_flags", action=argparse.BooleanOptionalAction,
                    default=d.done.instruction_flags,
                    help="design the instruction flags (a Save, a menu, an Enter asked) into "
-                        "each base agent before its done stage (runtime/train/"
-                        "instruction_flags.py)")
+                        "each base agent before its done stage (default: on; without them "
+                        "the llama agent says done() before Save, docs/training.md)")
     p.add_argument("--from", dest="base", type=Path, default=None, metavar="DIR",
                    help="run only the done stage, from the base agents in DIR (agent-<arch>."
                         "gguf, mmproj.gguf and their recipe.json; e.g. a run with "
