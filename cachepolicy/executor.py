@@ -17,6 +17,7 @@ from cachepolicy.engine.checkpoint import holds_shift, is_approximate
 from cachepolicy.errors import PolicyError, Preempted
 from cachepolicy.pieces import Piece
 from cachepolicy.plan import NamedCheckpoint, Plan, StartKind, StoredEntry
+from cachepolicy.splice import Source
 from cachepolicy.splice_exec import (SpliceClock, held_rows, store_held_units,
                                      write_units)
 from cachepolicy.engine.drafts import Drafting
@@ -138,6 +139,15 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
     store_s = time.perf_counter() - t_store
     placed_at = ({u.first for u in plan.splice.place} if plan.splice is not None
                  else set())
+    # ``Splice.hold_until_placed``: no stop before the last unit placed from ``held`` — the
+    # start below cuts those rows out of the sequence and they live only in this call, so a
+    # prefetch stopped in between would publish the sequence without them (window-replay's
+    # kept screenshots: its next step re-prefilled the whole window, a third of the steps
+    # behind ``kvagent serve`` at N = 4, issue 48).  What lies before them is short (the new
+    # history line).
+    stop_from = (max((u.first + 1 for u in plan.splice.place if u.source is Source.SEQUENCE),
+                     default=0)
+                 if plan.splice is not None and plan.splice.hold_until_placed else 0)
     placed_tokens = 0
     _apply_start(engine, seq, plan)
     replayed = plan.replay.rows if plan.replay is not None else 0
@@ -160,15 +170,16 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
             placed_tokens += sum(p.n_tokens for p in plan.pieces[i:after])
             i = after
             continue
-        if should_stop is not None and should_stop():
+        if should_stop is not None and i >= stop_from and should_stop():
             if plan.decode:
                 raise Preempted(f"stopped before piece {i}")
             return Execution(new_checkpoints=tuple(made), output_tokens=(),
                              prefill_tokens=sum(p.n_tokens for p in plan.pieces[
-                                 plan.reused_pieces:i]),
+                                 plan.reused_pieces:i]) - placed_tokens,
                              prefill_s=time.perf_counter() - t0 - clock.seconds, decode_s=0.0,
                              logits=None, stopped_at=i, encode_s=clock.seconds,
-                             approximate=_approximate(engine, seq), replay_tokens=replayed,
+                             approximate=_approximate(engine, seq) or placed_tokens > 0,
+                             replay_tokens=replayed,
                              new_stored=early, store_tokens=store_tokens,
                              splice_s=edit_clock.seconds, store_s=store_s)
         engine.yield_decode_round()

@@ -105,6 +105,11 @@ class Splice:
     #: screenshots a later step may recall (``kamera``'s ``recall<N>``); an entry not
     #: listed lives only until it is placed
     retain: tuple[str, ...] = ()
+    #: a prefetch does not stop before it has written the units it places from the
+    #: sequence (``Source.SEQUENCE``): its start cuts their rows out of the sequence, so
+    #: after a stop there the next step has nothing to place (window-replay's kept
+    #: screenshots; the executor's ``stop_from``)
+    hold_until_placed: bool = False
 
 
 def image_part(pieces: Sequence[Piece]) -> tuple[int, int] | None:

@@ -230,4 +230,8 @@ class WindowReplayPolicy(CachePolicy):
         workspace = 3 * plan.forecast.successor_seq_bytes
         forecast = attrs.evolve(plan.forecast,
                                 workspace_bytes=plan.forecast.workspace_bytes + workspace)
-        return attrs.evolve(plan, splice=Splice(place=place), forecast=forecast)
+        # a prefetch stopped by other episodes' critical work still writes the kept
+        # screenshots back (the start cut them out of the sequence: issue 48's N = 4
+        # fallbacks); it may stop before the replayed tail, which the step then prefills
+        return attrs.evolve(plan, splice=Splice(place=place, hold_until_placed=True),
+                            forecast=forecast)

@@ -1,0 +1,68 @@
+"""``window-replay`` when other episodes' critical work stops its prefetch (issue 48: behind
+``kvagent serve`` at N = 4 a third of the steps re-prefilled the whole window, never at
+N = 1).  The prefetch restores the region checkpoint — which cuts the retained screenshots
+out of the sequence — and writes them back, moved, from rows it read out before; a stop in
+between published the sequence without them, and the next step found nothing to place.
+Here a real critical step of another episode stops the prefetch at its first piece boundary
+(``preempt_helpers``: deterministic), on the forged qwen35 through the scheduler that
+ships."""
+
+from __future__ import annotations
+
+from cachepolicy.policies import make_policy
+from cachepolicy.segments import SegmentFactory, model_info
+from preempt_helpers import PreemptHook
+from replay_helpers import OPTIONS, past_step, step_segments
+from runtime.bench.trajectory import trajectory
+from scheduler.ledger import MemoryLedger
+from scheduler.scheduler import Scheduler
+
+WINDOW = 3
+
+
+async def test_a_stopped_prefetch_keeps_the_window_it_moved(engines) -> None:
+    """Stopped by another episode's step, the prefetch has still placed the kept screenshot
+    (counted as placed, not prefilled) and stops before the budget's replay; the episode's
+    next step continues from there — approximate, the replay and the new screenshot on its
+    critical path, never the whole window again — and the ledger matches the engine."""
+    engine = engines("qwen35")
+    factory = SegmentFactory(engine)
+    traj = trajectory(5, 96, 64)
+    ledger = MemoryLedger(1 << 30)
+    hook = PreemptHook()
+
+    def policy():
+        return make_policy("window-replay", model_info(engine), factory.kit, window=WINDOW,
+                           decode_tokens=4, option="10%")
+
+    async with Scheduler(engine, ledger, factory, options=OPTIONS, fault=hook,
+                         spare_sequence=True) as sched:
+        a, b = sched.open_episode("a", policy()), sched.open_episode("b", policy())
+        for i in range(3):
+            await sched.step(a, lambda i=i: step_segments(factory, traj, i))
+        await sched.step(b, lambda: step_segments(factory, traj, 0))
+        pre, critical = await hook.preempt(
+            sched, lambda: sched.prefetch(a, lambda: (past_step(factory, traj, 2),)),
+            lambda: sched.step(b, lambda: step_segments(factory, traj, 1)))
+        assert critical.status == "ok"
+        assert pre is not None and pre.preempted and pre.approximate
+        assert sched.counters["prefetch_preempted"] == 1
+        new = factory.screenshot(3, traj.frames[3].screenshot)
+        # the step's prompt (terminal layout): [head][history][window][generation prompt]
+        tokens = {p.key: p.n_tokens for p in a.policy.select(a.log.append(new),
+                                                             a.view(engine)).pieces}
+        keys = list(tokens)
+        # the prefetch prefilled the history line only: the kept screenshot was placed
+        assert pre.prefill_tokens == tokens["action@2"]
+        sched.check_integrity()
+        rec = await sched.step(a, lambda: (new,))
+        sched.check_integrity()
+        assert rec.status == "ok" and rec.start == "keep" and rec.approximate
+        # the budget's replayed screenshot and the new one with their text — not the whole
+        # window again (terminal-slot's plan: the fallback before the fix)
+        window = sum(tokens[k] for k in keys[keys.index("screenshot@1:intro"):])
+        replay_and_new = sum(tokens[k] for k in keys[keys.index("screenshot@2"):])
+        assert rec.prefill_tokens == replay_and_new < window
+        for ep in (a, b):
+            await sched.close_episode(ep)
+    assert ledger.snapshot().held == 0
