@@ -32,6 +32,7 @@ from runtime.logs import configure_logging
 from runtime.osworld import KvAgent
 from runtime.profiles import names as profile_names
 from runtime.run.recording import UnusableResultError, read_result
+from vmenv.actions.coords import parse_wxh
 
 
 def parse_args() -> argparse.Namespace:
@@ -56,7 +57,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sleep-after-execution", dest="sleep_after_execution", type=float,
                    default=0.0, help="OSWorld's pause after each action (overlap hides work "
                                      "behind it)")
-    p.add_argument("--tasks", default="open-terminal,click-ok", help="--fake: simdesk tasks")
+    p.add_argument("--tasks", default="open-terminal,click-ok",
+                   help="--fake: simdesk tasks (classic names or sampled KIND@SEED)")
+    p.add_argument("--screen", default="640x384",
+                   help="--fake: the simulated desktop's size (default 640x384: the size the "
+                        "shipped agents were trained at)")
     p.add_argument("--provider", default="docker", help="DesktopEnv provider_name")
     p.add_argument("--path-to-vm", default=None)
     p.add_argument("--domain", default="all")
@@ -102,7 +107,8 @@ def run_single_example_fake(agent: KvAgent, env: Any, example: dict[str, Any],
 def run_fake(agent: KvAgent, args: argparse.Namespace) -> list[float]:
     from vmenv.osworld_fake import FakeDesktopEnv, simdesk_example
 
-    env, scores = FakeDesktopEnv(width=640, height=480), []
+    width, height = args.screen
+    env, scores = FakeDesktopEnv(width=width, height=height), []
     try:
         for task in (t.strip() for t in args.tasks.split(",") if t.strip()):
             out = result_dir(args, "simdesk", task)
@@ -150,6 +156,10 @@ def run_osworld(agent: KvAgent, args: argparse.Namespace) -> list[float]:
 
 def main() -> None:
     args = parse_args()
+    try:
+        args.screen = parse_wxh(args.screen, option="--screen", low=(64, 64))
+    except ValueError as exc:
+        sys.exit(f"osworld_runner: error: {exc}")
     configure_logging("warning")
     if args.model is None:
         print(f"no --model: using {DEMO_MODEL.describe()}: it knows simdesk's tasks only")
@@ -158,7 +168,7 @@ def main() -> None:
                     overlap=args.overlap, n_threads=args.threads,
                     memory_budget=args.memory_budget, temperature=args.temperature,
                     seed=args.seed, max_steps=args.max_steps,
-                    screen_size=(640, 480) if args.fake else (1920, 1080))
+                    screen_size=args.screen if args.fake else (1920, 1080))
     with agent:
         scores = run_fake(agent, args) if args.fake else run_osworld(agent, args)
     # OSWorld's loop: an episode ends on the agent's DONE / FAIL or at --max-steps, and the
