@@ -98,6 +98,10 @@ def test_train_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
     assert "unknown arch" in capsys.readouterr().err
     assert main(["train", "--steps", "0", "--out", str(tmp_path)]) == 2
     assert main(["train", "--done-updates", "-1", "--out", str(tmp_path)]) == 2
+    assert main(["train", "--kinds", "open-terminal,nope", "--out", str(tmp_path)]) == 2
+    assert "unknown task kind 'nope'" in capsys.readouterr().err
+    assert main(["train", "--pin-share", "1.5", "--out", str(tmp_path)]) == 2
+    assert "--pin-share" in capsys.readouterr().err
     for bad in (["--slipped", "0.8", "--perturbed", "0.3"], ["--early-typing", "1.5"],
                 ["--max-slip-run", "0"]):
         assert main(["train", *bad, "--out", str(tmp_path)]) == 2

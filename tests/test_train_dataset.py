@@ -243,3 +243,25 @@ def test_the_marked_app_clicked_after_its_screen_left_the_window_is_left_out(
             assert meta["step"] >= 4  # four screens after the mark: a K = 3 window lost it
             assert meta["shown"] == meta["step"] + 1  # every screenshot, the first included
     assert marked > 0
+
+
+def test_pinned_layouts_keep_the_marked_click_after_its_screen_left_the_window(
+        engine: object, tmp_path: Path) -> None:
+    """With ``pin_share`` the terminal variants pin the first screenshot: marked-launch's last
+    click (its mark on screenshot 0 only) is then kept in K = 3 windows that show three
+    screenshots, the first and the newest two, where without a pin it is left out."""
+    config = attrs.evolve(CONFIG, kinds=("marked-launch",), episodes=3, shard_episodes=3,
+                          perturbed=0.0, slipped=0.0, variants=4, windows=(3,),
+                          noevict_share=0.0)
+    plain, pinned = tmp_path / "plain", tmp_path / "pinned"
+
+    def marked_shown(out: Path, share: float) -> list[tuple[int, int]]:
+        generate(engine, attrs.evolve(config, pin_share=share), out)  # type: ignore[arg-type]
+        (shard,) = shards(out)
+        return [(m["step"], m["shown"]) for m in map(shard.meta, range(len(shard)))
+                if m["clicked"] == "marked"]
+
+    assert marked_shown(plain, 0.0) == []  # K = 3 never shows screenshot 0 at step >= 4
+    kept = marked_shown(pinned, 1.0)
+    assert kept and all(step >= 4 and shown == 3 for step, shown in kept)
+    assert load_manifest(pinned)["config"]["pin_share"] == 1.0

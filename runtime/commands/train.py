@@ -50,6 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recogniser-updates", type=int, default=d.recogniser_updates,
                    help=f"the recogniser's updates (default {d.recogniser_updates}, ~3 min; "
                         "its screens take 1.5 min more)")
+    p.add_argument("--kinds", default=",".join(d.kinds),
+                   help="comma-separated task kinds (or look-back) the recogniser and the "
+                        "dataset draw from, in turn (default: the default mix; add "
+                        "marked-launch to learn the look-back kind)")
+    p.add_argument("--pin-share", type=float, default=d.pin_share,
+                   help="share of the terminal layouts (K >= 2) with the first screenshot "
+                        f"pinned, as --pin-first 1 lays them out (default {d.pin_share:g})")
     p.add_argument("--perturbed", type=float, default=d.perturbed,
                    help="share of episodes knocked off-track once (default "
                         f"{d.perturbed:g})")
@@ -100,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.train.done_stage import DoneStage
     from runtime.train.recipe import (RecipeConfig, base_record, parse_arches, train_agents,
                                       train_done_from)
+    from vmenv.simdesk.kinds import resolve_kinds
 
     try:
         arches = tuple(parse_arches(args.arch))
@@ -124,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
                               perturbed=args.perturbed, slipped=args.slipped,
                               early_typing=args.early_typing, max_slip_run=args.max_slip_run,
                               with_done=args.with_done,
+                              kinds=resolve_kinds(args.kinds), pin_share=args.pin_share,
                               done=DoneStage(updates=args.done_updates,
                                              learning_rate=args.done_learning_rate,
                                              arches=parse_arches(args.done_arch),
@@ -131,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             config.dataset()  # the dataset's own checks, before any work
         except ValueError as exc:
-            raise ValueError(f"--perturbed / --slipped / --early-typing / --max-slip-run: "
+            raise ValueError(f"--perturbed / --slipped / --early-typing / --max-slip-run / "
+                             f"--pin-share: "
                              f"{exc}") from exc
         if args.base is not None:
             base_record(args.base, config)  # --from holds base agents of this seed

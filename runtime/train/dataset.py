@@ -23,7 +23,8 @@ Per episode ``e``:
     that step, the steps after it teach the recovery with the mistake in the history;
 * per step, ``variants`` examples, alternating the terminal layout (``terminal-scratch``,
   which ``terminal-slot`` equals) and the interleaved one (``evict``; ``noevict`` — every
-  screenshot — a ``noevict_share`` of those), each with K drawn from ``windows``; prompts
+  screenshot — a ``noevict_share`` of those), each with K drawn from ``windows``, a terminal
+  one with the first screenshot pinned with ``pin_share`` (off by default); prompts
   that come out identical are kept once, and prompts that cannot answer their target are
   left out (``answerable``: remember-code's code typed after its screenshot left the
   window; counted in the manifest).
@@ -103,6 +104,12 @@ class DatasetConfig:
     windows: tuple[int, ...] = attrs.field(default=(1, 2, 3, 4, 5), converter=tuple)
     variants: int = attrs.field(default=2, validator=attrs.validators.ge(1))
     noevict_share: float = 0.2
+    #: the share of the terminal variants with K >= 2 laid out with the episode's first
+    #: screenshot pinned (``AgentConfig.pinned`` 1, as ``--pin-first 1`` lays it out): what
+    #: a look-back kind needs to learn the screen it must remember.  At 0.0 nothing extra is
+    #: drawn: the data are those of the shipped recipe.
+    pin_share: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0),
+                                                            attrs.validators.le(1.0)])
     with_done: bool = False  # also label the solved state done() (simdesk ends without it)
     profile: str = "kvagent"
     shard_episodes: int = attrs.field(default=64, validator=attrs.validators.ge(1))
@@ -178,30 +185,38 @@ class Generator:
         self.factory = SegmentFactory(engine)
         agent = AgentConfig(profile=config.profile)
 
-        def builder(policy: str, window: int) -> PromptBuilder:
+        def builder(policy: str, window: int, pinned: int = 0) -> PromptBuilder:
             return PromptBuilder(self.factory, attrs.evolve(agent, policy=policy,
-                                                            window=max(window, 1)),
+                                                            window=max(window, 1),
+                                                            pinned=pinned),
                                  config.screen)
 
-        #: (policy, K) → its builder; noevict's K is 0 (it shows every screenshot)
-        self.builders = {(p, k): builder(p, k) for p in (TERMINAL, INTERLEAVED)
+        #: (policy, K, pinned) → its builder; noevict's K is 0 (it shows every screenshot);
+        #: the terminal layout pins (the interleaved one cannot), where K leaves room
+        self.builders = {(p, k, 0): builder(p, k) for p in (TERMINAL, INTERLEAVED)
                          for k in config.windows}
-        self.builders[(EVERY, 0)] = builder(EVERY, 0)
+        self.builders[(EVERY, 0, 0)] = builder(EVERY, 0)
+        if config.pin_share > 0:
+            self.builders.update({(TERMINAL, k, 1): builder(TERMINAL, k, 1)
+                                  for k in config.windows if k >= 2})
 
     @property
     def eog(self) -> tuple[int, ...]:
-        return self.builders[(EVERY, 0)].eog
+        return self.builders[(EVERY, 0, 0)].eog
 
-    def layouts(self, rng: random.Random) -> list[tuple[str, int]]:
-        """The (policy, K) of one step's variants: terminal and interleaved in turn."""
+    def layouts(self, rng: random.Random) -> list[tuple[str, int, int]]:
+        """The (policy, K, pinned) of one step's variants: terminal and interleaved in turn;
+        a terminal one pinned with ``pin_share`` (drawn only when that share is not 0)."""
         out = []
         for v in range(self.config.variants):
             k = rng.choice(self.config.windows)
             if v % 2 == 0:
-                out.append((TERMINAL, k))
+                pin = (self.config.pin_share > 0 and k >= 2
+                       and rng.random() < self.config.pin_share)
+                out.append((TERMINAL, k, int(pin)))
             else:
-                out.append((EVERY, 0) if rng.random() < self.config.noevict_share
-                           else (INTERLEAVED, k))
+                out.append((EVERY, 0, 0) if rng.random() < self.config.noevict_share
+                           else (INTERLEAVED, k, 0))
         return out
 
     def add_episode(self, ep: Episode, shard: ShardWriter) -> tuple[int, int]:
@@ -210,7 +225,7 @@ class Generator:
         c, rng = self.config, episode_rng(self.config, ep.index, "layouts")
         pngs = [render_png(s.state) for s in ep.steps]
         # the logs' screenshot segments run the encoder, once per screenshot
-        logs = self.builders[(EVERY, 0)].logs(
+        logs = self.builders[(EVERY, 0, 0)].logs(
             ep.instruction, [PastStep(p, s.action) for p, s in zip(pngs, ep.steps)])
         encoded = {png: self.engine.encode_image(png, image_id=log.screenshots[-1].image_id)
                    for png, log in zip(pngs, logs)}
@@ -222,8 +237,8 @@ class Generator:
             clicked = (query_class(ep.goal, step.state, step.action.x, step.action.y)
                        if isinstance(step.action, Click) else "")
             seen: set[bytes] = set()
-            for policy, k in self.layouts(rng):
-                ex = self.builders[(policy, k)].example(log_i, step.action)
+            for policy, k, pinned in self.layouts(rng):
+                ex = self.builders[(policy, k, pinned)].example(log_i, step.action)
                 key = digests(ex.layout)[-1]
                 if key in seen:  # another K that shows the same (e.g. at step 0)
                     continue

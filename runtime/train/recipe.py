@@ -55,6 +55,7 @@ from runtime.train.model import Params
 from runtime.train.params import init_params
 from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
                                       train_recogniser)
+from vmenv.simdesk.kinds import task_kinds
 from vmenv.simdesk.seeds import eval_seeds, train_seeds
 from runtime.engine_setup import ModelFiles, load_engine
 
@@ -104,6 +105,13 @@ class RecipeConfig:
     slipped: float = _DATA.slipped.default
     early_typing: float = _DATA.early_typing.default
     max_slip_run: int = _DATA.max_slip_run.default
+    #: the task kinds the recogniser and the dataset draw from (default: the default mix,
+    #: ``task_kinds()``; ``all_kinds()`` adds the opt-in look-back kind ``marked-launch``,
+    #: whose ``marked`` class the recogniser then learns), and the share of terminal
+    #: layouts with the first screenshot pinned (``DatasetConfig.pin_share``: how an agent
+    #: learns a look-back kind with ``--pin-first 1``)
+    kinds: tuple[str, ...] = attrs.field(factory=task_kinds, converter=tuple)
+    pin_share: float = _DATA.pin_share.default
     #: every demonstration of the base training ends with the solved state labelled
     #: ``done()`` (issue 47, measured in docs/training.md: every episode then ends with
     #: done() but the multi-step kinds collapse to click, type, done()); off: the base
@@ -119,7 +127,8 @@ class RecipeConfig:
         return DatasetConfig(seed=self.seed, episodes=self.episodes, shard_episodes=128,
                              perturbed=self.perturbed, slipped=self.slipped,
                              early_typing=self.early_typing, max_slip_run=self.max_slip_run,
-                             with_done=self.with_done)
+                             with_done=self.with_done, kinds=self.kinds,
+                             pin_share=self.pin_share)
 
     def done_dataset(self) -> DatasetConfig:
         """The done stage's dataset: the same demonstrations, each ending in ``done()``."""
@@ -292,7 +301,7 @@ def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
     t0 = time.perf_counter()
     n, m = config.recogniser_episodes, config.recogniser_dialog_episodes
     progress(f"recogniser: cells of {n} + {m} expert episodes")
-    data = cell_data(train_seeds(config.seed), n)
+    data = cell_data(train_seeds(config.seed), n, kinds=config.kinds)
     if m:  # other training seeds than the first part's, read in its classes
         data = data.concat(cell_data(train_seeds(config.seed + DIALOG_SEEDS), m, data.classes,
                                      DIALOG_KINDS))
@@ -301,7 +310,8 @@ def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
                            progress=lambda t, loss: progress(
                                f"recogniser: update {t}/{config.recogniser_updates}, loss "
                                f"{loss:.3f}"))
-    held_out = cell_data(iter(eval_seeds(10 * n)), max(8, n // 10), rec.classes)
+    held_out = cell_data(iter(eval_seeds(10 * n)), max(8, n // 10), rec.classes,
+                         kinds=config.kinds)
     lookup = lookup_accuracy(rec, held_out)
     seconds = time.perf_counter() - t0
     progress(f"recogniser: {len(rec.classes)} classes; held-out lookup {lookup:.3f} "
