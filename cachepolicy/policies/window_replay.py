@@ -30,9 +30,12 @@ bench-eval's default), as relocate's is — a from-scratch prefill more per step
 
 With overlap the prefetch does it (terminal-slot's prefetch, with the kept screenshots placed
 and the tail replayed) and the step continues from there: its critical path is the new
-screenshot and the generation prompt, as terminal-slot+overlap's.  A first step, or a
-sequence that does not hold last step's window as this policy published it, prefills the
-window (terminal-slot's plan).
+screenshot and the generation prompt, as terminal-slot+overlap's.  Critical work of other
+episodes may stop the prefetch, but not before it wrote the kept screenshots back
+(``Splice.hold_until_placed``: its start cut them out of the sequence); stopped before the
+replayed tail, the step continues there and prefills the rest — work moved onto the critical
+path, none added.  A first step, or a sequence that does not hold last step's window as this
+policy published it, prefills the window (terminal-slot's plan).
 """
 
 from __future__ import annotations
