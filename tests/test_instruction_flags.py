@@ -15,33 +15,23 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
+from designed_start import CODES, LAYOUT, VOCAB, designed_start, last_residual, token_ids
 from runtime.agent_models import AGENT_DIR
-from runtime.train.agents import TYPED_WORDS, X_PIECES, Y_PIECES, agent_shape, agent_vocab
-from runtime.train.cell_vision import row_layout
-from runtime.train.codes import spread_codes
+from runtime.train.agents import agent_shape
 from runtime.train.gguf_io import export_gguf, load_gguf
-from runtime.train.grounding import Grounding, design, piece_ids
+from runtime.train.grounding import piece_ids
 from runtime.train.instruction_flags import (
     FLAG_PIECES, InstructionFlags, design_flags, frozen_flags, instruction_flags,
 )
-from runtime.train.label_copy import design_label, label_copy
-from runtime.train.model import ForwardOptions, Rows, hidden_and_residual
+from runtime.train.label_copy import label_copy
 from runtime.train.params import init_params
-from runtime.train.readout import Readout, design_readout
-from runtime.train.typed_flag import design_typed, typed_flag
-from runtime.train.word_copy import ASK_PIECES, WordCopy, copy_layer, design_copy
+from runtime.train.word_copy import copy_layer
 from vmenv.simdesk.drafts import KINDS
-from vmenv.simdesk.words import BUTTON_WORDS
 
-VOCAB = agent_vocab()
-LAYOUT = row_layout(192)
-CLASSES = [f"dialog.{w.lower()}" for w in BUTTON_WORDS] + ["dialog.ok", "other"]
-CODES = dict(zip(CLASSES, spread_codes(len(CLASSES), 36, seed=0)))
 #: the kinds whose instructions ask for each flag's step (some instances, for Enter)
 ASKING = {" Save": {"save-note", "switch-window", "remember-code", "marked-launch"},
           " menu": {"menu-launch"}, " Enter": {"menu-launch"}}
@@ -66,18 +56,9 @@ def test_flag_words_are_pieces_in_exactly_the_asking_instructions(tmp_path: Path
 
 
 def _start(arch: str) -> tuple[dict[str, np.ndarray], InstructionFlags]:
-    spec = agent_shape(arch).spec
-    g = Grounding(LAYOUT, CODES, piece_ids(VOCAB.tokens, X_PIECES),
-                  piece_ids(VOCAB.tokens, Y_PIECES))
-    words = WordCopy(LAYOUT, piece_ids(VOCAB.tokens, TYPED_WORDS),
-                     piece_ids(VOCAB.tokens, ASK_PIECES))
-    typed = typed_flag(VOCAB.tokens, words)
-    p = design(init_params(spec, seed=0), spec, g)
-    p = design_readout(p, spec, Readout(LAYOUT, g.x_ids, g.y_ids))
-    p = design_typed(design_copy(p, spec, words), spec, typed)
-    labels = label_copy(VOCAB.tokens, LAYOUT, CODES, typed.text_flag)
+    params, labels = designed_start(arch)
     flags = instruction_flags(VOCAB.tokens, labels)
-    return design_flags(design_label(p, spec, labels), spec, flags), flags
+    return design_flags(params, agent_shape(arch).spec, flags), flags
 
 
 def _prompt(word: str | None) -> list[int]:
@@ -88,23 +69,12 @@ def _prompt(word: str | None) -> list[int]:
               "▁click", *asked, ".", "<0x0A>", *["▁the", "▁text", "▁field"] * 12,
               "<0x0A>", "Step", "▁", "1", ":", "▁click(", "304", ",▁176", ")", "<0x0A>",
               "<|im_end|>", "<0x0A>", "<|im_start|>", "assistant", "<0x0A>"]
-    return [VOCAB.tokens.index(p) for p in pieces]
+    return token_ids(pieces)
 
 
 def _verb_row(params: dict[str, np.ndarray], arch: str, word: str | None) -> np.ndarray:
     """The residual entering the layer after the copy layer, at the verb's row."""
-    spec = agent_shape(arch).spec
-    p = {k: jnp.asarray(v) for k, v in params.items()}
-    toks = np.asarray(_prompt(word), np.int32)
-    n = len(toks)
-    width = 4 if spec.is_hybrid else 1
-    pos = np.repeat(np.arange(n, dtype=np.int32), width).reshape(n, width)
-    if width == 4:
-        pos[:, 3] = 0
-    rows = Rows(jnp.asarray(toks), jnp.zeros((n, spec.n_embd)), jnp.zeros(n, bool),
-                jnp.asarray(pos), jnp.ones(n, bool))
-    _, res = hidden_and_residual(p, spec, rows, ForwardOptions(), copy_layer(spec) + 1)
-    return np.asarray(res[-1])
+    return last_residual(params, arch, _prompt(word), copy_layer(agent_shape(arch).spec) + 1)
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "llama"])

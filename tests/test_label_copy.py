@@ -16,29 +16,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
-from runtime.train.agents import (LABEL_PIECES, TYPED_WORDS, X_PIECES, Y_PIECES, agent_shape,
-                                  agent_vocab)
-from runtime.train.cell_vision import row_layout
-from runtime.train.codes import spread_codes
+from designed_start import CODES, LAYOUT, VOCAB, designed_start, last_residual, token_ids
+from runtime.train.agents import LABEL_PIECES, agent_shape
 from runtime.train.gguf_io import export_gguf
-from runtime.train.grounding import Grounding, design, piece_ids
 from runtime.train.label_copy import CODE, design_label, frozen_label, label_copy, label_head
-from runtime.train.model import ForwardOptions, Rows, hidden_and_residual, lookup_layer
+from runtime.train.model import lookup_layer
 from runtime.train.params import init_params
-from runtime.train.readout import Readout, design_readout
-from runtime.train.typed_flag import design_typed, typed_flag
-from runtime.train.word_copy import ASK_PIECES, WordCopy, copy_layer, design_copy
+from runtime.train.word_copy import copy_layer
 from vmenv.simdesk.words import BUTTON_WORDS
-
-VOCAB = agent_vocab()
-LAYOUT = row_layout(192)
-CLASSES = [f"dialog.{w.lower()}" for w in BUTTON_WORDS] + ["dialog.ok", "other"]
-CODES = dict(zip(CLASSES, spread_codes(len(CLASSES), 36, seed=0)))
 
 
 def test_quoted_labels_are_label_pieces_through_llama_cpp(tmp_path: Path) -> None:
@@ -57,19 +46,7 @@ def test_quoted_labels_are_label_pieces_through_llama_cpp(tmp_path: Path) -> Non
 
 
 def _start(arch: str, labelled: bool) -> tuple[dict[str, np.ndarray], object]:
-    spec = agent_shape(arch).spec
-    g = Grounding(LAYOUT, CODES, piece_ids(VOCAB.tokens, X_PIECES),
-                  piece_ids(VOCAB.tokens, Y_PIECES))
-    words = WordCopy(LAYOUT, piece_ids(VOCAB.tokens, TYPED_WORDS),
-                     piece_ids(VOCAB.tokens, ASK_PIECES))
-    typed = typed_flag(VOCAB.tokens, words)
-    p = design(init_params(spec, seed=0), spec, g)
-    p = design_readout(p, spec, Readout(LAYOUT, g.x_ids, g.y_ids))
-    p = design_typed(design_copy(p, spec, words), spec, typed)
-    labels = label_copy(VOCAB.tokens, LAYOUT, CODES, typed.text_flag)
-    if labelled:
-        p = design_label(p, spec, labels)
-    return p, labels
+    return designed_start(arch, labelled=labelled)
 
 
 def _prompt(word: str | None) -> list[int]:
@@ -81,23 +58,13 @@ def _prompt(word: str | None) -> list[int]:
               "▁its", *named, "▁button", ".", "<0x0A>",
               *["▁the", "▁text", "▁field"] * 20, "<|im_end|>", "<0x0A>", "<|im_start|>",
               "assistant", "<0x0A>", "click("]
-    return [VOCAB.tokens.index(p) for p in pieces]
+    return token_ids(pieces)
 
 
 def _asked(params: dict[str, np.ndarray], arch: str, word: str | None) -> np.ndarray:
     """The query dims of the residual entering the lookup layer at the ``click(`` row."""
     spec = agent_shape(arch).spec
-    p = {k: jnp.asarray(v) for k, v in params.items()}
-    toks = np.asarray(_prompt(word), np.int32)
-    n = len(toks)
-    width = 4 if spec.is_hybrid else 1
-    pos = np.repeat(np.arange(n, dtype=np.int32), width).reshape(n, width)
-    if width == 4:
-        pos[:, 3] = 0
-    rows = Rows(jnp.asarray(toks), jnp.zeros((n, spec.n_embd)), jnp.zeros(n, bool),
-                jnp.asarray(pos), jnp.ones(n, bool))
-    _, res = hidden_and_residual(p, spec, rows, ForwardOptions(), lookup_layer(spec))
-    return np.asarray(res[-1, LAYOUT.query])
+    return last_residual(params, arch, _prompt(word), lookup_layer(spec))[LAYOUT.query]
 
 
 def _nearest_labels(arch: str, labelled: bool) -> list[str]:

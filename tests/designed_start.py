@@ -1,0 +1,65 @@
+"""Test helpers: the agents' designed start on fresh weights, and the residual stream a prompt
+leaves entering a layer (what the design tests of label_copy and instruction_flags read)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from runtime.train.agents import TYPED_WORDS, X_PIECES, Y_PIECES, agent_shape, agent_vocab
+from runtime.train.cell_vision import row_layout
+from runtime.train.codes import spread_codes
+from runtime.train.grounding import Grounding, design, piece_ids
+from runtime.train.label_copy import LabelCopy, design_label, label_copy
+from runtime.train.model import ForwardOptions, Rows, hidden_and_residual
+from runtime.train.params import init_params
+from runtime.train.readout import Readout, design_readout
+from runtime.train.typed_flag import design_typed, typed_flag
+from runtime.train.word_copy import ASK_PIECES, WordCopy, design_copy
+from vmenv.simdesk.words import BUTTON_WORDS
+
+VOCAB = agent_vocab()
+LAYOUT = row_layout(192)
+CLASSES = [f"dialog.{w.lower()}" for w in BUTTON_WORDS] + ["dialog.ok", "other"]
+CODES = dict(zip(CLASSES, spread_codes(len(CLASSES), 36, seed=0)))
+
+
+def designed_start(arch: str, *, labelled: bool = True,
+                   ) -> tuple[dict[str, np.ndarray], LabelCopy]:
+    """Fresh weights of ``arch``'s agent with the lookup, read-out, word copy and typed flag
+    designed in, and the label copy too when ``labelled``; and the label copy's inputs."""
+    spec = agent_shape(arch).spec
+    g = Grounding(LAYOUT, CODES, piece_ids(VOCAB.tokens, X_PIECES),
+                  piece_ids(VOCAB.tokens, Y_PIECES))
+    words = WordCopy(LAYOUT, piece_ids(VOCAB.tokens, TYPED_WORDS),
+                     piece_ids(VOCAB.tokens, ASK_PIECES))
+    typed = typed_flag(VOCAB.tokens, words)
+    p = design(init_params(spec, seed=0), spec, g)
+    p = design_readout(p, spec, Readout(LAYOUT, g.x_ids, g.y_ids))
+    p = design_typed(design_copy(p, spec, words), spec, typed)
+    labels = label_copy(VOCAB.tokens, LAYOUT, CODES, typed.text_flag)
+    return (design_label(p, spec, labels) if labelled else p), labels
+
+
+def token_ids(pieces: Sequence[str]) -> list[int]:
+    return [VOCAB.tokens.index(p) for p in pieces]
+
+
+def last_residual(params: Mapping[str, np.ndarray], arch: str, tokens: Sequence[int],
+                  layer: int) -> np.ndarray:
+    """The residual stream entering ``layer`` at the prompt's last row (text rows at
+    positions 0..T-1, as the engine lays a text prompt out)."""
+    spec = agent_shape(arch).spec
+    p = {k: jnp.asarray(v) for k, v in params.items()}
+    toks = np.asarray(tokens, np.int32)
+    n = len(toks)
+    width = 4 if spec.is_hybrid else 1
+    pos = np.repeat(np.arange(n, dtype=np.int32), width).reshape(n, width)
+    if width == 4:
+        pos[:, 3] = 0
+    rows = Rows(jnp.asarray(toks), jnp.zeros((n, spec.n_embd)), jnp.zeros(n, bool),
+                jnp.asarray(pos), jnp.ones(n, bool))
+    _, res = hidden_and_residual(p, spec, rows, ForwardOptions(), layer)
+    return np.asarray(res[-1])
