@@ -5,7 +5,9 @@ or beside other generations."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -29,23 +31,34 @@ def _prompt(seq: int) -> list[int]:
 
 def _generate(e: Engine, seqs: list[int], tokens: int, *,
               gate: threading.Barrier | None = None,
-              grammars: dict[int, str] | None = None) -> dict[int, list[int]]:
+              grammars: dict[int, str] | None = None,
+              start_together: bool = False) -> dict[int, list[int]]:
     """Generations on ``seqs`` in threads (together when they overlap); ``grammars``
-    constrains some of them."""
+    constrains some of them.  ``start_together``: every lane is held (``raw_decode``) until
+    each thread is about to wait for one, so the generations take their lanes at once
+    instead of whenever the OS runs their threads — on a loaded machine a tiny model's whole
+    generation can end before the next thread runs (a call shares only lanes held)."""
     for s in seqs:
         e.clear(s)
     logits = {s: e.prefill_tokens(s, _prompt(s)) for s in seqs}
     out: dict[int, list[int]] = {}
+    ready = threading.Semaphore(0)
 
     def run(s: int) -> None:
         params = SamplingParams(temperature=1.0, seed=5, grammar=(grammars or {}).get(s))
         if gate is not None:
             gate.wait(timeout=30)
+        ready.release()
         out[s] = e.generate(s, logits[s], tokens, params, stop_at_eog=False)
 
     threads = [threading.Thread(target=run, args=(s,)) for s in seqs]
-    for t in threads:
-        t.start()
+    with e.raw_decode(seqs[0]) if start_together else contextlib.nullcontext():
+        for t in threads:
+            t.start()
+        if start_together:
+            for _ in seqs:
+                assert ready.acquire(timeout=30)
+            time.sleep(0.2)  # each thread from its release to the lane wait: a few statements
     for t in threads:
         t.join(timeout=60)
     return out
@@ -59,7 +72,7 @@ def test_lane_calls_share_and_pad_only_to_their_class(forged, arch) -> None:
         # f16 here: one row takes another kernel, two to four rows one class
         assert e.row_classes.lanes == ((1,), (2, 3, 4)) and shape.lane_rows == (2, 3, 4)
         before = e.decode_stats()
-        together = _generate(e, [0, 1, 2], 12, gate=threading.Barrier(3))
+        together = _generate(e, [0, 1, 2], 12, start_together=True)
         shared = e.decode_stats() - before
         assert shared.rows == 3 * 11 and shared.calls < shared.rows  # they really shared
         before = e.decode_stats()

@@ -157,6 +157,10 @@ class DecodeBatcher:
         self._pending: dict[int, int] = {}  # LANES: lane id → token waiting for a call
         self._results: dict[int, np.ndarray | BaseException] = {}
         self._waiting = 0  # RUNS: calls waiting for their turn
+        #: generations waiting for a lane: a lane call waits for them to join while a lane
+        #: is free (between two calls, else a busy engine's next call always wins the race
+        #: and a newcomer waits for every running generation to end)
+        self._lane_waiters = 0
         self._running = False
         self._exclusive = False  # a caller feeds every lane itself (``exclusive``)
         self._stats = DecodeStats()
@@ -209,12 +213,17 @@ class DecodeBatcher:
         per call (one-row calls)."""
         with self._cv:
             # no call may be between choosing its pad lanes and running while we copy
-            self._cv.wait_for(lambda: len(self._busy) < self.rows and not self._running
-                              and not self._exclusive)
+            self._lane_waiters += 1
+            try:
+                self._cv.wait_for(lambda: len(self._busy) < self.rows and not self._running
+                                  and not self._exclusive)
+            finally:
+                self._lane_waiters -= 1
             lane_id = next(lane for lane in self.lanes if lane not in self._busy)
             # free_text_alone is set on runs shapes only (``choose_shape``)
             alone = free_text and self.shape.free_text_alone
             lane = self._busy[lane_id] = Lane(lane_id, 0, self, alone=alone)
+            self._cv.notify_all()  # a lane call may be waiting for this generation to join
         try:
             lane.pos = self._decoder.copy_to_lane(seq, lane_id)
             yield lane
@@ -333,8 +342,10 @@ class DecodeBatcher:
             self._pending[lane.lane] = token
             self._cv.notify_all()
             while lane.lane not in self._results:
-                if self._running or set(self._busy) - set(self._pending):
-                    self._cv.wait()  # a call is running, or a generation is sampling
+                if (self._running or set(self._busy) - set(self._pending)
+                        or (self._lane_waiters and len(self._busy) < self.rows)):
+                    # a call is running, a generation is sampling, or one is taking a lane
+                    self._cv.wait()
                     continue
                 rows = self._lane_rows()
                 self._running = True
