@@ -41,8 +41,8 @@ import numpy as np
 
 from cachepolicy.forge import TextSpec
 from runtime.train.cell_vision import POS_SCALE
-from runtime.train.grounding import piece_ids, residual_writers
-from runtime.train.label_copy import CODE, COPY_GAIN, LabelCopy, label_head
+from runtime.train.grounding import piece_ids
+from runtime.train.label_copy import CODE, COPY_GAIN, LabelCopy, label_head, writers_before_copy
 from runtime.train.word_copy import copy_layer
 
 __all__ = ["FLAG_PIECES", "InstructionFlags", "design_flags", "frozen_flags",
@@ -83,10 +83,6 @@ def instruction_flags(tokens: Sequence[str], labels: LabelCopy) -> InstructionFl
     return InstructionFlags(labels, piece_ids(tokens, FLAG_PIECES))
 
 
-def _writers_before(spec: TextSpec) -> list[str]:
-    return [n for n in residual_writers(spec) if int(n.split(".")[1]) < copy_layer(spec)]
-
-
 def design_flags(params: Mapping[str, np.ndarray], spec: TextSpec, f: InstructionFlags,
                  ) -> dict[str, np.ndarray]:
     """``params`` (with the label copy designed) with the instruction flags (module
@@ -102,7 +98,7 @@ def design_flags(params: Mapping[str, np.ndarray], spec: TextSpec, f: Instructio
     for tok, dim in zip(f.flag_ids, dims):
         e[tok, dim] = POS_SCALE
         e[tok, f.labels.label_flag] = POS_SCALE
-    for name in _writers_before(spec):
+    for name in writers_before_copy(spec):
         p[name][dims] = 0.0
     p[f"{pre}.attn_norm.weight"][dims] = 1.0
     gain = (2.0 if spec.is_hybrid else 1.0) * COPY_GAIN * FLAG_GAIN  # x2: the gate's 0.5
@@ -121,7 +117,7 @@ def frozen_flags(params: Mapping[str, np.ndarray], spec: TextSpec, f: Instructio
     masks = {name: np.zeros(np.shape(a), np.float32) for name, a in params.items()}
     dims = list(f.dims)
     masks["token_embd.weight"][:, dims] = 1.0
-    for name in _writers_before(spec):
+    for name in writers_before_copy(spec):
         masks[name][dims] = 1.0
     masks[f"blk.{copy_layer(spec)}.attn_norm.weight"][dims] = 1.0
     return masks

@@ -45,7 +45,8 @@ from runtime.train.grounding import HeadSlices, first_head_of, piece_ids, residu
 from runtime.train.word_copy import copy_layer
 from vmenv.simdesk.words import BUTTON_WORDS
 
-__all__ = ["LabelCopy", "design_label", "frozen_label", "label_copy", "label_head"]
+__all__ = ["LabelCopy", "design_label", "frozen_label", "label_copy", "label_head",
+           "writers_before_copy"]
 
 CODE = 34  # the query dims copied (the last two are the word copy's flags)
 FLAG_GAIN = 1.0  # llama: the text-flag query's scale (qwen35's q/k norms set the sharpness)
@@ -104,8 +105,9 @@ def _flag_dim(spec: TextSpec) -> int:
     return spec.head_dim - 2
 
 
-def _writers_before(spec: TextSpec) -> list[str]:
-    """The matrices that write the residual before the copy layer reads it."""
+def writers_before_copy(spec: TextSpec) -> list[str]:
+    """The matrices that write the residual before the copy layer reads it (what a design
+    keeps at 0 in the dims only its own pieces may hold there)."""
     return [n for n in residual_writers(spec) if int(n.split(".")[1]) < copy_layer(spec)]
 
 
@@ -121,7 +123,7 @@ def design_label(params: Mapping[str, np.ndarray], spec: TextSpec, c: LabelCopy,
     for tok, code in zip(c.label_ids, c.codes):
         e[tok, c.code_dims] = POS_SCALE * code[:CODE]
         e[tok, c.label_flag] = POS_SCALE
-    for name in _writers_before(spec):
+    for name in writers_before_copy(spec):
         p[name][c.code_dims] = 0.0
     pre = f"blk.{copy_layer(spec)}"
     q, k = p[f"{pre}.attn_q.weight"], p[f"{pre}.attn_k.weight"]
@@ -166,6 +168,6 @@ def frozen_label(params: Mapping[str, np.ndarray], spec: TextSpec, c: LabelCopy,
     e = masks["token_embd.weight"]
     e[:, c.label_flag] = 1.0
     e[:, c.code_dims] = 1.0
-    for name in _writers_before(spec):
+    for name in writers_before_copy(spec):
         masks[name][c.code_dims] = 1.0
     return masks
