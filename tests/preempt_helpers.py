@@ -10,6 +10,8 @@ from typing import Any
 
 import anyio
 
+from replay_helpers import past_step, step_segments
+
 
 class PreemptHook:
     """``Scheduler(fault=hook)``; ``armed`` False lets every piece boundary through (the
@@ -44,3 +46,22 @@ class PreemptHook:
                 await anyio.sleep(0.001)
             self.queued.set()
         return results["prefetch"], results["critical"]
+
+    async def stop_prefetch(self, sched: Any, factory: Any, traj: Any, a: Any,
+                            b: Any) -> tuple[Any, Any]:
+        """``a``'s prefetch of its third action stopped by ``b``'s second step (the pair
+        ``warmed_pair`` opens); their results."""
+        return await self.preempt(
+            sched, lambda: sched.prefetch(a, lambda: (past_step(factory, traj, 2),)),
+            lambda: sched.step(b, lambda: step_segments(factory, traj, 1)))
+
+
+async def warmed_pair(sched: Any, factory: Any, traj: Any,
+                      policy: Callable[[], Any]) -> tuple[Any, Any]:
+    """Episodes "a" (three steps of ``traj``: a window to prefetch into) and "b" (one step:
+    critical work to queue next), each with ``policy()``."""
+    a, b = sched.open_episode("a", policy()), sched.open_episode("b", policy())
+    for i in range(3):
+        await sched.step(a, lambda i=i: step_segments(factory, traj, i))
+    await sched.step(b, lambda: step_segments(factory, traj, 0))
+    return a, b

@@ -154,8 +154,8 @@ async def test_a_stopped_prefetch_leaves_its_entry_for_the_next_step(engines) ->
     critical work before it places it, it publishes the entry (counted by the ledger), and
     the episode's next step places it from there — no canonical forward on the critical
     path — after which nothing is held beside the window."""
-    from preempt_helpers import PreemptHook
-    from replay_helpers import OPTIONS, past_step, step_segments
+    from preempt_helpers import PreemptHook, warmed_pair
+    from replay_helpers import OPTIONS
     from scheduler.ledger import MemoryLedger
     from scheduler.scheduler import Scheduler
 
@@ -171,14 +171,9 @@ async def test_a_stopped_prefetch_leaves_its_entry_for_the_next_step(engines) ->
 
     async with Scheduler(engine, ledger, factory, options=OPTIONS, fault=hook,
                          spare_sequence=True) as sched:
-        a, b = sched.open_episode("a", kamera()), sched.open_episode("b", kamera())
-        for i in range(3):
-            await sched.step(a, lambda i=i: step_segments(factory, traj_, i))
-        await sched.step(b, lambda: step_segments(factory, traj_, 0))
+        a, b = await warmed_pair(sched, factory, traj_, kamera)
         assert a.state.stored == () and a.state.placed  # step 2 placed step 1's screenshot
-        pre, _ = await hook.preempt(
-            sched, lambda: sched.prefetch(a, lambda: (past_step(factory, traj_, 2),)),
-            lambda: sched.step(b, lambda: step_segments(factory, traj_, 1)))
+        pre, _ = await hook.stop_prefetch(sched, factory, traj_, a, b)
         assert pre is not None and pre.preempted and pre.store_tokens > 0
         (entry,) = a.state.stored  # step 2's screenshot: stored, not yet placed
         label, nbytes = entry.label, entry.nbytes

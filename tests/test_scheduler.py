@@ -9,8 +9,8 @@ from structlog.testing import capture_logs
 from cachepolicy.policies import make_policy
 from cachepolicy.errors import DecodeError
 from cachepolicy.segments import SegmentFactory, model_info
-from preempt_helpers import PreemptHook
-from replay_helpers import OPTIONS, outputs, past_step, replay, step_segments
+from preempt_helpers import PreemptHook, warmed_pair
+from replay_helpers import OPTIONS, outputs, replay, step_segments
 from runtime.bench.trajectory import trajectory
 from scheduler.errors import NoFreeSequenceError
 from scheduler.ledger import MemoryLedger
@@ -214,13 +214,8 @@ async def test_prefetch_is_preempted_by_critical_work(big_engine) -> None:
     hook = PreemptHook()
     async with Scheduler(big_engine, ledger, factory, options=OPTS, fault=hook) as sched:
         policy = _slot_policy(big_engine, factory)
-        a, b = sched.open_episode("a", policy), sched.open_episode("b", policy)
-        for i in range(3):
-            await sched.step(a, lambda i=i: step_segments(factory, traj, i))
-        await sched.step(b, lambda: step_segments(factory, traj, 0))
-        pre, critical = await hook.preempt(
-            sched, lambda: sched.prefetch(a, lambda: (past_step(factory, traj, 2),)),
-            lambda: sched.step(b, lambda: step_segments(factory, traj, 1)))
+        a, b = await warmed_pair(sched, factory, traj, lambda: policy)  # one policy, shared
+        pre, critical = await hook.stop_prefetch(sched, factory, traj, a, b)
         assert critical.status == "ok"
         assert pre is not None and pre.preempted and pre.prefill_tokens == 0
         assert sched.counters["prefetch_preempted"] == 1

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from cachepolicy.policies import make_policy
 from cachepolicy.segments import SegmentFactory, model_info
-from preempt_helpers import PreemptHook
-from replay_helpers import OPTIONS, past_step, step_segments
+from preempt_helpers import PreemptHook, warmed_pair
+from replay_helpers import OPTIONS
 from runtime.bench.trajectory import trajectory
 from scheduler.ledger import MemoryLedger
 from scheduler.scheduler import Scheduler
@@ -37,13 +37,8 @@ async def test_a_stopped_prefetch_keeps_the_window_it_moved(engines) -> None:
 
     async with Scheduler(engine, ledger, factory, options=OPTIONS, fault=hook,
                          spare_sequence=True) as sched:
-        a, b = sched.open_episode("a", policy()), sched.open_episode("b", policy())
-        for i in range(3):
-            await sched.step(a, lambda i=i: step_segments(factory, traj, i))
-        await sched.step(b, lambda: step_segments(factory, traj, 0))
-        pre, critical = await hook.preempt(
-            sched, lambda: sched.prefetch(a, lambda: (past_step(factory, traj, 2),)),
-            lambda: sched.step(b, lambda: step_segments(factory, traj, 1)))
+        a, b = await warmed_pair(sched, factory, traj, policy)
+        pre, critical = await hook.stop_prefetch(sched, factory, traj, a, b)
         assert critical.status == "ok"
         assert pre is not None and pre.preempted and pre.approximate
         assert sched.counters["prefetch_preempted"] == 1
