@@ -121,8 +121,8 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
     """Phase 1 of a plan on ``seq``: start point, edits, pieces, checkpoints (and relocate's
     drift measurement).  ``should_stop`` is polled between pieces: a prefill-only plan (a
     prefetch) then stops there and reports ``stopped_at`` (what it did is valid and may be
-    published); a decoding plan raises ``Preempted``.  Between pieces, waiting decode rows of
-    other sequences go first (``DecodeBatcher.yield_round``)."""
+    published); a decoding plan raises ``Preempted``.  Between pieces, the generations of
+    other sequences decoding then finish first (``DecodeBatcher.yield_round``)."""
     t0 = time.perf_counter()
     clock = _EncodeClock()
     edit_clock = SpliceClock()

@@ -390,14 +390,20 @@ class DecodeBatcher:
                 else (lid, None, 0) for lid in range(lo, hi + 1)]
 
     def yield_round(self, timeout: float = 1.0) -> None:
-        """Called by a prefill between pieces: when decode rows are waiting or running, wait
-        until one more call has completed (decoding is the end of some agent's critical path:
-        its next token goes before the next piece of anyone's prefill).  Bounded."""
+        """Called by a prefill between pieces: while generations hold lanes, wait until every
+        one holding a lane now has ended (at most ``timeout`` s).  A generation is the end of
+        some agent's critical path, so its remaining tokens go before the next piece of
+        anyone's prefill.  Waiting for one call only (one token per piece, as before) let
+        the next step's prefill run between a generation's tokens: on one thread an answer
+        then came out only once the step admitted after it had prefilled, the two answers
+        together — behind ``kvagent serve`` at N = 4 the clients' VM pauses lined up and
+        the server idled (docs/benchmarks.md §10, 2026-12-06 helper-22).  A generation
+        longer than ``timeout`` lets one piece through per ``timeout``."""
         with self._cv:
-            if not (self._pending or self._waiting or self._running):
+            now = set(self._busy.values())
+            if not now:
                 return
-            start = self._stats.calls
-            self._cv.wait_for(lambda: self._stats.calls > start, timeout)
+            self._cv.wait_for(lambda: not now.intersection(self._busy.values()), timeout)
 
     def _take(self, lane: Lane) -> np.ndarray:
         result = self._results.pop(lane.lane)

@@ -546,9 +546,9 @@ class Engine:
         return self._batcher.generating(seq, free_text=free_text)
 
     def yield_decode_round(self, timeout: float = 1.0) -> None:
-        """Between prefill pieces: when decode rows are waiting or running, wait (at most
-        ``timeout`` s) until one more decode call completes — a token ends some agent's
-        critical path (mutates nothing)."""
+        """Between prefill pieces: while generations decode, wait (at most ``timeout`` s)
+        until those decoding now have ended — an answer ends some agent's critical path
+        (``DecodeBatcher.yield_round``; mutates nothing)."""
         self._batcher.yield_round(timeout)
 
     def raw_decode(self, seq: int, lanes: int = 1) -> AbstractContextManager[RawLanes]:
