@@ -206,6 +206,8 @@ def is_loopback(host: str) -> bool:
 M_MMAP_THRESHOLD = -3
 #: allocations from this size up are mapped and unmapped when freed (``return_big_buffers``)
 BIG_BUFFER_BYTES = 1 << 20
+#: glibc's ``mallopt`` parameter for how many malloc arenas threads may spread over
+M_ARENA_MAX = -8
 
 
 def return_big_buffers() -> bool:
@@ -214,10 +216,19 @@ def return_big_buffers() -> bool:
     a server's transient per-request buffers (base64 bodies, decoded and resized
     screenshots, ~20 MB a request) stayed resident in each worker thread's arena — 29 MiB
     of ``kvagent serve``'s peak RSS on ``bench-peer``'s llama M N = 4 arm (1126 → 1097 MiB).
-    A fixed threshold (``BIG_BUFFER_BYTES``) maps them and unmaps them when freed.  False
-    where the C library is not glibc (nothing changed)."""
+    A fixed threshold (``BIG_BUFFER_BYTES``) maps them and unmaps them when freed.
+    Buffers just under it stay in the arenas: a KV splice's per-layer rows (~0.5-1 MB each
+    at a ~1900-cell window on the forged llama M, a few hundred of them per step: kamera,
+    window-replay) — and glibc gives a thread that finds the arenas busy an arena of its
+    own, so every worker thread that ran a splice kept its own high-water mark: kamera@own's
+    RSS climbed by ~60 MiB a worker (944 → 1330 MiB over bench-peer's N = 4 arm).  One arena
+    for every thread (``M_ARENA_MAX`` = 1: the threads share one high-water mark; on one or
+    two cores they hardly contend for it).  Called before any thread starts.  False where
+    the C library is not glibc (nothing changed)."""
     try:
-        return bool(ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, BIG_BUFFER_BYTES))
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, BIG_BUFFER_BYTES)
+                    and libc.mallopt(M_ARENA_MAX, 1))
     except (OSError, AttributeError):
         return False
 
