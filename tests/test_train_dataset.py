@@ -16,8 +16,8 @@ import pytest
 from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.train.dataset import (
-    LAYOUTS, MANIFEST, PERTURBED, SLIPPED, DatasetConfig, DatasetError, generate, load_manifest,
-    rollout, shards,
+    LAYOUTS, MANIFEST, PERTURBED, SLIPPED, TERMINAL, DatasetConfig, DatasetError, generate,
+    load_manifest, rollout, shards,
 )
 from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, TextPiece
 from vmenv.simdesk import is_eval_seed
@@ -265,3 +265,31 @@ def test_pinned_layouts_keep_the_marked_click_after_its_screen_left_the_window(
     kept = marked_shown(pinned, 1.0)
     assert kept and all(step >= 4 and shown == 3 for step, shown in kept)
     assert load_manifest(pinned)["config"]["pin_share"] == 1.0
+
+
+def test_look_back_steps_are_laid_out_pinned_where_their_layout_dropped_the_first_screen(
+        engine: object, tmp_path: Path) -> None:
+    """``pin_look_back``: marked-launch's last click, which a K = 3 window cannot answer,
+    is laid out pinned (the first screenshot and the newest two) in place of every drawn
+    layout — terminal or interleaved — instead of being skipped; the other steps keep the
+    layouts drawn for them."""
+    config = attrs.evolve(CONFIG, kinds=("marked-launch",), episodes=3, shard_episodes=3,
+                          perturbed=0.0, slipped=0.0, variants=4, windows=(3,),
+                          noevict_share=0.0)
+    plain, repinned = tmp_path / "plain", tmp_path / "repinned"
+    skipped = generate(engine, config, plain)["totals"]["unanswerable_skipped"]  # type: ignore[arg-type]
+    m = generate(engine, attrs.evolve(config, pin_look_back=True), repinned)  # type: ignore[arg-type]
+    assert skipped > 0 and m["totals"]["unanswerable_skipped"] == 0
+    (before,), (after,) = shards(plain), shards(repinned)
+    metas = [after.meta(e) for e in range(len(after))]
+    marked = [x for x in metas if x["clicked"] == "marked"]
+    assert marked and all(x["step"] >= 4 and x["shown"] == 3
+                          and x["layout"] == LAYOUTS.index(TERMINAL) for x in marked)
+    # one example per distinct layout of each episode's last step (the 4 variants of a
+    # K = 3 window lay out at most 2 distinct prompts: terminal and pinned-terminal)
+    assert len(marked) >= 3
+    # every other example is the plain run's, layout for layout
+    others = [(x["episode"], x["step"], x["layout"], x["window"], x["shown"])
+              for x in metas if x["clicked"] != "marked"]
+    assert others == [(x["episode"], x["step"], x["layout"], x["window"], x["shown"])
+                      for x in map(before.meta, range(len(before)))]

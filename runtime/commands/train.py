@@ -56,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "marked-launch to learn the look-back kind)")
     p.add_argument("--pin-share", type=float, default=d.pin_share,
                    help="share of the terminal layouts (K >= 2) with the first screenshot "
-                        f"pinned, as --pin-first 1 lays them out (default {d.pin_share:g})")
+                        f"pinned, as --pin-first 1 lays them out; above 0, a look-back step "
+                        f"is also laid out pinned wherever its drawn layout dropped the first "
+                        f"screenshot (default {d.pin_share:g})")
     p.add_argument("--perturbed", type=float, default=d.perturbed,
                    help="share of episodes knocked off-track once (default "
                         f"{d.perturbed:g})")

@@ -110,6 +110,12 @@ class DatasetConfig:
     #: drawn: the data are those of the shipped recipe.
     pin_share: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0),
                                                             attrs.validators.le(1.0)])
+    #: a step whose target needs the first screenshot (``answerable``: marked-launch's last
+    #: click, remember-code's typing) is laid out, in place of each drawn layout that dropped
+    #: that screenshot, as the pinned terminal layout of the same K (at least 2) — kept where
+    #: it would be skipped: the look-back step's examples, a few dozen with ``pin_share``
+    #: alone, too few to learn it from.  Off: the data are those of the shipped recipe.
+    pin_look_back: bool = False
     with_done: bool = False  # also label the solved state done() (simdesk ends without it)
     profile: str = "kvagent"
     shard_episodes: int = attrs.field(default=64, validator=attrs.validators.ge(1))
@@ -196,9 +202,9 @@ class Generator:
         self.builders = {(p, k, 0): builder(p, k) for p in (TERMINAL, INTERLEAVED)
                          for k in config.windows}
         self.builders[(EVERY, 0, 0)] = builder(EVERY, 0)
-        if config.pin_share > 0:
+        if config.pin_share > 0 or config.pin_look_back:
             self.builders.update({(TERMINAL, k, 1): builder(TERMINAL, k, 1)
-                                  for k in config.windows if k >= 2})
+                                  for k in {*config.windows, 2} if k >= 2})
 
     @property
     def eog(self) -> tuple[int, ...]:
@@ -239,6 +245,9 @@ class Generator:
             seen: set[bytes] = set()
             for policy, k, pinned in self.layouts(rng):
                 ex = self.builders[(policy, k, pinned)].example(log_i, step.action)
+                if c.pin_look_back and not answerable(ep, ex, step.action, clicked):
+                    policy, k, pinned = TERMINAL, max(k, 2), 1
+                    ex = self.builders[(policy, k, pinned)].example(log_i, step.action)
                 key = digests(ex.layout)[-1]
                 if key in seen:  # another K that shows the same (e.g. at step 0)
                     continue

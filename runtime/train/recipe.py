@@ -109,7 +109,9 @@ class RecipeConfig:
     #: ``task_kinds()``; ``all_kinds()`` adds the opt-in look-back kind ``marked-launch``,
     #: whose ``marked`` class the recogniser then learns), and the share of terminal
     #: layouts with the first screenshot pinned (``DatasetConfig.pin_share``: how an agent
-    #: learns a look-back kind with ``--pin-first 1``)
+    #: learns a look-back kind with ``--pin-first 1``); a share above 0 also lays every
+    #: look-back step out pinned where its drawn layout dropped the first screenshot
+    #: (``DatasetConfig.pin_look_back``)
     kinds: tuple[str, ...] = attrs.field(factory=task_kinds, converter=tuple)
     pin_share: float = _DATA.pin_share.default
     #: every demonstration of the base training ends with the solved state labelled
@@ -128,7 +130,7 @@ class RecipeConfig:
                              perturbed=self.perturbed, slipped=self.slipped,
                              early_typing=self.early_typing, max_slip_run=self.max_slip_run,
                              with_done=self.with_done, kinds=self.kinds,
-                             pin_share=self.pin_share)
+                             pin_share=self.pin_share, pin_look_back=self.pin_share > 0)
 
     def done_dataset(self) -> DatasetConfig:
         """The done stage's dataset: the same demonstrations, each ending in ``done()``."""
