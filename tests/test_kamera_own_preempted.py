@@ -1,0 +1,62 @@
+"""``kamera@own`` when another episode's critical work stops its prefetch (issue 48: behind
+``kvagent serve`` at bench-peer's N = 4, llama M, a few steps a run prefilled the whole
+window again, 1789-1918 tokens against 592).  The prefetch's start cuts the survivors out
+of the sequence and writes them back, moved, from rows it read out before — as
+window-replay's does (a267ea8) — so a stop in between published the sequence without them
+and the next step found nothing to place.  Here a real critical step of another episode
+stops the prefetch at its first piece boundary (``preempt_helpers``: deterministic), on the
+forged llama through the scheduler that ships."""
+
+from __future__ import annotations
+
+from cachepolicy.policies import make_policy
+from cachepolicy.segments import SegmentFactory, model_info
+from preempt_helpers import warmed_pair
+from replay_helpers import OPTIONS, past_step
+from runtime.bench.trajectory import trajectory
+from scheduler.ledger import MemoryLedger
+from scheduler.scheduler import Scheduler
+
+WINDOW = 3
+
+
+async def test_a_stopped_prefetch_keeps_the_survivors_it_moved(engines) -> None:
+    """With critical work waiting, the prefetch still writes the survivors back (placed, not
+    prefilled; its plan has no piece after them, so it runs to its end); the next step
+    prefills the new screenshot and its text only — never the whole window again (before:
+    the prefetch stopped at its start, prefilled nothing and left the sequence without the
+    survivors) — and the ledger matches the engine."""
+    engine = engines("llama")
+    factory = SegmentFactory(engine)
+    traj = trajectory(5, 96, 64)
+    ledger = MemoryLedger(1 << 30)
+
+    def policy():
+        return make_policy("kamera", model_info(engine), factory.kit, window=WINDOW,
+                           decode_tokens=4, option="own")
+
+    async with Scheduler(engine, ledger, factory, options=OPTIONS,
+                         spare_sequence=True) as sched:
+        a, b = await warmed_pair(sched, factory, traj, policy)
+        # another episode's critical step waits throughout (what the gate counts while one
+        # is queued behind the prefetch): every boundary the prefetch polls says stop
+        sched.gate._critical_waiting += 1
+        try:
+            pre = await sched.prefetch(a, lambda: (past_step(factory, traj, 2),))
+        finally:
+            sched.gate._critical_waiting -= 1
+        assert pre is not None and pre.approximate and pre.prefill_tokens > 0
+        new = factory.screenshot(3, traj.frames[3].screenshot)
+        tokens = {p.key: p.n_tokens for p in a.policy.select(a.log.append(new),
+                                                             a.view(engine)).pieces}
+        keys = list(tokens)
+        sched.check_integrity()
+        rec = await sched.step(a, lambda: (new,))
+        sched.check_integrity()
+        assert rec.status == "ok" and rec.approximate
+        window = sum(tokens[k] for k in keys[keys.index("screenshot@1:intro"):])
+        new_content = sum(tokens[k] for k in keys[keys.index("screenshot@3:intro"):])
+        assert rec.prefill_tokens == new_content < window
+        for ep in (a, b):
+            await sched.close_episode(ep)
+    assert ledger.snapshot().held == 0
