@@ -200,6 +200,13 @@ def test_deterministic_and_resumable(dataset: Path, engine: object, tmp_path: Pa
     assert [_sha(p) for p in sorted(again.glob("shard-*.npz"))] == first
     assert (again / "shard-00000.npz").stat().st_mtime_ns == before
     assert m["totals"]["examples"] == load_manifest(dataset)["totals"]["examples"]
+    # a manifest written before a setting existed (here pin_look_back): its default is what
+    # those data were, so the shards are kept
+    written = json.loads((again / MANIFEST).read_text())
+    del written["config"]["pin_look_back"]
+    (again / MANIFEST).write_text(json.dumps(written))
+    generate(engine, CONFIG, again)  # type: ignore[arg-type]
+    assert (again / "shard-00000.npz").stat().st_mtime_ns == before
     # another seed is another dataset: refused here, different data elsewhere
     other = attrs.evolve(CONFIG, seed=8)
     with pytest.raises(DatasetError):

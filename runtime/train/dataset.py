@@ -319,7 +319,9 @@ def generate(engine: Engine, config: DatasetConfig, out: Path, *,
     done: list[dict[str, Any]] = []
     if path.exists() and not overwrite:
         old = json.loads(path.read_text())
-        if {k: old.get(k) for k in head} != json.loads(json.dumps(head)):
+        # a setting added after ``old`` was written defaults to what the data were without it
+        old["config"] = {**attrs.asdict(DatasetConfig()), **old.get("config", {})}
+        if json.loads(json.dumps({k: old.get(k) for k in head})) != json.loads(json.dumps(head)):
             raise DatasetError(f"{out} holds another dataset (config or model differ); "
                                "use another directory or overwrite")
         done = [s for s in old["shards"] if (out / s["file"]).is_file()
