@@ -146,7 +146,7 @@ class KvAccess:
             self._format = fmt
         return rows
 
-    def _blob(self, seq: int, flags: int) -> bytes:
+    def _blob(self, seq: int, flags: int) -> memoryview:
         ctx = self._native.ctx
         size = llama_cpp.llama_state_seq_get_size_ext(ctx, seq, flags)
         buf = ctypes.create_string_buffer(max(1, size))
@@ -154,7 +154,7 @@ class KvAccess:
             ctx, ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8)), size, seq, flags)
         if n == 0 and size > 0:
             raise EngineError(f"llama.cpp returned no state for sequence {seq}")
-        return buf.raw[:n]
+        return memoryview(buf).cast("B")[:n]  # no copy of the blob (the parse copies rows)
 
     @locked
     def write(self, seq: int, rows: KvRows, history: Sequence[Run]) -> None:
@@ -176,12 +176,14 @@ class KvAccess:
             recurrent = self._blob(seq, _PARTIAL)[_HEADER:]
         self._write(seq, rows, history, recurrent)
 
-    def _write(self, seq: int, rows: KvRows, history: Sequence[Run], recurrent: bytes) -> None:
+    def _write(self, seq: int, rows: KvRows, history: Sequence[Run],
+               recurrent: bytes | memoryview) -> None:
         if self._format is None:
             raise EngineError("no sequence has been read yet: the blob format is unknown")
         if not history or rows.n_cells == 0:
             raise ValueError("nothing to write")
-        rows = rows.sorted()
+        if np.any(np.diff(rows.pos) < 0):  # (a stable sort of sorted rows is a copy of them)
+            rows = rows.sorted()
         end = history[-1].end_pos
         if (np.any(np.diff(rows.pos) < 0) or rows.pos[0] < 0 or rows.pos[-1] >= end
                 or end > self.n_ctx_per_seq):
@@ -192,7 +194,7 @@ class KvAccess:
             raise ValueError(f"history records {sum(r.n_tokens for r in history)} cells, "
                              f"rows hold {rows.n_cells}")
         data = compose(self._format, rows, seq, recurrent=recurrent)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer(data)  # the composed buffer itself
         llama_cpp.llama_memory_seq_rm(self._native.mem, seq, -1, -1)
         self._seqs.replace(seq, [])
         if llama_cpp.llama_state_seq_set_data_ext(self._native.ctx, buf, len(data), seq, 0) == 0:
