@@ -170,6 +170,9 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
             placed_tokens += sum(p.n_tokens for p in plan.pieces[i:after])
             i = after
             continue
+        # Decode rounds first (up to ~1 s since b569eb1), then the stop check: a critical
+        # step that queued during the wait stops the prefetch before this piece.
+        engine.yield_decode_round()
         if should_stop is not None and i >= stop_from and should_stop():
             if plan.decode:
                 raise Preempted(f"stopped before piece {i}")
@@ -182,7 +185,6 @@ def prefill(engine: Engine, plan: Plan, seq: int, *, scratch_seq: int | None = N
                              replay_tokens=replayed,
                              new_stored=early, store_tokens=store_tokens,
                              splice_s=edit_clock.seconds, store_s=store_s)
-        engine.yield_decode_round()
         logits = _prefill_piece(engine, seq, plan.pieces[i], plan.decode and i == last, clock)
         i += 1
     if len(plan.pieces) in takes:
