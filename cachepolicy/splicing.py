@@ -198,12 +198,14 @@ class SplicingPolicy(CachePolicy, abc.ABC):
                         keep_stored=tuple(s for s in stored if s in window),
                         placed=tuple(placed),
                         retain=self._retained(known, recalled),
-                        # without a store (kamera@own) the survivors live only in the
-                        # sequence's rows, which the start cuts out: a prefetch stopped
-                        # before writing them back left the next step nothing to place
-                        # (its whole-window steps behind ``kvagent serve`` at N = 4, as
-                        # window-replay's).  A store's stopped prefetch publishes the
-                        # entries it made (tests/test_kamera.py): not changed here
+                        # without a store (kamera@own, random-evict, recency-evict) the
+                        # survivors live only in the sequence's rows, which the start cuts
+                        # out: a prefetch stopped before writing them back left the next
+                        # step nothing to place (kamera@own's whole-window steps behind
+                        # ``kvagent serve`` at N = 4, as window-replay's;
+                        # tests/test_kamera_own_preempted.py, all three).  A store's
+                        # stopped prefetch publishes the entries it made
+                        # (tests/test_kamera.py): not changed here
                         hold_until_placed=not self.stores() and any(
                             p.source is Source.SEQUENCE for p in place))
         plan = self.plan_reusing(log, view, pieces, start=start, decode=decode,

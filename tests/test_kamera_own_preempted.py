@@ -9,6 +9,8 @@ forged llama through the scheduler that ships."""
 
 from __future__ import annotations
 
+import pytest
+
 from cachepolicy.policies import make_policy
 from cachepolicy.segments import SegmentFactory, model_info
 from preempt_helpers import warmed_pair
@@ -19,8 +21,13 @@ from scheduler.scheduler import Scheduler
 
 WINDOW = 3
 
+#: every policy that splices without a store (``Splice.hold_until_placed``)
+STORELESS = [("kamera", "own"), ("random-evict", None), ("recency-evict", None)]
 
-async def test_a_stopped_prefetch_keeps_the_survivors_it_moved(engines) -> None:
+
+@pytest.mark.parametrize(("name", "option"), STORELESS, ids=["kamera@own", "random-evict",
+                                                              "recency-evict"])
+async def test_a_stopped_prefetch_keeps_the_survivors_it_moved(engines, name, option) -> None:
     """With critical work waiting, the prefetch still writes the survivors back (placed, not
     prefilled; its plan has no piece after them, so it runs to its end); the next step
     prefills the new screenshot and its text only — never the whole window again (before:
@@ -32,8 +39,8 @@ async def test_a_stopped_prefetch_keeps_the_survivors_it_moved(engines) -> None:
     ledger = MemoryLedger(1 << 30)
 
     def policy():
-        return make_policy("kamera", model_info(engine), factory.kit, window=WINDOW,
-                           decode_tokens=4, option="own")
+        return make_policy(name, model_info(engine), factory.kit, window=WINDOW,
+                           decode_tokens=4, option=option)
 
     async with Scheduler(engine, ledger, factory, options=OPTIONS,
                          spare_sequence=True) as sched:
