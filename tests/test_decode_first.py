@@ -2,7 +2,8 @@
 (``Engine.yield_decode_round``): an answer ends some agent's critical path.  Before, a
 prefill waited for one decode call only, and between a generation's tokens (while it
 sampled) for none — on one thread the next step's prefill then ran between the tokens and
-two answers came out together (docs/benchmarks.md §10, 2026-12-06 helper-22)."""
+two answers came out together (docs/benchmarks.md §10, "The attention model at N = 4:
+kamera@own beside relocate, and why the server idled")."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _hold_a_lane(e: Engine, between_tokens_s: float, took: threading.Event,
             took.set()
             time.sleep(between_tokens_s)
             lane.decode(6)
-        ended.append(time.perf_counter())
+            ended.append(time.perf_counter())  # inside: before the lane is released
 
     thread = threading.Thread(target=work)
     thread.start()
@@ -44,9 +45,9 @@ def test_a_prefill_waits_for_the_generation_decoding_now_to_end(forged) -> None:
         assert took.wait(timeout=30)
         e.yield_decode_round(timeout=30)  # between two pieces of sequence 1's prefill
         returned = time.perf_counter()
+        assert e.memory().lanes_in_use == ()  # the whole generation went first
         thread.join(timeout=30)
-        assert ended and returned >= ended[0]  # the whole generation went first
-        assert e.memory().lanes_in_use == ()
+        assert ended and returned >= ended[0]
 
 
 def test_the_wait_is_bounded_and_free_without_generations(forged) -> None:
