@@ -397,7 +397,8 @@ class DecodeBatcher:
         the next step's prefill run between a generation's tokens: on one thread an answer
         then came out only once the step admitted after it had prefilled, the two answers
         together — behind ``kvagent serve`` at N = 4 the clients' VM pauses lined up and
-        the server idled (docs/benchmarks.md §10, 2026-12-06 helper-22).  A generation
+        the server idled (docs/benchmarks.md §10, "The attention model at N = 4: kamera@own
+        beside relocate, and why the server idled").  A generation
         longer than ``timeout`` lets one piece through per ``timeout``."""
         with self._cv:
             now = set(self._busy.values())
