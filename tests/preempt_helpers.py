@@ -40,10 +40,13 @@ class PreemptHook:
             async def crit() -> None:
                 results["critical"] = await critical()
             tg.start_soon(pre)
-            await anyio.to_thread.run_sync(self.running.wait, 10)
+            if not await anyio.to_thread.run_sync(self.running.wait, 10):
+                raise AssertionError("the prefetch reached no piece boundary in 10 s")
             tg.start_soon(crit)
-            while sched.gate.critical_waiting == 0:
-                await anyio.sleep(0.001)
+            # bounded: a critical step with nothing to queue behind never counts as waiting
+            with anyio.fail_after(10):
+                while sched.gate.critical_waiting == 0 and "critical" not in results:
+                    await anyio.sleep(0.001)
             self.queued.set()
         return results["prefetch"], results["critical"]
 
