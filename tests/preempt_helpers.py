@@ -68,3 +68,23 @@ async def warmed_pair(sched: Any, factory: Any, traj: Any,
         await sched.step(a, lambda i=i: step_segments(factory, traj, i))
     await sched.step(b, lambda: step_segments(factory, traj, 0))
     return a, b
+
+
+async def step_after_prefetch(sched: Any, engine: Any, factory: Any, traj: Any,
+                              ep: Any) -> tuple[Any, dict[str, int]]:
+    """``ep``'s step on ``traj``'s fourth screenshot after its prefetch, with the ledger
+    checked against the engine before and after: its record, and the tokens of each piece of
+    its prompt as the policy lays it out (keyed, in prompt order; read before the step)."""
+    new = factory.screenshot(3, traj.frames[3].screenshot)
+    tokens = {p.key: p.n_tokens for p in ep.policy.select(ep.log.append(new),
+                                                          ep.view(engine)).pieces}
+    sched.check_integrity()
+    rec = await sched.step(ep, lambda: (new,))
+    sched.check_integrity()
+    return rec, tokens
+
+
+def tokens_from(tokens: dict[str, int], key: str) -> int:
+    """The tokens of the prompt's pieces from ``key`` to its end."""
+    keys = list(tokens)
+    return sum(tokens[k] for k in keys[keys.index(key):])

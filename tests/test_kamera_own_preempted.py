@@ -13,7 +13,7 @@ import pytest
 
 from cachepolicy.policies import make_policy
 from cachepolicy.segments import SegmentFactory, model_info
-from preempt_helpers import warmed_pair
+from preempt_helpers import step_after_prefetch, tokens_from, warmed_pair
 from replay_helpers import OPTIONS, past_step
 from runtime.bench.trajectory import trajectory
 from scheduler.ledger import MemoryLedger
@@ -53,17 +53,10 @@ async def test_a_stopped_prefetch_keeps_the_survivors_it_moved(engines, name, op
         finally:
             sched.gate._critical_waiting -= 1
         assert pre is not None and pre.approximate and pre.prefill_tokens > 0
-        new = factory.screenshot(3, traj.frames[3].screenshot)
-        tokens = {p.key: p.n_tokens for p in a.policy.select(a.log.append(new),
-                                                             a.view(engine)).pieces}
-        keys = list(tokens)
-        sched.check_integrity()
-        rec = await sched.step(a, lambda: (new,))
-        sched.check_integrity()
+        rec, tokens = await step_after_prefetch(sched, engine, factory, traj, a)
         assert rec.status == "ok" and rec.approximate
-        window = sum(tokens[k] for k in keys[keys.index("screenshot@1:intro"):])
-        new_content = sum(tokens[k] for k in keys[keys.index("screenshot@3:intro"):])
-        assert rec.prefill_tokens == new_content < window
+        window = tokens_from(tokens, "screenshot@1:intro")
+        assert rec.prefill_tokens == tokens_from(tokens, "screenshot@3:intro") < window
         for ep in (a, b):
             await sched.close_episode(ep)
     assert ledger.snapshot().held == 0

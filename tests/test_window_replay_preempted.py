@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from cachepolicy.policies import make_policy
 from cachepolicy.segments import SegmentFactory, model_info
-from preempt_helpers import PreemptHook, warmed_pair
+from preempt_helpers import PreemptHook, step_after_prefetch, tokens_from, warmed_pair
 from replay_helpers import OPTIONS
 from runtime.bench.trajectory import trajectory
 from scheduler.ledger import MemoryLedger
@@ -42,22 +42,15 @@ async def test_a_stopped_prefetch_keeps_the_window_it_moved(engines) -> None:
         assert critical.status == "ok"
         assert pre is not None and pre.preempted and pre.approximate
         assert sched.counters["prefetch_preempted"] == 1
-        new = factory.screenshot(3, traj.frames[3].screenshot)
         # the step's prompt (terminal layout): [head][history][window][generation prompt]
-        tokens = {p.key: p.n_tokens for p in a.policy.select(a.log.append(new),
-                                                             a.view(engine)).pieces}
-        keys = list(tokens)
+        rec, tokens = await step_after_prefetch(sched, engine, factory, traj, a)
         # the prefetch prefilled the history line only: the kept screenshot was placed
         assert pre.prefill_tokens == tokens["action@2"]
-        sched.check_integrity()
-        rec = await sched.step(a, lambda: (new,))
-        sched.check_integrity()
         assert rec.status == "ok" and rec.start == "keep" and rec.approximate
         # the budget's replayed screenshot and the new one with their text — not the whole
         # window again (terminal-slot's plan: the fallback before the fix)
-        window = sum(tokens[k] for k in keys[keys.index("screenshot@1:intro"):])
-        replay_and_new = sum(tokens[k] for k in keys[keys.index("screenshot@2"):])
-        assert rec.prefill_tokens == replay_and_new < window
+        window = tokens_from(tokens, "screenshot@1:intro")
+        assert rec.prefill_tokens == tokens_from(tokens, "screenshot@2") < window
         for ep in (a, b):
             await sched.close_episode(ep)
     assert ledger.snapshot().held == 0
