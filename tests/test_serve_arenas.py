@@ -1,5 +1,5 @@
 """``kvagent serve``'s process keeps one malloc arena for every thread
-(``return_big_buffers``): worker threads that each ran a KV splice — a few hundred rows of
+(``tune_malloc``): worker threads that each ran a KV splice — a few hundred rows of
 just under ``BIG_BUFFER_BYTES`` each, below the mmap threshold — share one high-water mark
 instead of keeping one each."""
 
@@ -12,9 +12,9 @@ import pytest
 
 _PROBE = """
 import threading
-from runtime.commands.serve import BIG_BUFFER_BYTES, return_big_buffers
+from runtime.commands.serve import BIG_BUFFER_BYTES, tune_malloc
 if {apply}:
-    assert return_big_buffers()
+    assert tune_malloc()
 
 def anon_mib():
     return int(next(l for l in open("/proc/self/status") if l.startswith("RssAnon")).split()[1]) >> 10

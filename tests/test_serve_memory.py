@@ -1,5 +1,5 @@
 """``kvagent serve``'s process gives freed big buffers back to the OS
-(``return_big_buffers``): a worker thread's transient screenshots and request bodies do not
+(``tune_malloc``): a worker thread's transient screenshots and request bodies do not
 stay resident in its malloc arena."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 _PROBE = """
 import threading
-from runtime.commands.serve import return_big_buffers
+from runtime.commands.serve import tune_malloc
 if {apply}:
-    assert return_big_buffers()
+    assert tune_malloc()
 
 def anon_kib():
     return int(next(l for l in open("/proc/self/status") if l.startswith("RssAnon")).split()[1])

@@ -204,15 +204,16 @@ def is_loopback(host: str) -> bool:
 
 #: glibc's ``mallopt`` parameter for the size from which ``malloc`` maps memory of its own
 M_MMAP_THRESHOLD = -3
-#: allocations from this size up are mapped and unmapped when freed (``return_big_buffers``)
+#: allocations from this size up are mapped and unmapped when freed (``tune_malloc``)
 BIG_BUFFER_BYTES = 1 << 20
 #: glibc's ``mallopt`` parameter for how many malloc arenas threads may spread over
 M_ARENA_MAX = -8
 
 
-def return_big_buffers() -> bool:
-    """Give freed big buffers back to the OS at once.  glibc keeps every thread's malloc
-    arena at its high-water mark, and its mmap threshold grows to the largest block freed:
+def tune_malloc() -> bool:
+    """Give freed big buffers back to the OS at once, and keep one malloc arena.  glibc
+    keeps every thread's malloc arena at its high-water mark, and its mmap threshold grows
+    to the largest block freed:
     a server's transient per-request buffers (base64 bodies, decoded and resized
     screenshots, ~20 MB a request) stayed resident in each worker thread's arena — 29 MiB
     of ``kvagent serve``'s peak RSS on ``bench-peer``'s llama M N = 4 arm (1126 → 1097 MiB).
@@ -234,7 +235,7 @@ def return_big_buffers() -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    return_big_buffers()
+    tune_malloc()
     try:
         keys = api_keys(args)
         config = _config(args)
