@@ -120,3 +120,28 @@ def test_kind_weights_shift_the_share_of_updates_and_leave_the_equal_order_alone
     # every example of a kind comes once per that kind's epoch
     firsts = [i for i in weighted if kinds[i] == 2][:5]
     assert sorted(firsts) == [40, 41, 42, 43, 44]
+
+
+def test_clicked_weights_draw_a_rare_click_as_a_group_of_its_own(tmp_path: Path) -> None:
+    from itertools import islice
+
+    from runtime.train.fit import _groups, _order
+    from runtime.train.shards import META, PieceKind, Projector, Shard, ShardWriter
+
+    writer = ShardWriter(Projector((), (), 8))
+    # kind 0: 40 examples, 4 of them the look-back click ``marked``; kind 1: 40 examples
+    clicked = ["marked" if i % 10 == 0 else "notes.save" for i in range(40)] + [""] * 40
+    for i, c in enumerate(clicked):
+        meta = {k: 0 for k in META} | {"kind": i // 40, "clicked": c}
+        writer.add_example([(PieceKind.TARGET, [1, 2])], **meta)
+    writer.write(tmp_path / "s.npz")
+    shard = Shard(tmp_path / "s.npz", Projector((), (), 8))
+    index = [(shard, e) for e in range(len(shard))]
+    assert _groups(index, 2, ()) == [i // 40 for i in range(80)]  # no weights: the kinds
+    groups = _groups(index, 2, (("marked", 1.0),))
+    assert [i for i, g in enumerate(groups) if g == 2] == [0, 10, 20, 30]
+    drawn = list(islice(_order(groups, seed=1, weights={2: 1.0}), 3000))
+    share = sum(clicked[i] == "marked" for i in drawn) / 3000
+    assert abs(share - 1 / 3) < 0.04  # a third of the updates, against 1/20 within its kind
+    plain = list(islice(_order(_groups(index, 2, ()), seed=1), 3000))
+    assert sum(clicked[i] == "marked" for i in plain) / 3000 < 0.08
