@@ -32,8 +32,8 @@ from cachepolicy.context_log import ContextLog
 from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.errors import PolicyRefusedError
 from cachepolicy.layouts import PromptKit, terminal, terminal_steps
-from cachepolicy.pieces import Piece
-from cachepolicy.plan import CacheView, ModelInfo, Plan
+from cachepolicy.pieces import Piece, digests
+from cachepolicy.plan import CacheView, ModelInfo, Plan, Start, StartKind
 from cachepolicy.reuse import best_start
 from cachepolicy.splice import PlaceUnit, Source, Splice, StoreUnit, image_identity
 
@@ -135,10 +135,52 @@ class SplicingPolicy(CachePolicy, abc.ABC):
     #: screenshot is then never placed from the store once it has left the window)
     recall = 0
 
+    def continues_prefetch(self) -> bool:
+        """Whether a step may keep the units its prefetch placed where they are
+        (``_continue``): true where placing a held unit at its own position is the identity
+        (kamera@own: its rows re-rotated by 0); not for the token evictors (the step thins
+        the newest survivor, which the prefetch kept whole) nor a store's policies (the step
+        may store)."""
+        return False
+
     def select(self, log: ContextLog, view: CacheView, *,
                new: frozenset[str] = frozenset()) -> Plan:
         reference, _ = terminal_steps(log, self.kit, self.window, pinned=self.pinned)
+        if self.continues_prefetch():
+            after_prefetch = self._continue(log, view, reference)
+            if after_prefetch is not None:
+                return after_prefetch
         return self._plan(log, view, self.window, decode=True, reference=reference)
+
+    def _continue(self, log: ContextLog, view: CacheView,
+                  reference: tuple[Piece, ...]) -> Plan | None:
+        """The step after this policy's prefetch: the sequence holds the step's first ``n``
+        pieces as the prefetch left them — the exact prefix (digests), then the window's
+        survivors placed at the positions this step gives them (one run per piece, the
+        published layout's keys) — so it continues there (KEEP) and prefills the new
+        screenshot and the generation prompt.  Before, the step cut the survivors out and
+        wrote them back unchanged: one more read and write of the whole sequence on the
+        critical path, ~0.1 s a step at N = 4 (docs/benchmarks.md §10).  Approximate (the
+        prefetch placed), so the plan carries an empty splice: the step is marked.  None
+        where the sequence holds anything else."""
+        pieces, region, _ = unit_layout(log, self.kit, self.window, pinned=self.pinned)
+        keys, hist = view.state.layout_keys, view.seq.history
+        n = len(keys)
+        if not 0 < region < n < len(pieces) or tuple(p.key for p in pieces[:n]) != tuple(keys):
+            return None
+        if len(hist) != n or hist[region - 1].digest != digests(pieces)[region - 1]:
+            return None
+        at = 0
+        for run, piece in zip(hist, pieces[:n]):
+            if run.pos0 != at or run.n_pos != piece.n_pos:
+                return None
+            at += piece.n_pos
+        if at != view.seq.next_pos:
+            return None
+        plan = self.plan_reusing(log, view, pieces, start=(Start(StartKind.KEEP, pos=at), n),
+                                 drift_reference=reference if self.measure_drift else (),
+                                 trim_after=region)
+        return attrs.evolve(plan, splice=Splice())
 
     def prefetch(self, log: ContextLog, view: CacheView) -> Plan | None:
         """While the VM acts: the exact prefix with this step's action, and the K-1

@@ -88,6 +88,9 @@ class KameraPolicy(SplicingPolicy):
     def stores(self) -> bool:
         return self.rank != OWN
 
+    def continues_prefetch(self) -> bool:
+        return self.rank == OWN
+
     def place(self, unit: Unit, held: Held | None, in_store: bool,
               units: tuple[Unit, ...], generation: int) -> PlaceUnit | None:
         if self.rank == OWN:
