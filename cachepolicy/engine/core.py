@@ -26,7 +26,7 @@ import llama_cpp
 import numpy as np
 import structlog
 
-from cachepolicy.engine import devices, generation
+from cachepolicy.engine import devices, generation, zero_pages
 from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind, Run, RunKind
 from cachepolicy.engine.drafts import BREAK, Drafting
 from cachepolicy.engine.gguf_meta import tensor_types
@@ -112,10 +112,15 @@ def _load(model_path: Path, config: EngineConfig,
     cparams.flash_attn_type = 1 if config.flash_attn else 0  # off: split == one-call, bitwise
     cparams.kv_unified = False  # one KV stream per sequence: cell placement is reproducible
     cparams.no_perf = True
+    before = zero_pages.anonymous_mappings()
     ctx = llama_cpp.llama_init_from_model(model, cparams)
     if not ctx:
         llama_cpp.llama_model_free(model)
         raise ModelLoadError(f"llama.cpp could not create a context for {model_path}")
+    # the KV cache llama.cpp just cleared: resident as cells are written, not all at once
+    # (only whole chunks still all zero: nothing has computed with the context yet)
+    released = zero_pages.release_zero_chunks(zero_pages.new_mappings(before))
+    log.info("engine_zero_pages_released", mib=released >> 20)
     return Native(model=model, ctx=ctx, mem=llama_cpp.llama_get_memory(ctx),
                   vocab=llama_cpp.llama_model_get_vocab(model), compute=compute), config
 
