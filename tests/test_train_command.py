@@ -103,7 +103,8 @@ def test_train_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
     assert main(["train", "--pin-share", "1.5", "--out", str(tmp_path)]) == 2
     assert "--pin-share" in capsys.readouterr().err
     for bad in (["--slipped", "0.8", "--perturbed", "0.3"], ["--early-typing", "1.5"],
-                ["--max-slip-run", "0"]):
+                ["--max-slip-run", "0"], ["--click-weights", "marked=0"],
+                ["--done-click-weights", "marked"], ["--click-weights", "a=1,a=2"]):
         assert main(["train", *bad, "--out", str(tmp_path)]) == 2
         assert "--" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written

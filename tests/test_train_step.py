@@ -138,6 +138,8 @@ def test_clicked_weights_draw_a_rare_click_as_a_group_of_its_own(tmp_path: Path)
     shard = Shard(tmp_path / "s.npz", Projector((), (), 8))
     index = [(shard, e) for e in range(len(shard))]
     assert _groups(index, 2, ()) == [i // 40 for i in range(80)]  # no weights: the kinds
+    with pytest.raises(ValueError, match="markd"):  # a misspelt class weighs nothing
+        _groups(index, 2, (("markd", 1.0),))
     groups = _groups(index, 2, (("marked", 1.0),))
     assert [i for i, g in enumerate(groups) if g == 2] == [0, 10, 20, 30]
     drawn = list(islice(_order(groups, seed=1, weights={2: 1.0}), 3000))
@@ -145,3 +147,14 @@ def test_clicked_weights_draw_a_rare_click_as_a_group_of_its_own(tmp_path: Path)
     assert abs(share - 1 / 3) < 0.04  # a third of the updates, against 1/20 within its kind
     plain = list(islice(_order(_groups(index, 2, ()), seed=1), 3000))
     assert sum(clicked[i] == "marked" for i in plain) / 3000 < 0.08
+
+
+def test_click_weights_parse_class_weight_pairs() -> None:
+    from runtime.train.recipe import parse_click_weights
+
+    assert parse_click_weights("") == ()
+    assert parse_click_weights(" marked=1, notes.save=0.5") == (("marked", 1.0),
+                                                                ("notes.save", 0.5))
+    for bad in ("marked", "marked=0", "marked=-1", "=1", "marked=x", "a=1,a=2"):
+        with pytest.raises(ValueError):
+            parse_click_weights(bad)

@@ -59,6 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"pinned, as --pin-first 1 lays them out; above 0, a look-back step "
                         f"is also laid out pinned wherever its drawn layout dropped the first "
                         f"screenshot (default {d.pin_share:g})")
+    p.add_argument("--click-weights", default="", metavar="CLASS=W,...",
+                   help="draw the examples whose click names CLASS (a recogniser class; "
+                        "marked: marked-launch's look-back click) as a group of their own, "
+                        "W against 1 for each kind (default: none, the kinds alone)")
     p.add_argument("--perturbed", type=float, default=d.perturbed,
                    help="share of episodes knocked off-track once (default "
                         f"{d.perturbed:g})")
@@ -80,6 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {d.done.updates}, ~{d.done.updates // 120} min a model on "
                         "one core; 0: the base agents, which never say done())")
     p.add_argument("--done-learning-rate", type=float, default=d.done.learning_rate)
+    p.add_argument("--done-click-weights", default="", metavar="CLASS=W,...",
+                   help="--click-weights for the done stage (default: none)")
     p.add_argument("--done-arch", default=",".join(d.done.arches),
                    help="comma-separated arches that go through the done stage (default "
                         f"{','.join(d.done.arches)}; the others ship their base file)")
@@ -92,6 +98,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run only the done stage, from the base agents in DIR (agent-<arch>."
                         "gguf, mmproj.gguf and their recipe.json; e.g. a run with "
                         "--done-updates 0): what the whole recipe makes from those files")
+
+
+def _click_weights(flag: str, text: str) -> tuple[tuple[str, float], ...]:
+    from runtime.train.recipe import parse_click_weights  # as run's: JAX loads only here
+
+    try:
+        return parse_click_weights(text)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from exc
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,10 +138,14 @@ def run(args: argparse.Namespace) -> int:
                 or args.recogniser_dialog_episodes < 0:
             raise ValueError("--recogniser-episodes must be >= 8, --recogniser-updates >= 1, "
                              "--recogniser-dialog-episodes >= 0")
+        clicks, done_clicks = (_click_weights(flag, text) for flag, text in (
+            ("--click-weights", args.click_weights),
+            ("--done-click-weights", args.done_click_weights)))
         config = RecipeConfig(arches=arches, seed=args.seed, episodes=args.episodes,
                               fit=attrs.evolve(FitConfig(), steps=args.steps,
                                                learning_rate=args.learning_rate,
-                                               seed=args.seed),
+                                               seed=args.seed,
+                                               clicked_weights=clicks),
                               threads=args.threads,
                               recogniser_episodes=args.recogniser_episodes,
                               recogniser_dialog_episodes=args.recogniser_dialog_episodes,
@@ -138,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
                               done=DoneStage(updates=args.done_updates,
                                              learning_rate=args.done_learning_rate,
                                              arches=parse_arches(args.done_arch),
+                                             clicked_weights=done_clicks,
                                              instruction_flags=args.done_flags))
         try:
             config.dataset()  # the dataset's own checks, before any work

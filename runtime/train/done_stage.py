@@ -48,6 +48,9 @@ class DoneStage:
     #: (kind, weight): a kind's share of the stage's updates against 1 for the others
     #: (``FitConfig.kind_weights``)
     kind_weights: tuple[tuple[str, float], ...] = ()
+    #: (clicked class, weight): a click's examples drawn as a group of their own
+    #: (``FitConfig.clicked_weights``)
+    clicked_weights: tuple[tuple[str, float], ...] = ()
     #: design the instruction flags (``instruction_flags``: Save / menu / Enter asked) into
     #: the base agent before the stage trains it
     instruction_flags: bool = True
@@ -58,7 +61,7 @@ class DoneStage:
     def fit_config(self, seed: int) -> FitConfig:
         return FitConfig(steps=max(1, self.updates), learning_rate=self.learning_rate,
                          warmup_steps=self.warmup_steps, seed=seed,
-                         kind_weights=self.kind_weights)
+                         kind_weights=self.kind_weights, clicked_weights=self.clicked_weights)
 
 
 def train_done(base: Path, data: Path, out: Path, stage: DoneStage, designs: Designs, *,

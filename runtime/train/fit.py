@@ -117,9 +117,14 @@ def on_a_line(enc: EncodedImage) -> EncodedImage:
 def _groups(index: Sequence[tuple[Shard, int]], n_kinds: int,
             clicked_weights: Sequence[tuple[str, float]]) -> list[int]:
     """Each example's draw group: its kind's index, or ``n_kinds + j`` if its click names
-    the j-th class of ``clicked_weights``."""
+    the j-th class of ``clicked_weights``; ValueError if no example clicks a class named (a
+    misspelt class would otherwise weigh nothing, silently)."""
     named = {c: n_kinds + j for j, (c, _) in enumerate(clicked_weights)}
-    return [named.get(str(s.meta(e)["clicked"]), int(s.meta(e)["kind"])) for s, e in index]
+    groups = [named.get(str(s.meta(e)["clicked"]), int(s.meta(e)["kind"])) for s, e in index]
+    absent = [c for c, g in named.items() if g not in groups]
+    if absent:
+        raise ValueError(f"clicked_weights names {absent}: no example of the dataset clicks it")
+    return groups
 
 def _order(kinds: Sequence[int], seed: int,
            weights: Mapping[int, float] | None = None) -> Iterator[int]:

@@ -334,3 +334,22 @@ def parse_arches(text: str) -> Sequence[str]:
         raise ValueError(f"unknown arch(es) {bad or text!r}; choose from "
                          f"{', '.join(AGENT_ARCHES)}")
     return arches
+
+
+def parse_click_weights(text: str) -> tuple[tuple[str, float], ...]:
+    """``"marked=1,notes.save=0.5"`` -> ((class, weight), ...) for ``FitConfig.clicked_weights``
+    (ValueError for a pair that is not CLASS=W with W > 0, or a class named twice)."""
+    pairs: list[tuple[str, float]] = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        name, sep, weight = item.partition("=")
+        try:
+            w = float(weight)
+        except ValueError:
+            w = float("nan")
+        if not sep or not name.strip() or not w > 0:
+            raise ValueError(f"{item!r} is not CLASS=WEIGHT with a weight above 0")
+        pairs.append((name.strip(), w))
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a class is named twice in {text!r}")
+    return tuple(pairs)
