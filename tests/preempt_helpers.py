@@ -15,14 +15,18 @@ from replay_helpers import past_step, step_segments
 
 class PreemptHook:
     """``Scheduler(fault=hook)``; ``armed`` False lets every piece boundary through (the
-    warm-up steps), ``preempt`` arms it for one prefetch."""
+    warm-up steps), ``preempt`` arms it for one prefetch.  ``points``: the scheduler's fault
+    points the armed hook holds at, the first one reached — a piece boundary by default;
+    with ``"before_publish"`` also a prefetch that polls no boundary (``Splice.
+    hold_until_placed`` with nothing after its placed units) is held, at its end."""
 
-    def __init__(self) -> None:
+    def __init__(self, points: tuple[str, ...] = ("between_pieces",)) -> None:
+        self.points = points
         self.running, self.queued = threading.Event(), threading.Event()
         self.running.set()  # not armed
 
-    def __call__(self, point: str) -> None:  # runs in the worker thread between pieces
-        if point == "between_pieces" and not self.running.is_set():
+    def __call__(self, point: str) -> None:  # runs in the prefetch's worker thread
+        if point in self.points and not self.running.is_set():
             self.running.set()
             self.queued.wait(timeout=10)
 
