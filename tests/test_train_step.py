@@ -137,15 +137,20 @@ def test_clicked_weights_draw_a_rare_click_as_a_group_of_its_own(tmp_path: Path)
     writer.write(tmp_path / "s.npz")
     shard = Shard(tmp_path / "s.npz", Projector((), (), 8))
     index = [(shard, e) for e in range(len(shard))]
-    assert _groups(index, 2, ()) == [i // 40 for i in range(80)]  # no weights: the kinds
-    with pytest.raises(ValueError, match="markd"):  # a misspelt class weighs nothing
-        _groups(index, 2, (("markd", 1.0),))
-    groups = _groups(index, 2, (("marked", 1.0),))
+    kinds = ("save-note", "open-terminal")
+    assert _groups(index, kinds, ()) == [i // 40 for i in range(80)]  # no weights: the kinds
+    for absent in ("markd", "open-terminal/marked"):  # a misspelt class weighs nothing
+        with pytest.raises(ValueError, match=absent):
+            _groups(index, kinds, ((absent, 1.0),))
+    # KIND/CLASS: that kind's clicks of the class; the first entry an example matches wins
+    pair = _groups(index, kinds, (("marked", 1.0), ("save-note/notes.save", 1.0)))
+    assert pair == [2 if c == "marked" else 3 if c == "notes.save" else 1 for c in clicked]
+    groups = _groups(index, kinds, (("marked", 1.0),))
     assert [i for i, g in enumerate(groups) if g == 2] == [0, 10, 20, 30]
     drawn = list(islice(_order(groups, seed=1, weights={2: 1.0}), 3000))
     share = sum(clicked[i] == "marked" for i in drawn) / 3000
     assert abs(share - 1 / 3) < 0.04  # a third of the updates, against 1/20 within its kind
-    plain = list(islice(_order(_groups(index, 2, ()), seed=1), 3000))
+    plain = list(islice(_order(_groups(index, kinds, ()), seed=1), 3000))
     assert sum(clicked[i] == "marked" for i in plain) / 3000 < 0.08
 
 

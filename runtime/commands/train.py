@@ -59,10 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"pinned, as --pin-first 1 lays them out; above 0, a look-back step "
                         f"is also laid out pinned wherever its drawn layout dropped the first "
                         f"screenshot (default {d.pin_share:g})")
-    p.add_argument("--click-weights", default="", metavar="CLASS=W,...",
+    p.add_argument("--click-weights", default="", metavar="[KIND/]CLASS=W,...",
                    help="draw the examples whose click names CLASS (a recogniser class; "
-                        "marked: marked-launch's look-back click) as a group of their own, "
-                        "W against 1 for each kind (default: none, the kinds alone)")
+                        "marked: marked-launch's look-back click), of KIND if named, as a "
+                        "group of their own, W against 1 for each kind (default: none, the "
+                        "kinds alone; the look-back recipe: marked=1,marked-launch/notes.save=1)")
     p.add_argument("--perturbed", type=float, default=d.perturbed,
                    help="share of episodes knocked off-track once (default "
                         f"{d.perturbed:g})")
@@ -84,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {d.done.updates}, ~{d.done.updates // 120} min a model on "
                         "one core; 0: the base agents, which never say done())")
     p.add_argument("--done-learning-rate", type=float, default=d.done.learning_rate)
-    p.add_argument("--done-click-weights", default="", metavar="CLASS=W,...",
+    p.add_argument("--done-click-weights", default="", metavar="[KIND/]CLASS=W,...",
                    help="--click-weights for the done stage (default: none)")
     p.add_argument("--done-arch", default=",".join(d.done.arches),
                    help="comma-separated arches that go through the done stage (default "

@@ -59,10 +59,12 @@ class FitConfig:
     #: (kind, weight) pairs: a kind's share of updates against 1 for each kind not named
     #: (empty: equal shares, the order the base agents were trained in)
     kind_weights: tuple[tuple[str, float], ...] = ()
-    #: (clicked class, weight) pairs: the examples whose click's lookup names that class
-    #: (``dataset`` meta ``clicked``; ``marked``: marked-launch's look-back click) drawn as a
-    #: group of their own with that weight, apart from their kind's — a step a hundred examples
-    #: teach gets updates of its own instead of a fifth of its kind's (empty: kinds alone)
+    #: (``CLASS`` or ``KIND/CLASS``, weight) pairs: the examples whose click's lookup names
+    #: that class (``dataset`` meta ``clicked``; ``marked``: marked-launch's look-back click),
+    #: of that kind if named, drawn as a group of their own with that weight, apart from their
+    #: kind's — a step a hundred examples teach gets updates of its own instead of a fifth of
+    #: its kind's, and the step it must be told from (``marked-launch/notes.save``: the Save
+    #: before it, the same instruction and screens) as many (empty: the kinds alone)
     clicked_weights: tuple[tuple[str, float], ...] = ()
 
 @attrs.frozen
@@ -114,16 +116,23 @@ def on_a_line(enc: EncodedImage) -> EncodedImage:
     return attrs.evolve(enc, positions0=np.arange(n, dtype=np.int32)[None, :],
                         pos_step=np.ones(1, dtype=np.int32), n_pos=n)
 
-def _groups(index: Sequence[tuple[Shard, int]], n_kinds: int,
+def _groups(index: Sequence[tuple[Shard, int]], kinds: Sequence[str],
             clicked_weights: Sequence[tuple[str, float]]) -> list[int]:
-    """Each example's draw group: its kind's index, or ``n_kinds + j`` if its click names
-    the j-th class of ``clicked_weights``; ValueError if no example clicks a class named (a
-    misspelt class would otherwise weigh nothing, silently)."""
-    named = {c: n_kinds + j for j, (c, _) in enumerate(clicked_weights)}
-    groups = [named.get(str(s.meta(e)["clicked"]), int(s.meta(e)["kind"])) for s, e in index]
-    absent = [c for c, g in named.items() if g not in groups]
+    """Each example's draw group: its kind's index, or ``len(kinds) + j`` for the first j-th
+    entry of ``clicked_weights`` it matches — ``CLASS``: its click names CLASS; ``KIND/CLASS``:
+    and it is an example of KIND.  ValueError if an entry matches no example (a misspelt class
+    would otherwise weigh nothing, silently)."""
+    keys = [(k.split("/", 1) if "/" in k else (None, k)) for k, _ in clicked_weights]
+    groups = []
+    for s, e in index:
+        meta = s.meta(e)
+        kind, clicked = kinds[int(meta["kind"])], str(meta["clicked"])
+        groups.append(next((len(kinds) + j for j, (want_kind, want_class) in enumerate(keys)
+                            if want_class == clicked and want_kind in (None, kind)),
+                           int(meta["kind"])))
+    absent = [k for j, (k, _) in enumerate(clicked_weights) if len(kinds) + j not in groups]
     if absent:
-        raise ValueError(f"clicked_weights names {absent}: no example of the dataset clicks it")
+        raise ValueError(f"clicked_weights names {absent}: no example of the dataset matches")
     return groups
 
 def _order(kinds: Sequence[int], seed: int,
@@ -181,7 +190,7 @@ def fit(spec: TextSpec, params: Params, data: Path, config: FitConfig = FitConfi
     unknown = [k for k, _ in config.kind_weights if k not in names]
     if unknown:
         raise ValueError(f"kind_weights names {unknown}, not kinds of {data}: {names}")
-    order = _order(_groups(index, len(names), config.clicked_weights), config.seed,
+    order = _order(_groups(index, names, config.clicked_weights), config.seed,
                    {names.index(k): w for k, w in config.kind_weights}
                    | {len(names) + j: w for j, (_, w) in enumerate(config.clicked_weights)})
     t0, c0 = time.perf_counter(), time.process_time()
