@@ -160,6 +160,8 @@ def test_click_weights_parse_class_weight_pairs() -> None:
     assert parse_click_weights("") == ()
     assert parse_click_weights(" marked=1, notes.save=0.5") == (("marked", 1.0),
                                                                 ("notes.save", 0.5))
-    for bad in ("marked", "marked=0", "marked=-1", "=1", "marked=x", "a=1,a=2"):
+    assert parse_click_weights("marked-launch/notes.save=2") == (("marked-launch/notes.save", 2.0),)
+    for bad in ("marked", "marked=0", "marked=-1", "=1", "marked=x", "marked=inf", "marked=nan",
+                "a=1,a=2"):
         with pytest.raises(ValueError):
             parse_click_weights(bad)

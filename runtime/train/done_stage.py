@@ -48,7 +48,7 @@ class DoneStage:
     #: (kind, weight): a kind's share of the stage's updates against 1 for the others
     #: (``FitConfig.kind_weights``)
     kind_weights: tuple[tuple[str, float], ...] = ()
-    #: (clicked class, weight): a click's examples drawn as a group of their own
+    #: ([KIND/]CLASS, weight): a click's examples drawn as a group of their own
     #: (``FitConfig.clicked_weights``)
     clicked_weights: tuple[tuple[str, float], ...] = ()
     #: design the instruction flags (``instruction_flags``: Save / menu / Enter asked) into

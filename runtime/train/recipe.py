@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -337,19 +338,20 @@ def parse_arches(text: str) -> Sequence[str]:
 
 
 def parse_click_weights(text: str) -> tuple[tuple[str, float], ...]:
-    """``"marked=1,notes.save=0.5"`` -> ((class, weight), ...) for ``FitConfig.clicked_weights``
-    (ValueError for a pair that is not CLASS=W with W > 0, or a class named twice)."""
+    """``"marked=1,marked-launch/notes.save=0.5"`` -> (([KIND/]CLASS, weight), ...) for
+    ``FitConfig.clicked_weights`` (ValueError for a pair that is not [KIND/]CLASS=W with a
+    finite W > 0, or a name given twice)."""
     pairs: list[tuple[str, float]] = []
     for item in (i.strip() for i in text.split(",") if i.strip()):
         name, sep, weight = item.partition("=")
         try:
             w = float(weight)
         except ValueError:
-            w = float("nan")
-        if not sep or not name.strip() or not w > 0:
-            raise ValueError(f"{item!r} is not CLASS=WEIGHT with a weight above 0")
+            w = 0.0
+        if not sep or not name.strip() or not 0 < w < math.inf:
+            raise ValueError(f"{item!r} is not [KIND/]CLASS=WEIGHT with a finite weight above 0")
         pairs.append((name.strip(), w))
     names = [n for n, _ in pairs]
     if len(set(names)) != len(names):
-        raise ValueError(f"a class is named twice in {text!r}")
+        raise ValueError(f"a name is given twice in {text!r}")
     return tuple(pairs)
