@@ -186,9 +186,9 @@ class KvAccess:
             raise ValueError("nothing to write")
         if np.any(np.diff(rows.pos) < 0):  # (a stable sort of sorted rows is a copy of them)
             rows = rows.sorted()
+        # rows are in position order from here on: the bounds are the first and last row's
         end = history[-1].end_pos
-        if (np.any(np.diff(rows.pos) < 0) or rows.pos[0] < 0 or rows.pos[-1] >= end
-                or end > self.n_ctx_per_seq):
+        if rows.pos[0] < 0 or rows.pos[-1] >= end or end > self.n_ctx_per_seq:
             raise ValueError("rows need positions in order inside the recorded history")
         if not self.cell_ext and np.any(np.diff(rows.pos) == 0):
             raise ValueError("rows need distinct positions")
