@@ -114,3 +114,39 @@ def chronological(log: ContextLog, kit: PromptKit, window: int, *,
             pieces.append(_action(actions[s.step]))
     pieces.append(text_piece("gen", kit.generation_prompt))
     return pieces
+
+
+def chronological_steps(log: ContextLog, kit: PromptKit, window: int, *,
+                        generation_prompt: bool = True) -> tuple[tuple[Piece, ...], int]:
+    """The chronological layout for an exact policy (chrono-slot): ``[head][the line of every
+    step whose screenshot left the window…][each of the last K screenshots followed by its
+    step's line…][generation prompt]`` — the order OSWorld's agents send (each answer after
+    its screenshot), with the steps that left the window kept as lines before it, as the
+    terminal layout keeps them.  Returns (pieces, region start: the window's first piece).
+
+    Adjacent text is merged, except that every line before the window stays its own piece
+    (the region start advances by one line per slide) and every screenshot's label starts a
+    piece: a screenshot's closing text and its step's line are one piece, known after the
+    step answered (what a prefetch prefills), and the next screenshot's label is the next
+    step's own piece.  So while the window grows, a step's prompt extends the previous
+    one's up to its last image — appended, not re-prefilled."""
+    shown = {s.step for s in window_of(log, window)}
+    first = min(shown) if shown else 10**9
+    shots = {s.step: s for s in log.screenshots}
+    actions = {a.step: a for a in log.actions}
+    raw = _head(log) + [_action(actions[j]) for j in sorted(actions) if j < first]
+    region = len(raw)
+    keep = set(range(1, region + 1))
+    for j in sorted(shown | {j for j in actions if j >= first}):
+        if j in shown:
+            keep.add(len(raw))  # the screenshot's label starts a piece
+            raw += _shot(shots[j])
+        if j in actions:
+            raw.append(_action(actions[j]))
+    if generation_prompt:
+        raw.append(text_piece("gen", kit.generation_prompt))
+    pieces = merge_text(raw, keep_before=frozenset(keep))
+    # region as an index into the merged pieces: the head and the lines before the window
+    # are kept apart, so it is unchanged unless empty text pieces were dropped
+    merged_region = sum(1 for p in raw[:region] if p.is_image or p.tokens)
+    return pieces, merged_region

@@ -111,7 +111,7 @@ def test_relocate_reports_drift_on_attention_models(engines, traj) -> None:
 
 def test_unknown_policy_lists_the_known_ones(engines) -> None:
     e = engines("llama")
-    with pytest.raises(PolicyError, match="known: evict, faithful, faithful-tail, kamera, noevict, noevict-tail, random-evict, recency-evict, relocate"):
+    with pytest.raises(PolicyError, match="known: chrono-slot, evict, faithful, faithful-tail, kamera, noevict, noevict-tail, random-evict, recency-evict, relocate"):
         make_policy("lru", model_info(e), SegmentFactory(e).kit)
 
 

@@ -47,7 +47,7 @@ def test_each_package_function_raises_its_registry_error() -> None:
         profiles.get("gpt")
     with pytest.raises(envs.UnknownEnvError, match="known: simdesk, replay"):
         envs.get("nope")
-    with pytest.raises(PolicyError, match="unknown cache policy 'lru'; known: evict, "):
+    with pytest.raises(PolicyError, match="unknown cache policy 'lru'; known: chrono-slot, evict, "):
         make_policy("lru", None, None)  # type: ignore[arg-type]  # refused before use
 
 

@@ -232,7 +232,8 @@ def test_the_default_server_is_exact_and_marks_nothing(forged, tmp_path) -> None
         chat = _chat(c, s.model, 4, stream_last=True)
         created, steps = _episode(c, 2)
         metrics = c.get("/metrics").text
-    assert [(f["policy"], f["approximate"]) for f in chat] == [("terminal-slot", False)] * 4
+    # the chat API's terminal mode runs chrono-slot when no --policy is given (exact too)
+    assert [(f["policy"], f["approximate"]) for f in chat] == [("chrono-slot", False)] * 4
     assert [(s["policy"], s["approximate"]) for s in steps] == [("terminal-slot", False)] * 2
     assert created["config"]["policy"] == "terminal-slot" and not created["config"]["approximate"]
     assert _approximate_counts(metrics) == {}

@@ -9,6 +9,7 @@ command line takes its choices from.  A policy of your own subclasses
 from cachepolicy.policies.registry import (
     POLICIES, UnknownPolicyError, make_policy, pinning_policies, register,
 )
+from cachepolicy.policies.chrono_slot import ChronoSlotPolicy
 from cachepolicy.policies.evict import EvictPolicy
 from cachepolicy.policies.faithful import FaithfulPolicy, FaithfulTailPolicy
 from cachepolicy.policies.kamera import KameraPolicy
@@ -29,7 +30,7 @@ def names() -> tuple[str, ...]:
     return BUILTIN + tuple(sorted(n for n in POLICIES if n not in BUILTIN))
 
 
-__all__ = ["BUILTIN", "POLICIES", "EvictPolicy", "FaithfulPolicy", "FaithfulTailPolicy",
+__all__ = ["BUILTIN", "POLICIES", "ChronoSlotPolicy", "EvictPolicy", "FaithfulPolicy", "FaithfulTailPolicy",
            "KameraPolicy", "NoEvictPolicy", "RandomEvictPolicy", "RecencyEvictPolicy", "NoEvictTailPolicy", "RelocatePolicy", "TailReplayPolicy",
            "TerminalScratchPolicy", "TerminalSlotPolicy", "UnknownPolicyError", "WindowReplayPolicy", "make_policy", "names",
            "pinning_policies", "register"]

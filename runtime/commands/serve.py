@@ -115,6 +115,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace-seconds", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, how long in-flight requests may finish")
     add_agent_arguments(p)
+    # no --policy: terminal-slot for the episodes, chrono-slot for the chat API's terminal
+    # mode (``_config``); a policy given runs both
+    p.set_defaults(policy=None)
     from runtime.commands.cluster import add_cluster_arguments
 
     add_cluster_arguments(p)
@@ -124,6 +127,8 @@ def _config(args: argparse.Namespace) -> object:
     from cachepolicy.engine import EngineConfig
     from runtime.arg_parsers import parse_memory_budget
     from runtime.commands.options import agent_config, engine_fields
+    from runtime.config import AgentConfig
+    from runtime.serve.terminal import chat_policy
     from runtime.engine_setup import available_memory, check_memory, resolve_model
     from runtime.serve.config import Limits, ServeConfig, check_slots
     from runtime.serve.http.local_only import normal_origin
@@ -168,7 +173,9 @@ def _config(args: argparse.Namespace) -> object:
         model_path=args.model, mmproj_path=args.mmproj, model_name=args.model_name,
         engine=engine,
         memory_budget=available_memory() if budget.unlimited else budget.resolve(),
-        agent=agent_config(args), mode=args.mode, idle_s=args.idle_seconds,
+        agent=agent_config(args, policy=args.policy or AgentConfig().policy),
+        chat_policy=chat_policy(args.policy, args.pinned), mode=args.mode,
+        idle_s=args.idle_seconds,
         lease_grace_s=args.lease_grace_seconds, chat_action_grammar=args.chat_action_grammar,
         # --host by name is a name the server is reached by (not a rebound one)
         allow_hosts=(*args.allow_host, args.host), allow_origins=tuple(args.allow_origin),

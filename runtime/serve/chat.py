@@ -65,7 +65,8 @@ class ChatService:
         self._is_end_of_generation = is_end_of_generation
         self._grammar_budget = GrammarBudget(call_s=config.limits.grammar_call_s,
                                              total_s=config.limits.grammar_total_s)
-        self.terminal = TerminalChat(pool, conversations, config.agent)
+        self.terminal = TerminalChat(pool, conversations, config.agent,
+                                     policy=config.chat_policy)
         self.faithful = FaithfulChat(pool, factory, conversations, config.agent)
 
     async def complete(self, req: ChatRequest, key: str | None, owner: Owner, *,

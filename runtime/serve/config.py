@@ -11,6 +11,7 @@ import attrs
 
 from cachepolicy.engine import EngineConfig
 from cachepolicy.engine.sampling import GrammarBudget
+from cachepolicy.policies import POLICIES
 from runtime.actions import Screen
 from runtime.config import DEFAULT_SCREEN, AgentConfig
 from runtime.engine_setup import check_model_choice
@@ -101,6 +102,11 @@ class ServeConfig:
     memory_budget: int = attrs.field(default=UNLIMITED_BYTES, validator=attrs.validators.ge(1))
     agent: AgentConfig = attrs.Factory(AgentConfig)  # episodes' defaults
     mode: str = attrs.field(default="terminal", validator=attrs.validators.in_(MODES))
+    #: the cache policy of the chat API's terminal mode; None: the episodes'
+    #: (``agent.policy``).  ``kvagent serve`` without ``--policy`` sets ``chrono-slot``
+    #: (``runtime/serve/terminal.py``: an OSWorld client's window appended while it fills)
+    chat_policy: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(lambda _s, _a, v: POLICIES.get(v)))
     limits: Limits = attrs.Factory(Limits)
     wait_s: float = STALL_TIMEOUT_S  # the scheduler's wait for memory: its stall timeout
     #: an episode idle this long gives its slot to a new one when every slot is taken (its

@@ -1,11 +1,16 @@
 """Terminal chat mode: a conversation re-laid into kvagent's terminal layout.
 
-The request — read as agent steps (``conversation.terminal_turns``) — becomes
-``[system][first user text][one line per assistant answer][last K screenshots][generation
-prompt]``, so terminal-slot reuses everything but the new screenshot, and after answering
-the pool prefetches what the next request will certainly hold: the answer as a history line
-and the retained screenshots.  It changes the prompt the model sees (the client's message
-order is not kept; user text after the first user message is not shown).
+The request — read as agent steps (``conversation.terminal_turns``) — becomes, under the
+server's default (``CHAT_POLICY``, chrono-slot), ``[system][first user text][one line per
+answer whose screenshot left the window][each of the last K screenshots followed by its
+answer's line][generation prompt]``; under an explicit ``--policy``, that policy's layout
+(terminal-slot: ``[system][first user text][one line per answer][last K screenshots]
+[generation prompt]``).  Either way the step reuses everything but the new screenshot
+(chrono-slot while the window fills: the request appends to the last one), and after
+answering the pool prefetches what the next request will certainly hold: the answer as a
+line and the retained screenshots.  It changes the prompt the model sees (answers the
+client no longer sends are kept as lines; user text after the first user message is not
+shown).
 
 A request names its conversation (an explicit key, scoped to the caller's API key) or is
 matched to the caller's implicit one whose last answer and retained screenshots it repeats.
@@ -32,14 +37,32 @@ from scheduler.transaction import StepOptions
 
 log = structlog.get_logger("kvagent.serve")
 
+#: The chat API's terminal-mode policy when the server is given none: exact, and laid out
+#: chronologically — each retained screenshot followed by its answer's line, as OSWorld's
+#: agents send them — so that while a conversation's window fills each request's prompt
+#: extends the last one's and is appended, where terminal-slot's history lines precede the
+#: window and re-prefill it from the second request on (``cachepolicy/policies/
+#: chrono_slot.py``).  Its window cannot pin screenshots: with ``--pin-first`` the chat
+#: keeps terminal-slot.
+CHAT_POLICY = "chrono-slot"
+
+
+def chat_policy(policy: str | None, pinned: int) -> str | None:
+    """``ServeConfig.chat_policy`` from ``kvagent serve``'s ``--policy`` (None: not given)
+    and ``--pin-first``: ``CHAT_POLICY`` when neither asks for anything, else None (the
+    chat runs the episodes' policy)."""
+    return CHAT_POLICY if policy is None and pinned == 0 else None
+
 
 class TerminalChat:
     """Answers terminal-mode requests; ``agent`` is the server's agent configuration (the
     window, sampling defaults) that conversations are opened with."""
 
-    def __init__(self, pool: EpisodePool, conversations: Conversations, agent: AgentConfig) -> None:
+    def __init__(self, pool: EpisodePool, conversations: Conversations, agent: AgentConfig,
+                 *, policy: str | None = None) -> None:
         self._pool, self._conversations = pool, conversations
         self._agent = agent
+        self._policy = policy or agent.policy  # ServeConfig.chat_policy, else the episodes'
 
     async def complete(self, turns: TerminalTurns, key: str | None, owner: Owner,
                        options: StepOptions, *, arrived_at: float) -> tuple[str, DriverStep]:
@@ -84,6 +107,7 @@ class TerminalChat:
                      reason="the request does not continue what the conversation holds")
             await self._conversations.close(old.conversation_id)
         config = attrs.evolve(self._agent, profile="chat", grammar=False,
+                              policy=self._policy,
                               system_prompt=turns.system, decode_tokens=None,
                               window=max(self._agent.window, 1))
         conv = Conversation(new_id("chat"), owner, key, turns.system, turns.instruction)
