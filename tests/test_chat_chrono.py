@@ -97,11 +97,11 @@ def test_while_the_window_grows_only_chrono_extends_the_last_prompt(engines) -> 
 # ------------------------------------------------------------ real hosts, the real engine
 
 
-def _config(forged, arch: str, policy: str | None) -> ServeConfig:
+def _config(forged, arch: str, policy: str | None, overlap: bool) -> ServeConfig:
     m = forged(arch)
     return ServeConfig(model_path=m.model_path, mmproj_path=m.mmproj_path,
                        engine=EngineConfig(n_ctx_per_seq=4096, n_seq_max=3, n_threads=1),
-                       agent=AgentConfig(window=WINDOW), chat_policy=policy)
+                       agent=AgentConfig(window=WINDOW, overlap=overlap), chat_policy=policy)
 
 
 def _request(t: int, answers: list[str], *, kept: int = WINDOW - 1) -> ChatRequest:
@@ -129,7 +129,8 @@ def _request(t: int, answers: list[str], *, kept: int = WINDOW - 1) -> ChatReque
                        None)
 
 
-def _conversation(forged, arch: str, policy: str | None, *, fresh: bool = False) -> dict:
+def _conversation(forged, arch: str, policy: str | None, *, overlap: bool = True,
+                  fresh: bool = False) -> dict:
     """One sliding-window conversation of ``STEPS`` requests on a fresh in-process host:
     per step the policy that answered, the answer's tokens, the rows the engine was fed for
     it (text tokens and image embeddings, counted at the engine's prefill calls from the end
@@ -140,7 +141,7 @@ def _conversation(forged, arch: str, policy: str | None, *, fresh: bool = False)
     out: dict = {"steps": [], "fresh": []}
 
     async def main() -> None:
-        async with ModelHost.running(_config(forged, arch, policy)) as host:
+        async with ModelHost.running(_config(forged, arch, policy, overlap)) as host:
             engine = host.engine
             fed = [0]
             text, image = engine.prefill_tokens, engine.prefill_image
@@ -180,13 +181,16 @@ def _conversation(forged, arch: str, policy: str | None, *, fresh: bool = False)
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen35"])
+@pytest.mark.parametrize(("arch", "overlap"), [("llama", True), ("qwen35", True),
+                                               ("qwen35", False)])
 def test_chrono_slot_answers_as_from_scratch_and_appends_while_the_window_grows(
-        forged, arch) -> None:
-    chrono = _conversation(forged, arch, "chrono-slot", fresh=True)
-    slot = _conversation(forged, arch, None)  # the episodes' policy: terminal-slot
+        forged, arch, overlap) -> None:
+    """With overlap (the step after a prefetch) and without (a step from the checkpoints
+    alone: on the hybrid, the recurrent state after the last image, then the region's)."""
+    chrono = _conversation(forged, arch, "chrono-slot", overlap=overlap, fresh=True)
+    slot = _conversation(forged, arch, None, overlap=overlap)  # terminal-slot
     steps, old = chrono["steps"], slot["steps"]
-    print(f"{arch}: rows fed per step, chrono-slot / terminal-slot:",
+    print(f"{arch}, overlap {overlap}: rows fed per step, chrono-slot / terminal-slot:",
           [(c["fed"], s["fed"]) for c, s in zip(steps, old)])
     assert {s["policy"] for s in steps} == {"chrono-slot"}
     assert {s["policy"] for s in old} == {"terminal-slot"}

@@ -39,18 +39,21 @@ class ChronoSlotPolicy(CachePolicy):
         changes="the sequence after its last image while the window fills, after the "
                 "window-region checkpoint once it slides; the checkpoints advance",
         evidence="digests of the sequence's runs and of the published checkpoints",
-        adds_work="two checkpoints per step (the recurrent state at the window's start and "
-                  "after the last image on hybrids, nothing on attention-only models)",
+        adds_work="a checkpoint per step at the window's start, and one after the last "
+                  "image while the window grows (the recurrent state on hybrids, nothing "
+                  "on attention-only models)",
         omitted_recoverable=True, quality="exact", bounded=True,
         supports=frozenset(ModelKind))
 
     def select(self, log: ContextLog, view: CacheView, *, new: frozenset[str] = frozenset()) -> Plan:
         pieces, region = chronological_steps(log, self.kit, self.window)
-        # the next step keeps everything up to this prompt's last image while the window
-        # grows (its line then follows that image): hybrids need the state there; the
-        # memory ladder may still cut back to the region (the first anchor)
-        return self.plan_reusing(log, view, pieces,
-                                 anchors=[(region, REGION), (len(pieces) - 1, PROMPT_END)])
+        anchors = [(region, REGION)]  # the first: where the memory ladder may cut back to
+        if len(log.screenshots) < self.window:
+            # the window still grows: the next step keeps everything up to this prompt's
+            # last image (its line follows that image) — hybrids need the state there.  A
+            # full window slides at the next step, which starts from the region instead
+            anchors.append((len(pieces) - 1, PROMPT_END))
+        return self.plan_reusing(log, view, pieces, anchors=anchors)
 
     def prefetch(self, log: ContextLog, view: CacheView) -> Plan | None:
         """Everything of the next prompt already known: the lines before the next window,
