@@ -206,3 +206,14 @@ def test_chrono_slot_answers_as_from_scratch_and_appends_while_the_window_grows(
     assert growing <= 0.6 * sum(s["fed"] for s in old[1:WINDOW])
     for t in range(WINDOW, STEPS):  # sliding: the window again, and K-1 lines inside it
         assert old[t]["fed"] <= steps[t]["fed"] <= old[t]["fed"] + 64
+
+
+def test_bench_peer_names_the_default_policy_it_measured() -> None:
+    """bench-peer's table says which policy answered when it was given none (the answers'
+    ``policy``: chrono-slot behind the default server)."""
+    from runtime.bench import run_peer
+
+    arm = {"server": "kvagent", "policy": "chrono-slot"}
+    assert run_peer._server_label(arm, None) == "kvagent (chrono-slot)"
+    assert run_peer._server_label({"server": "llama-server"}, None) == "llama-server"
+    assert run_peer._server_label({"server": "kvagent", "policy": None}, None) == "kvagent"

@@ -248,9 +248,12 @@ def table(report: dict[str, Any]) -> str:
 def _server_label(arm: dict[str, Any], policy: str | None) -> str:
     """The table's server column: kvagent's names the policy it was asked to run and, when
     any of its steps were approximate, says how many (and whether the server's count
-    agreed)."""
-    if arm["server"] != "kvagent" or policy is None:
+    agreed); without one, the policy its answers named (the server's default: chrono-slot
+    for the chat API's terminal mode)."""
+    if arm["server"] != "kvagent":
         return arm["server"]
+    if policy is None:
+        return f"kvagent ({arm['policy']})" if arm.get("policy") else arm["server"]
     label = f"kvagent --policy {policy}"
     n = arm.get("approximate_steps") or 0
     if n:
