@@ -18,6 +18,7 @@ DEFAULT_OUT = Path("kvagent-agents")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from runtime.train.cell_labels import MENU_ENTRIES
     from runtime.train.fit import FitConfig
     from runtime.train.recipe import RecipeConfig
 
@@ -59,6 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"pinned, as --pin-first 1 lays them out; above 0, a look-back step "
                         f"is also laid out pinned wherever its drawn layout dropped the first "
                         f"screenshot (default {d.pin_share:g})")
+    p.add_argument("--menu-entries", choices=MENU_ENTRIES, default=d.menu_entries,
+                   help="how the recogniser and the dataset class an app's menu entry: menu "
+                        "(menu.<app>, the shipped agents) or launch (its launcher's "
+                        f"launch.<app>: it opens the app; docs/training.md) (default "
+                        f"{d.menu_entries})")
     p.add_argument("--click-weights", default="", metavar="[KIND/]CLASS=W,...",
                    help="draw the examples whose click names CLASS (a recogniser class; "
                         "marked: marked-launch's look-back click), of KIND if named, as a "
@@ -155,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
                               early_typing=args.early_typing, max_slip_run=args.max_slip_run,
                               with_done=args.with_done,
                               kinds=resolve_kinds(args.kinds), pin_share=args.pin_share,
+                              menu_entries=args.menu_entries,
                               done=DoneStage(updates=args.done_updates,
                                              learning_rate=args.done_learning_rate,
                                              arches=parse_arches(args.done_arch),

@@ -4,7 +4,11 @@ at the cell's centre reaches — the targets the projector's recogniser learns.
 A class is named for what a task asks for, not for how it is drawn: an app's taskbar button
 and desktop icon are one class (``launch.<app>``: a task names the app), menu entries,
 dialog and recall buttons are their widget names (``menu.notes``, ``dialog.retry``), and the
-Notes and Terminal windows' parts too (``notes.field``, ``terminal.title``).  Everything a
+Notes and Terminal windows' parts too (``notes.field``, ``terminal.title``).  With
+``entries="launch"`` (``MenuEntries``) an app's menu entry is its launcher too: it opens the
+app.  As ``menu.<app>`` (``"menu"``, the shipped agents' classes) the agents asked for the
+launcher a menu-only scene lacks and clicked the menu button again — the composition "the
+named app, in the open menu" was never learnt (docs/training.md).  Everything a
 task never clicks — the bare desktop, the taskbar's background, decoy windows, a dialog's
 body — is ``other``.  One class is named for how it is drawn: ``marked``, the cells of a
 launcher while it carries the first screen's mark (``marked-launch``: the task names no app,
@@ -17,6 +21,8 @@ unit the agent clicks.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 from runtime.train.cell_features import CELL
@@ -24,19 +30,26 @@ from vmenv.simdesk.goals import Goal
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.widgets import hit_in, widgets
 
-__all__ = ["MARKED", "OTHER", "cell_classes", "click_class", "query_class", "widget_class"]
+__all__ = ["MARKED", "MENU_ENTRIES", "OTHER", "MenuEntries", "cell_classes", "click_class",
+           "query_class", "widget_class"]
 
 OTHER = "other"
 MARKED = "marked"
 _CLICKABLE = ("menu.", "dialog.", "recall.", "notes.", "terminal.")
 _LAUNCHERS = ("icon.", "desk.")
+#: the menu's own widgets; every other ``menu.<app>`` is an app's entry
+_MENU_PARTS = ("menu.button", "menu.panel", "menu.outside")
+#: how an app's menu entry is classed: ``menu.<app>`` or its launcher's ``launch.<app>``
+MenuEntries = Literal["menu", "launch"]
+MENU_ENTRIES: tuple[MenuEntries, ...] = ("menu", "launch")
 
 
-def widget_class(name: str | None) -> str:
+def widget_class(name: str | None, entries: MenuEntries = "menu") -> str:
     """The class of widget ``name`` (None: the bare desktop)."""
     if name is None:
         return OTHER
-    if name.startswith(_LAUNCHERS):
+    if name.startswith(_LAUNCHERS) or (entries == "launch" and name.startswith("menu.")
+                                       and name not in _MENU_PARTS):
         return "launch." + name.split(".", 1)[1]
     if name.startswith(_CLICKABLE):
         return name
@@ -47,30 +60,31 @@ def _launcher_names(app: str | None) -> tuple[str, ...]:
     return () if app is None else (f"icon.{app}", f"desk.{app}")
 
 
-def _state_class(state: DeskState, name: str | None) -> str:
+def _state_class(state: DeskState, name: str | None, entries: MenuEntries) -> str:
     """``widget_class``, but ``marked`` for a launcher of the app the screen marks."""
     if name in _launcher_names(state.mark):
         return MARKED
-    return widget_class(name)
+    return widget_class(name, entries)
 
 
-def click_class(state: DeskState, x: int, y: int) -> str:
+def click_class(state: DeskState, x: int, y: int, entries: MenuEntries = "menu") -> str:
     """The class of the widget a click at (x, y) reaches."""
     w = hit_in(widgets(state), x, y)
-    return _state_class(state, w.name if w else None)
+    return _state_class(state, w.name if w else None, entries)
 
 
-def query_class(goal: Goal | None, state: DeskState, x: int, y: int) -> str:
+def query_class(goal: Goal | None, state: DeskState, x: int, y: int,
+                entries: MenuEntries = "menu") -> str:
     """The class a click's lookup must name: ``marked`` for a click on a launcher of the app a
     ``marked-launch`` goal opens last (``Goal.then``) — its cells are ``marked`` only on the
     first screenshot, so that is where the lookup finds them — else ``click_class``."""
     w = hit_in(widgets(state), x, y)
     if goal is not None and w is not None and w.name in _launcher_names(goal.then):
         return MARKED
-    return click_class(state, x, y)
+    return click_class(state, x, y, entries)
 
 
-def cell_classes(state: DeskState) -> np.ndarray:
+def cell_classes(state: DeskState, entries: MenuEntries = "menu") -> np.ndarray:
     """[rows, cols] of class names (object array): the class a click at each cell's centre
     reaches."""
     lay = state.layout
@@ -80,5 +94,5 @@ def cell_classes(state: DeskState) -> np.ndarray:
     for r in range(rows):
         for c in range(cols):
             w = hit_in(ws, c * CELL + CELL // 2, r * CELL + CELL // 2)
-            out[r, c] = _state_class(state, w.name if w else None)
+            out[r, c] = _state_class(state, w.name if w else None, entries)
     return out

@@ -55,7 +55,7 @@ from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.train.agents import AGENT_SCREEN
 from runtime.train.cell_features import CELL
-from runtime.train.cell_labels import MARKED, query_class
+from runtime.train.cell_labels import MARKED, MENU_ENTRIES, MenuEntries, query_class
 from runtime.train.dataset_stats import shard_stats, summarize
 from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, StepExample, TextPiece
 from runtime.train.shards import PieceKind, Projector, Shard, ShardWriter
@@ -115,6 +115,10 @@ class DatasetConfig:
     #: alone, too few to learn it from.  Off: the data are those of the shipped recipe.
     pin_look_back: bool = False
     with_done: bool = False  # also label the solved state done() (simdesk ends without it)
+    #: how a click on an app's menu entry names its class (``cell_labels.MenuEntries``): as
+    #: the recogniser the data are read with classes it ("menu": the shipped recipe)
+    menu_entries: MenuEntries = attrs.field(default="menu",
+                                            validator=attrs.validators.in_(MENU_ENTRIES))
     profile: str = "kvagent"
     shard_episodes: int = attrs.field(default=64, validator=attrs.validators.ge(1))
 
@@ -238,7 +242,8 @@ class Generator:
             if step.slip:  # the agent's mistake: in the later steps' history, never a target
                 continue
             # the class the click's lookup must name (``marked``: found on screenshot 0)
-            clicked = (query_class(ep.goal, step.state, step.action.x, step.action.y)
+            clicked = (query_class(ep.goal, step.state, step.action.x, step.action.y,
+                                   c.menu_entries)
                        if isinstance(step.action, Click) else "")
             seen: set[bytes] = set()
             for policy, k, pinned in self.layouts(rng):

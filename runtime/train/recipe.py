@@ -45,6 +45,7 @@ from cachepolicy.engine import EngineConfig
 from cachepolicy.forge import TextSpec
 from vmenv.trajectory_writer import write_durably
 from runtime.train.agents import AGENT_ARCHES, agent_shape, agent_vocab
+from runtime.train.cell_labels import MenuEntries
 from runtime.train.cell_vision import KEY_DIMS, write_cell_mmproj
 from runtime.train.dataset import DatasetConfig, generate, load_manifest
 from runtime.train.designs import Designs, agent_designs
@@ -120,6 +121,10 @@ class RecipeConfig:
     #: done() but the multi-step kinds collapse to click, type, done()); off: the base
     #: agents never say done(), and the done stage teaches it
     with_done: bool = False
+    #: how an app's menu entry is classed, for the recogniser and the dataset alike
+    #: (``cell_labels.MenuEntries``): ``menu.<app>`` (the shipped agents) or its launcher's
+    #: ``launch.<app>`` (measured in docs/training.md, "Menu entries as launchers")
+    menu_entries: MenuEntries = _DATA.menu_entries.default
     #: the done stage (``done_stage``): after the base training, each agent continues from
     #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
     #: agents (they never say done())
@@ -131,7 +136,8 @@ class RecipeConfig:
                              perturbed=self.perturbed, slipped=self.slipped,
                              early_typing=self.early_typing, max_slip_run=self.max_slip_run,
                              with_done=self.with_done, kinds=self.kinds,
-                             pin_share=self.pin_share, pin_look_back=self.pin_share > 0)
+                             pin_share=self.pin_share, pin_look_back=self.pin_share > 0,
+                             menu_entries=self.menu_entries)
 
     def done_dataset(self) -> DatasetConfig:
         """The done stage's dataset: the same demonstrations, each ending in ``done()``."""
@@ -237,6 +243,10 @@ def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
     if made.get("config", {}).get("seed") != config.seed:
         raise ValueError(f"{base} was made with seed {made.get('config', {}).get('seed')}, "
                          f"not {config.seed}: its designs would differ")
+    entries = made["config"].get("menu_entries", "menu")  # (recipes before the option: menu)
+    if entries != config.menu_entries:
+        raise ValueError(f"{base} was made with --menu-entries {entries}, not "
+                         f"{config.menu_entries}: its projector classes menu entries so")
     missing = [n for n in (MMPROJ_NAME, *map(model_name, config.arches))
                if not (base / n).is_file()]
     missing += [f"{a} in recipe.json" for a in config.arches if a not in made.get("models", {})]
@@ -304,17 +314,18 @@ def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
     t0 = time.perf_counter()
     n, m = config.recogniser_episodes, config.recogniser_dialog_episodes
     progress(f"recogniser: cells of {n} + {m} expert episodes")
-    data = cell_data(train_seeds(config.seed), n, kinds=config.kinds)
+    entries = config.menu_entries
+    data = cell_data(train_seeds(config.seed), n, kinds=config.kinds, entries=entries)
     if m:  # other training seeds than the first part's, read in its classes
         data = data.concat(cell_data(train_seeds(config.seed + DIALOG_SEEDS), m, data.classes,
-                                     DIALOG_KINDS))
+                                     DIALOG_KINDS, entries))
     rec = train_recogniser(data, key_dims=KEY_DIMS, updates=config.recogniser_updates,
                            seed=config.seed,
                            progress=lambda t, loss: progress(
                                f"recogniser: update {t}/{config.recogniser_updates}, loss "
                                f"{loss:.3f}"))
     held_out = cell_data(iter(eval_seeds(10 * n)), max(8, n // 10), rec.classes,
-                         kinds=config.kinds)
+                         kinds=config.kinds, entries=entries)
     lookup = lookup_accuracy(rec, held_out)
     seconds = time.perf_counter() - t0
     progress(f"recogniser: {len(rec.classes)} classes; held-out lookup {lookup:.3f} "

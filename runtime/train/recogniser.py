@@ -35,7 +35,7 @@ import numpy as np
 
 from runtime.train.agents import AGENT_SCREEN
 from runtime.train.cell_features import CELL, MERGED_FEATURES, cell_features, content_mask
-from runtime.train.cell_labels import OTHER, cell_classes, click_class
+from runtime.train.cell_labels import OTHER, MenuEntries, cell_classes, click_class
 from runtime.train.codes import spread_codes
 from runtime.train.optim import AdamW, apply_updates, init_state
 from vmenv.actions import Click
@@ -75,7 +75,7 @@ class CellData:
                         classes=self.classes)
 
 
-def _screens(seeds: Iterator[int], n_episodes: int, kinds: Sequence[str],
+def _screens(seeds: Iterator[int], n_episodes: int, kinds: Sequence[str], entries: MenuEntries,
              ) -> Iterator[tuple[np.ndarray, np.ndarray, str | None, int]]:
     done = 0
     for seed, kind in zip(seeds, itertools.cycle(kinds)):
@@ -91,19 +91,19 @@ def _screens(seeds: Iterator[int], n_episodes: int, kinds: Sequence[str],
             target, cell = None, -1
             if isinstance(step.action, Click):
                 x, y = step.action.x, step.action.y
-                target = click_class(step.state, x, y)
+                target = click_class(step.state, x, y, entries)
                 cell = (y // CELL) * (SCREEN[0] // CELL) + x // CELL
-            yield cell_features(rgb), cell_classes(step.state), target, cell
+            yield cell_features(rgb), cell_classes(step.state, entries), target, cell
 
 
 def cell_data(seeds: Iterator[int], n_episodes: int, classes: tuple[str, ...] | None = None,
-              kinds: Sequence[str] | None = None) -> CellData:
+              kinds: Sequence[str] | None = None, entries: MenuEntries = "menu") -> CellData:
     """The cells of ``n_episodes`` expert episodes (``kinds``, default every task kind, in
     turn, one seed each). ``classes``: a fixed class list (held-out data is read in the
     training data's classes; an unseen class becomes ``other``); None: ``other`` and every
-    class seen, sorted."""
+    class seen, sorted. ``entries``: how menu entries are classed (``cell_labels``)."""
     feats, names, targets, cells = [], [], [], []
-    for f, lab, target, cell in _screens(seeds, n_episodes, kinds or task_kinds()):
+    for f, lab, target, cell in _screens(seeds, n_episodes, kinds or task_kinds(), entries):
         feats.append(f)
         names.append(lab)
         targets.append(target)
