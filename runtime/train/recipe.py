@@ -123,7 +123,8 @@ class RecipeConfig:
     with_done: bool = False
     #: how an app's menu entry is classed, for the recogniser and the dataset alike
     #: (``cell_labels.MenuEntries``): ``menu.<app>`` (the shipped agents) or its launcher's
-    #: ``launch.<app>`` (measured in docs/training.md, "Menu entries as launchers")
+    #: ``launch.<app>`` (measured in docs/training.md, "Menu entries as launchers, and three
+    #: times the data")
     menu_entries: MenuEntries = _DATA.menu_entries.default
     #: the done stage (``done_stage``): after the base training, each agent continues from
     #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
