@@ -97,11 +97,12 @@ def test_while_the_window_grows_only_chrono_extends_the_last_prompt(engines) -> 
 # ------------------------------------------------------------ real hosts, the real engine
 
 
-def _config(forged, arch: str, policy: str | None, overlap: bool) -> ServeConfig:
+def _config(forged, arch: str, policy: str | None, overlap: bool,
+            window: int = WINDOW) -> ServeConfig:
     m = forged(arch)
     return ServeConfig(model_path=m.model_path, mmproj_path=m.mmproj_path,
                        engine=EngineConfig(n_ctx_per_seq=4096, n_seq_max=3, n_threads=1),
-                       agent=AgentConfig(window=WINDOW, overlap=overlap), chat_policy=policy)
+                       agent=AgentConfig(window=window, overlap=overlap), chat_policy=policy)
 
 
 def _request(t: int, answers: list[str], *, kept: int = WINDOW - 1) -> ChatRequest:
@@ -130,18 +131,20 @@ def _request(t: int, answers: list[str], *, kept: int = WINDOW - 1) -> ChatReque
 
 
 def _conversation(forged, arch: str, policy: str | None, *, overlap: bool = True,
-                  fresh: bool = False) -> dict:
+                  fresh: bool = False, window: int = WINDOW, trim: bool = False) -> dict:
     """One sliding-window conversation of ``STEPS`` requests on a fresh in-process host:
     per step the policy that answered, the answer's tokens, the rows the engine was fed for
     it (text tokens and image embeddings, counted at the engine's prefill calls from the end
     of the previous step to the end of this one: the prefetch and the step) and the step's
     own account.  ``fresh``: then each step's request again, with every answer so far, to a
     conversation of its own whose first step prefills everything from scratch — its
-    answer's tokens."""
-    out: dict = {"steps": [], "fresh": []}
+    answer's tokens.  ``window``: the server's K; ``trim``: after each step (and its
+    prefetch) the memory ladder's first rung cuts the conversation back to its reuse point
+    (the region anchor), the bytes freed in ``trimmed``."""
+    out: dict = {"steps": [], "fresh": [], "trimmed": []}
 
     async def main() -> None:
-        async with ModelHost.running(_config(forged, arch, policy, overlap)) as host:
+        async with ModelHost.running(_config(forged, arch, policy, overlap, window)) as host:
             engine = host.engine
             fed = [0]
             text, image = engine.prefill_tokens, engine.prefill_image
@@ -167,6 +170,10 @@ def _conversation(forged, arch: str, policy: str | None, *, overlap: bool = True
                     "fed": fed[0] - last})
                 last = fed[0]
                 await anyio.sleep(0.2)  # the client "acts": the prefetch runs meanwhile
+                if trim:  # the scheduler's own rung, as memory pressure runs it on an idle slot
+                    scheduler = host.pool.scheduler
+                    out["trimmed"].append(await scheduler.pressure.trim_to_reuse_point(
+                        scheduler._slots[got.conversation_id]))  # noqa: SLF001
             if fresh:
                 for t in range(1, STEPS):
                     # every answer so far: the lines the continued conversation keeps
@@ -206,6 +213,25 @@ def test_chrono_slot_answers_as_from_scratch_and_appends_while_the_window_grows(
     assert growing <= 0.6 * sum(s["fed"] for s in old[1:WINDOW])
     for t in range(WINDOW, STEPS):  # sliding: the window again, and K-1 lines inside it
         assert old[t]["fed"] <= steps[t]["fed"] <= old[t]["fed"] + 64
+
+
+@pytest.mark.parametrize(("arch", "window", "overlap", "trim"), [
+    ("qwen35", WINDOW, True, True), ("llama", WINDOW, False, True),
+    ("qwen35", 1, False, False), ("llama", 1, True, False)])
+def test_chrono_slot_is_exact_after_a_trim_and_with_a_one_screenshot_window(
+        forged, arch, window, overlap, trim) -> None:
+    """The paths the test above does not take: the memory ladder cutting each step back to
+    the region anchor (on the hybrid through the region checkpoint, leaving the checkpoint
+    after the last image beyond the sequence's end), and K = 1 (no growing step; the
+    prefetch holds no screenshot).  Every answer is still the fresh conversation's."""
+    out = _conversation(forged, arch, "chrono-slot", overlap=overlap, fresh=True,
+                        window=window, trim=trim)
+    steps = out["steps"]
+    assert {s["policy"] for s in steps} == {"chrono-slot"}
+    if trim:  # the rung did cut back after every step
+        assert len(out["trimmed"]) == STEPS and all(f > 0 for f in out["trimmed"])
+    assert len({s["tokens"] for s in steps}) > 1
+    assert [s["tokens"] for s in steps[1:]] == out["fresh"]
 
 
 def test_bench_peer_names_the_default_policy_it_measured() -> None:
