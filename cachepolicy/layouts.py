@@ -101,9 +101,10 @@ def interleaved(log: ContextLog, kit: PromptKit, window: int | None) -> list[Pie
 
 
 def chronological(log: ContextLog, kit: PromptKit, window: int, *,
-                  pinned: int = 0) -> list[Piece]:
-    """Relocate's layout: actions in step order, screenshots kept only inside the window,
-    each in its own piece so a dropped screenshot's span is a run of the sequence."""
+                  pinned: int = 0, generation_prompt: bool = True) -> list[Piece]:
+    """Relocate's layout (and chrono-slot's, before merging): actions in step order,
+    screenshots kept only inside the window, each in its own piece so a dropped
+    screenshot's span is a run of the sequence."""
     shown = {s.step for s in window_of(log, window, pinned)}
     actions = {a.step: a for a in log.actions}
     pieces = _head(log)
@@ -112,7 +113,8 @@ def chronological(log: ContextLog, kit: PromptKit, window: int, *,
             pieces += _shot(s)
         if s.step in actions:
             pieces.append(_action(actions[s.step]))
-    pieces.append(text_piece("gen", kit.generation_prompt))
+    if generation_prompt:
+        pieces.append(text_piece("gen", kit.generation_prompt))
     return pieces
 
 
@@ -130,21 +132,14 @@ def chronological_steps(log: ContextLog, kit: PromptKit, window: int, *,
     step answered (what a prefetch prefills), and the next screenshot's label is the next
     step's own piece.  So while the window grows, a step's prompt extends the previous
     one's up to its last image — appended, not re-prefilled."""
-    shown = {s.step for s in window_of(log, window)}
-    first = min(shown) if shown else 10**9
-    shots = {s.step: s for s in log.screenshots}
-    actions = {a.step: a for a in log.actions}
-    raw = _head(log) + [_action(actions[j]) for j in sorted(actions) if j < first]
-    region = len(raw)
-    keep = set(range(1, region + 1))
-    for j in sorted(shown | {j for j in actions if j >= first}):
-        if j in shown:
-            keep.add(len(raw))  # the screenshot's label starts a piece
-            raw += _shot(shots[j])
-        if j in actions:
-            raw.append(_action(actions[j]))
-    if generation_prompt:
-        raw.append(text_piece("gen", kit.generation_prompt))
+    raw = chronological(log, kit, window, generation_prompt=generation_prompt)
+    # the window is the newest screenshots (nothing pinned): every piece before its first
+    # label is the head or the line of a step that left it
+    images = [i for i, p in enumerate(raw) if p.is_image]
+    region = images[0] - 1 if images else len(raw) - (1 if generation_prompt else 0)
+    # the head and each line before the window its own piece; each screenshot's label
+    # (the piece before its image) starts one
+    keep = set(range(1, region + 1)) | {i - 1 for i in images}
     pieces = merge_text(raw, keep_before=frozenset(keep))
     # region as an index into the merged pieces: the head and the lines before the window
     # are kept apart, so it is unchanged unless empty text pieces were dropped
