@@ -93,7 +93,7 @@ def test_kvagent_side_of_the_workload(forged, tmp_path: Path) -> None:
     """kvagent serve in terminal mode answers OSWorld-layout requests from two clients at
     once; every step is recorded with the server's own counts."""
     m = forged("qwen35")
-    args = argparse.Namespace(steps=4, screenshots=2, max_tokens=4, vm_seconds=0.05, ctx=4096,
+    args = argparse.Namespace(steps=4, screenshots=2, max_tokens=4, vm_seconds=0.2, ctx=4096,
                               threads=1, llama_server=None, decode_rows=1)
     out = run_peer.run_arm(args, "kvagent", "evict", 2, (96, 64), m.model_path,
                            m.mmproj_path, tmp_path)
@@ -105,9 +105,12 @@ def test_kvagent_side_of_the_workload(forged, tmp_path: Path) -> None:
     assert out["peak_rss_bytes"] > 0 and out["steps_per_s"] > 0
     steps = out["per_step"]
     assert {s["client"] for s in steps} == {0, 1}
-    # once the window is full, the prefetch (during the pause) does part of each step
+    # once the window is full, the prefetch (during the pause) does part of the steps: not
+    # necessarily of each — on a loaded machine a pause can end before its prefetch ran
+    # (seen twice in ~35 runs beside other work), and then the step does it all
     late = [s for s in steps if s["step"] >= 2]
-    assert all(s["critical_prefilled"] < s["prefilled"] for s in late)
+    assert all(s["critical_prefilled"] <= s["prefilled"] for s in late)
+    assert sum(s["critical_prefilled"] for s in late) < sum(s["prefilled"] for s in late)
     assert all(s["completion_tokens"] <= 4 for s in steps)
 
 
