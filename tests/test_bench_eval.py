@@ -197,6 +197,8 @@ def test_references() -> None:
     assert reference_of("terminal-slot+overlap") == ("terminal-scratch", True)
     assert reference_of("noevict") == ("evict", False)
     assert reference_of("relocate") == ("terminal-scratch", False)
+    # the chat API's exact default lays the window out otherwise: judged, not expected equal
+    assert reference_of("chrono-slot+overlap") == ("terminal-scratch", False)
     assert with_references(["noevict", "terminal-slot"]) == (
         "evict", "terminal-scratch", "noevict", "terminal-slot")
     assert with_references(["terminal-slot", "terminal-scratch"]) == (

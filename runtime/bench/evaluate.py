@@ -69,6 +69,9 @@ TERMINAL_REFERENCE, INTERLEAVED_REFERENCE = "terminal-scratch", "evict"
 RELATIONS: dict[str, tuple[str, bool, str]] = {
     "terminal-scratch": (TERMINAL_REFERENCE, True, ""),
     "terminal-slot": (TERMINAL_REFERENCE, True, ""),
+    # exact on its own layout — the window in the client's order, each screenshot followed
+    # by its answer's line — which is neither the terminal nor the interleaved one
+    "chrono-slot": (TERMINAL_REFERENCE, False, "another layout (the window in time order)"),
     "relocate": (TERMINAL_REFERENCE, False, "approximate"),
     "evict": (INTERLEAVED_REFERENCE, True, ""),
     "noevict": (INTERLEAVED_REFERENCE, False, "same screenshots only within K steps"),
