@@ -1,7 +1,7 @@
 """``chrono-slot``: the chronological layout (``cachepolicy.layouts.chronological_steps``:
 each retained screenshot followed by its step's line, the lines of the steps that left the
-window before it), exact, with a checkpoint at the start of the window and one after the
-prompt's last image.
+window before it), exact, with a checkpoint at the start of the window and, while the
+window still grows, one after the prompt's last image.
 
 Where terminal-slot's new history line precedes the window — so every step re-prefills the
 retained screenshots, also while the window is still filling — here a step's line follows
@@ -27,8 +27,8 @@ from cachepolicy.context_log import ContextLog
 from cachepolicy.layouts import chronological_steps
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
 from cachepolicy.policies.registry import register
+from cachepolicy.policies.terminal_slot import REGION  # the same anchor: the window's start
 
-REGION = "region"
 PROMPT_END = "prompt_end"
 
 
