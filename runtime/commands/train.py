@@ -65,6 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(menu.<app>, the shipped agents) or launch (its launcher's "
                         f"launch.<app>: it opens the app; docs/training.md) (default "
                         f"{d.menu_entries})")
+    p.add_argument("--menu-flag", action="store_true",
+                   help="the projector reads 'part of the open menu' off each cell and a "
+                        "designed head tells the rows that choose an action whether a "
+                        "screenshot in the window shows the menu open (docs/training.md, "
+                        "'The menu flag'; default off: the shipped agents' projector)")
     p.add_argument("--click-weights", default="", metavar="[KIND/]CLASS=W,...",
                    help="draw the examples whose click names CLASS (a recogniser class; "
                         "marked: marked-launch's look-back click), of KIND if named, as a "
@@ -161,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
                               early_typing=args.early_typing, max_slip_run=args.max_slip_run,
                               with_done=args.with_done,
                               kinds=resolve_kinds(args.kinds), pin_share=args.pin_share,
-                              menu_entries=args.menu_entries,
+                              menu_entries=args.menu_entries, menu_flag=args.menu_flag,
                               done=DoneStage(updates=args.done_updates,
                                              learning_rate=args.done_learning_rate,
                                              arches=parse_arches(args.done_arch),

@@ -17,7 +17,9 @@ whose hidden layer has three parts, each exact in llama.cpp's arithmetic:
   +20 into GELU's identity range and shifted back by ``mm.2``'s bias.
 
 Row layout (``RowLayout``): ``key`` | column one-hot | row one-hot | content | ``query``
-(zero in image rows: where the text model's lookup query lives). The merger's weights are
+(zero in image rows: where the text model's lookup query lives); with the menu flag
+(``menu_flag``) one content dim (``RowLayout.menu``) holds its read-out of the recogniser's
+units instead of content. The merger's weights are
 kept in f32 so the designed values are exact. The position one-hots are exact on the screen
 the projector is made for (640x384: 20 x 12 cells); another image size gets, per cell, the
 one-hot of the designed cell at the same relative place.
@@ -51,6 +53,7 @@ SHIFT = 20.0
 POS_SCALE = 3.0
 CONTENT_SCALE = 0.3
 KEY_DIMS = 36
+MENU_FROM_END = 8  # RowLayout.menu: the content dim this far from the content's end
 
 
 @attrs.frozen
@@ -65,6 +68,13 @@ class RowLayout:
     row: slice
     content: slice
     query: slice
+
+    @property
+    def menu(self) -> int:
+        """The content dim the menu flag's projector writes (``menu_flag``): below the text
+        side's flags (typed and text flag, the read-out's kind dims, the instruction
+        flags), where text pieces hold 0."""
+        return self.content.stop - MENU_FROM_END
 
 
 def row_layout(n_embd: int, screen: tuple[int, int] = AGENT_SCREEN) -> RowLayout:
@@ -134,6 +144,9 @@ def _merger(rec: Recogniser, lay: RowLayout, seed: int) -> dict[str, np.ndarray]
     w2[lay.content, at:at + n_content] = CONTENT_SCALE * np.eye(n_content)
     b2[lay.content] = -CONTENT_SCALE * SHIFT
     assert at + n_content == hidden
+    if rec.menu is not None:  # the menu dim reads the recogniser's units instead of content
+        w2[lay.menu, :], b2[lay.menu] = 0.0, rec.menu.b
+        w2[lay.menu, :h] = rec.menu.w
     return {"mm.0.weight": w0.T.astype(np.float32), "mm.0.bias": b0.astype(np.float32),
             "mm.2.weight": w2.astype(np.float32), "mm.2.bias": b2.astype(np.float32)}
 
@@ -151,7 +164,8 @@ def _plan_values(plan: TensorPlan, designed: dict[str, np.ndarray]) -> TensorPla
 def write_cell_mmproj(spec: TextSpec, path: str | Path, rec: Recogniser, *,
                       seed: int = 0) -> Path:
     """Write the cell projector for ``spec`` with recogniser ``rec`` to ``path``
-    (deterministic in ``rec`` and ``seed``)."""
+    (deterministic in ``rec`` and ``seed``); a recogniser trained with the menu read-out
+    (``Recogniser.menu``) writes it into the layout's ``menu`` dim (``menu_flag``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     vspec = cell_vision_spec(spec, rec)

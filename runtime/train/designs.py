@@ -1,7 +1,8 @@
 """The agents' designed parts as one object: the lookup (``grounding``), the read-out
 (``readout``), the word copy (``word_copy``), the typed flag (``typed_flag``), the label
-copy (``label_copy``) and the instruction flags (``instruction_flags``), built from the
-recogniser's classes and the recipe's seed.
+copy (``label_copy``), the instruction flags (``instruction_flags``) and, when the recipe
+asks for it, the menu flag (``menu_flag``), built from the recogniser's classes and the
+recipe's seed.
 
 One home for what the recipe designs into a fresh agent and keeps fixed in training, so the
 base training and the done stage (``done_stage``) design and freeze the same slices.
@@ -27,6 +28,7 @@ from runtime.train.instruction_flags import (
     InstructionFlags, design_flags, frozen_flags, instruction_flags,
 )
 from runtime.train.label_copy import LabelCopy, design_label, frozen_label, label_copy
+from runtime.train.menu_flag import MenuFlag, design_menu_flag, frozen_menu_flag
 from runtime.train.optim import merge_masks
 from runtime.train.readout import Readout, design_readout, frozen_readout
 from runtime.train.typed_flag import TypedFlag, design_typed, frozen_typed, typed_flag
@@ -48,6 +50,8 @@ class Designs:
     #: the instruction flags (``instruction_flags``): designed into a trained base agent by
     #: the done stage when it asks for them, never by ``apply``
     flags: InstructionFlags
+    #: the menu flag (``menu_flag``; its projector must carry the menu read-out), or None
+    menu: MenuFlag | None = None
 
     def apply_flags(self, params: Mapping[str, np.ndarray], spec: TextSpec,
                     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -57,26 +61,28 @@ class Designs:
 
     def apply(self, params: Mapping[str, np.ndarray], spec: TextSpec) -> dict[str, np.ndarray]:
         """``params`` (a fresh agent's) with every design written in, in the order each
-        needs: the read-out before the flags (x pieces get theirs), the label copy after the
-        typed flag (it shares that KV head)."""
+        needs: the read-out before the flags (x pieces get theirs), the label copy and the
+        menu flag after the typed flag (they share that KV head)."""
         start = design(params, spec, self.grounding, seed=self.seed)
         start = design_readout(start, spec, self.readout)
         start = design_typed(design_copy(start, spec, self.words), spec, self.typed)
-        return design_label(start, spec, self.labels)
+        start = design_label(start, spec, self.labels)
+        return start if self.menu is None else design_menu_flag(start, spec, self.menu)
 
     def frozen(self, params: Mapping[str, np.ndarray], spec: TextSpec) -> dict[str, np.ndarray]:
         """Masks (1 = kept fixed in training) of every designed slice."""
+        menu = [] if self.menu is None else [frozen_menu_flag(params, spec, self.menu)]
         return merge_masks(frozen_lookup(params, spec, self.grounding),
                            frozen_copy(params, spec, self.words),
                            frozen_typed(params, spec, self.typed),
                            frozen_label(params, spec, self.labels),
-                           frozen_readout(params, spec, self.readout))
+                           frozen_readout(params, spec, self.readout), *menu)
 
 
 def agent_designs(tokens: Sequence[str], classes: Sequence[str], n_embd: int, *, seed: int,
-                  scaffold_weight: float) -> Designs:
+                  scaffold_weight: float, menu_flag: bool = False) -> Designs:
     """The designs for a vocabulary's ``tokens`` and the recogniser's ``classes`` (in its
-    order), for agents ``n_embd`` wide."""
+    order), for agents ``n_embd`` wide; ``menu_flag``: with the menu flag."""
     codes = spread_codes(len(classes), KEY_DIMS, seed)
     grounding = Grounding(row_layout(n_embd), {c: codes[i] for i, c in enumerate(classes)},
                           piece_ids(tokens, X_PIECES), piece_ids(tokens, Y_PIECES),
@@ -85,5 +91,6 @@ def agent_designs(tokens: Sequence[str], classes: Sequence[str], n_embd: int, *,
                      piece_ids(tokens, ASK_PIECES), seed=seed)
     typed = typed_flag(tokens, words, seed=seed)
     labels = label_copy(tokens, grounding.layout, grounding.codes, typed.text_flag, seed=seed)
+    menu = MenuFlag(grounding.layout, typed.text_flag) if menu_flag else None
     return Designs(grounding, Readout(grounding.layout, grounding.x_ids, grounding.y_ids),
-                   words, typed, labels, seed, instruction_flags(tokens, labels))
+                   words, typed, labels, seed, instruction_flags(tokens, labels), menu)

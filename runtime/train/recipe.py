@@ -53,6 +53,7 @@ from runtime.train.done_stage import DoneStage, train_done
 from runtime.train.environment import environment
 from runtime.train.fit import FitConfig, FitReport, fit
 from runtime.train.gguf_io import export_gguf
+from runtime.train.menu_flag import readout_errors
 from runtime.train.model import Params
 from runtime.train.params import init_params
 from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
@@ -126,6 +127,10 @@ class RecipeConfig:
     #: ``launch.<app>`` (measured in docs/training.md, "Menu entries as launchers, and three
     #: times the data")
     menu_entries: MenuEntries = _DATA.menu_entries.default
+    #: the menu flag (``menu_flag``): the projector reads "part of the open menu" off the
+    #: recogniser's units into a dim of its own, and a designed head carries "a screenshot
+    #: in the window shows the menu open" to the rows that choose a verb or a coordinate
+    menu_flag: bool = False
     #: the done stage (``done_stage``): after the base training, each agent continues from
     #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
     #: agents (they never say done())
@@ -162,7 +167,8 @@ def train_agents(config: RecipeConfig, out: Path, *,
     rec, rec_record = _recogniser(config, progress)
     mmproj = write_cell_mmproj(hybrid.spec, out / MMPROJ_NAME, rec, seed=config.seed)
     designs = agent_designs(vocab.tokens, rec.classes, hybrid.spec.n_embd, seed=config.seed,
-                            scaffold_weight=config.scaffold_weight)
+                            scaffold_weight=config.scaffold_weight,
+                            menu_flag=config.menu_flag)
     if not all(np.array_equal(designs.grounding.codes[c], rec.codes[i])
                for i, c in enumerate(rec.classes)):  # designs' invariant
         raise AssertionError("the recogniser's class codes are not spread_codes(classes, seed)")
@@ -215,7 +221,8 @@ def train_done_from(config: RecipeConfig, base: Path, out: Path, *,
     vocab = agent_vocab()
     designs = agent_designs(vocab.tokens, made["mmproj"]["recogniser"]["classes"],
                             agent_shape("qwen35").spec.n_embd, seed=config.seed,
-                            scaffold_weight=config.scaffold_weight)
+                            scaffold_weight=config.scaffold_weight,
+                            menu_flag=config.menu_flag)
     record: dict[str, Any] = {
         "config": attrs.asdict(config), "from": str(base), "mmproj": made["mmproj"],
         "dataset": made.get("dataset"), "models": {}, "environment": environment(),
@@ -248,6 +255,10 @@ def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
     if entries != config.menu_entries:
         raise ValueError(f"{base} was made with --menu-entries {entries}, not "
                          f"{config.menu_entries}: its projector classes menu entries so")
+    menu_flag = bool(made["config"].get("menu_flag", False))
+    if menu_flag != config.menu_flag:
+        raise ValueError(f"{base} was made {'with' if menu_flag else 'without'} --menu-flag: "
+                         f"its projector and designs {'carry' if menu_flag else 'lack'} it")
     missing = [n for n in (MMPROJ_NAME, *map(model_name, config.arches))
                if not (base / n).is_file()]
     missing += [f"{a} in recipe.json" for a in config.arches if a not in made.get("models", {})]
@@ -311,7 +322,8 @@ def _progress_written(progress: Callable[[str], None], arch: str, path: Path, n_
 
 def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
                 ) -> tuple[Recogniser, dict[str, Any]]:
-    """The projector's recogniser, trained on training seeds and measured on held-out ones."""
+    """The projector's recogniser (with the menu flag's read-out when the recipe asks for
+    it), trained on training seeds and measured on held-out ones."""
     t0 = time.perf_counter()
     n, m = config.recogniser_episodes, config.recogniser_dialog_episodes
     progress(f"recogniser: cells of {n} + {m} expert episodes")
@@ -321,18 +333,26 @@ def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
         data = data.concat(cell_data(train_seeds(config.seed + DIALOG_SEEDS), m, data.classes,
                                      DIALOG_KINDS, entries))
     rec = train_recogniser(data, key_dims=KEY_DIMS, updates=config.recogniser_updates,
-                           seed=config.seed,
+                           seed=config.seed, menu=config.menu_flag,
                            progress=lambda t, loss: progress(
                                f"recogniser: update {t}/{config.recogniser_updates}, loss "
                                f"{loss:.3f}"))
     held_out = cell_data(iter(eval_seeds(10 * n)), max(8, n // 10), rec.classes,
                          kinds=config.kinds, entries=entries)
     lookup = lookup_accuracy(rec, held_out)
+    record: dict[str, Any] = {"classes": list(rec.classes), "screens": int(len(data.features)),
+                              "held_out_lookup": round(lookup, 4)}
+    if rec.menu is not None:
+        missed, forged = readout_errors(rec.w0, rec.b0, rec.menu, held_out.features,
+                                        held_out.menu)
+        progress(f"recogniser: menu read-out held out: {missed:.4f} of menu cells missed, "
+                 f"{forged:.4f} of other cells read as menu")
+        record["menu_readout"] = {"menu_cells_missed": round(missed, 5),
+                                  "other_cells_forged": round(forged, 5)}
     seconds = time.perf_counter() - t0
     progress(f"recogniser: {len(rec.classes)} classes; held-out lookup {lookup:.3f} "
              f"({int((held_out.click_class >= 0).sum())} clicks), {seconds:.0f} s")
-    return rec, {"classes": list(rec.classes), "screens": int(len(data.features)),
-                 "held_out_lookup": round(lookup, 4), "seconds": round(seconds, 1)}
+    return rec, {**record, "seconds": round(seconds, 1)}
 
 
 def _model_record(path: Path, sha256: str, report: FitReport) -> dict[str, Any]:

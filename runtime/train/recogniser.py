@@ -37,6 +37,7 @@ from runtime.train.agents import AGENT_SCREEN
 from runtime.train.cell_features import CELL, MERGED_FEATURES, cell_features, content_mask
 from runtime.train.cell_labels import OTHER, MenuEntries, cell_classes, click_class
 from runtime.train.codes import spread_codes
+from runtime.train.menu_flag import MenuReadout, menu_cells, menu_loss
 from runtime.train.optim import AdamW, apply_updates, init_state
 from vmenv.actions import Click
 from vmenv.simdesk.demos import DemonstrationError, demonstration
@@ -58,12 +59,14 @@ SCREENS_PER_UPDATE = 16
 class CellData:
     """Screens as cells: ``features [n, rows, cols, 4E]``, ``labels [n, rows, cols]`` (class
     indices), and per screen the expert's click (``click_class`` index and ``click_cell``
-    = row * cols + col; -1 when the step is not a click)."""
+    = row * cols + col; -1 when the step is not a click); ``menu [n, rows, cols]``: the cells
+    of the open menu (``menu_flag.menu_cells``)."""
 
     features: np.ndarray = attrs.field(repr=False)
     labels: np.ndarray = attrs.field(repr=False)
     click_class: np.ndarray = attrs.field(repr=False)
     click_cell: np.ndarray = attrs.field(repr=False)
+    menu: np.ndarray = attrs.field(repr=False)
     classes: tuple[str, ...]
 
     def concat(self, other: CellData) -> CellData:
@@ -71,12 +74,13 @@ class CellData:
         if other.classes != self.classes:
             raise ValueError("screens read in different class lists")
         return CellData(*(np.concatenate([getattr(self, f), getattr(other, f)])
-                          for f in ("features", "labels", "click_class", "click_cell")),
+                          for f in ("features", "labels", "click_class", "click_cell",
+                                    "menu")),
                         classes=self.classes)
 
 
 def _screens(seeds: Iterator[int], n_episodes: int, kinds: Sequence[str], entries: MenuEntries,
-             ) -> Iterator[tuple[np.ndarray, np.ndarray, str | None, int]]:
+             ) -> Iterator[tuple[np.ndarray, np.ndarray, str | None, int, np.ndarray]]:
     done = 0
     for seed, kind in zip(seeds, itertools.cycle(kinds)):
         if done >= n_episodes:
@@ -93,7 +97,8 @@ def _screens(seeds: Iterator[int], n_episodes: int, kinds: Sequence[str], entrie
                 x, y = step.action.x, step.action.y
                 target = click_class(step.state, x, y, entries)
                 cell = (y // CELL) * (SCREEN[0] // CELL) + x // CELL
-            yield cell_features(rgb), cell_classes(step.state, entries), target, cell
+            yield (cell_features(rgb), cell_classes(step.state, entries), target, cell,
+                   menu_cells(step.state))
 
 
 def cell_data(seeds: Iterator[int], n_episodes: int, classes: tuple[str, ...] | None = None,
@@ -102,12 +107,14 @@ def cell_data(seeds: Iterator[int], n_episodes: int, classes: tuple[str, ...] | 
     turn, one seed each). ``classes``: a fixed class list (held-out data is read in the
     training data's classes; an unseen class becomes ``other``); None: ``other`` and every
     class seen, sorted. ``entries``: how menu entries are classed (``cell_labels``)."""
-    feats, names, targets, cells = [], [], [], []
-    for f, lab, target, cell in _screens(seeds, n_episodes, kinds or task_kinds(), entries):
+    feats, names, targets, cells, menus = [], [], [], [], []
+    for f, lab, target, cell, menu in _screens(seeds, n_episodes, kinds or task_kinds(),
+                                               entries):
         feats.append(f)
         names.append(lab)
         targets.append(target)
         cells.append(cell)
+        menus.append(menu)
     if classes is None:
         seen = {str(n) for lab in names for n in lab.ravel()} | {t for t in targets if t}
         classes = (OTHER, *sorted(seen - {OTHER}))
@@ -115,7 +122,7 @@ def cell_data(seeds: Iterator[int], n_episodes: int, classes: tuple[str, ...] | 
     labels = np.stack([np.vectorize(lambda n: index.get(n, 0))(lab) for lab in names])
     return CellData(np.stack(feats), labels.astype(np.int32),
                     np.array([index.get(t, 0) if t else -1 for t in targets], np.int32),
-                    np.array(cells, np.int32), tuple(classes))
+                    np.array(cells, np.int32), np.stack(menus), tuple(classes))
 
 
 @attrs.frozen(eq=False)
@@ -130,6 +137,8 @@ class Recogniser:
     b2: np.ndarray = attrs.field(repr=False)
     codes: np.ndarray = attrs.field(repr=False)
     classes: tuple[str, ...]
+    #: the menu flag's read-out of the hidden units (``menu_flag``), when trained with it
+    menu: MenuReadout | None = None
 
     @property
     def hidden(self) -> int:
@@ -142,11 +151,12 @@ class Recogniser:
 
 
 def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
-                     updates: int = 1500, seed: int = 0,
+                     updates: int = 1500, seed: int = 0, menu: bool = False,
                      progress: Callable[[int, float], None] | None = None) -> Recogniser:
     """Train on ``data``'s screens (``SCREENS_PER_UPDATE`` whole screens per update, AdamW
-    2e-3 with warmup and cosine decay; the module docstring's terms). ``progress(update,
-    loss)`` is called every 250 updates."""
+    2e-3 with warmup and cosine decay; the module docstring's terms). ``menu``: also the menu
+    flag's read-out (``Recogniser.menu``). ``progress(update, loss)`` is called every 250
+    updates."""
     n_cls = len(data.classes)
     n_screens = len(data.features)
     x_all = data.features.reshape(-1, MERGED_FEATURES)
@@ -159,7 +169,7 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
     params = {"w0": jax.random.normal(k[0], (MERGED_FEATURES, hidden)) * mask.sum() ** -0.5,
               "b0": jnp.zeros(hidden),
               "w2": jax.random.normal(k[1], (hidden, key_dims)) * hidden**-0.5,
-              "b2": jnp.zeros(key_dims)}
+              "b2": jnp.zeros(key_dims), "wm": jnp.zeros(hidden), "bm": jnp.zeros(())}
     freq = np.bincount(y_all, minlength=n_cls) + 1
     weight = jnp.asarray(np.minimum((freq.sum() / freq) ** 0.5, 30.0), jnp.float32)
     mean_j, inv_j = jnp.asarray(mean, jnp.float32), jnp.asarray(inv_std, jnp.float32)
@@ -167,12 +177,12 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
     # would be compiled into the step as a constant (gigabytes; JAX warns about it)
     screens = data.features.reshape(n_screens, -1, MERGED_FEATURES)
     labels = data.labels.reshape(n_screens, -1)
+    menus = data.menu.reshape(n_screens, -1).astype(np.float32)
+    menu_weight = float(menu)
 
-    def keys(p, x):
-        return jax.nn.gelu(((x - mean_j) * inv_j) @ p["w0"] + p["b0"]) @ p["w2"] + p["b2"]
-
-    def loss(p, x, y):  # x [screens, cells, F], y [screens, cells]
-        key = keys(p, x)
+    def loss(p, x, y, m):  # x [screens, cells, F], y / m [screens, cells]
+        h = jax.nn.gelu(((x - mean_j) * inv_j) @ p["w0"] + p["b0"])
+        key = h @ p["w2"] + p["b2"]
         norm = jnp.linalg.norm(key, axis=-1, keepdims=True)
         cos = (key / (norm + 1e-6)) @ codes.T  # [screens, cells, classes]
         lp = jax.nn.log_softmax(cos * (SHARPNESS * KEY_NORM))
@@ -183,21 +193,21 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
         found = jax.nn.logsumexp(jnp.where(member, over_cells, -jnp.inf), axis=1)
         present = member.any(axis=1).at[:, 0].set(False)  # every class on screen but other
         lookup = -jnp.where(present, found, 0.0).sum() / jnp.maximum(present.sum(), 1)
-        return per_cell + lookup + ((norm - 1.0) ** 2).mean()
+        return per_cell + lookup + ((norm - 1.0) ** 2).mean() + menu_weight * menu_loss(p, h, m)
 
     opt = AdamW(learning_rate=2e-3, b2=0.99, warmup_steps=100, decay_steps=updates,
                 min_lr_ratio=0.1, clip_norm=1.0)
 
     @jax.jit
-    def step(state, x, y):
-        val, g = jax.value_and_grad(loss)(state.params, x, y)
+    def step(state, x, y, m):
+        val, g = jax.value_and_grad(loss)(state.params, x, y, m)
         return apply_updates(state, g, opt)[0], val
 
     rng = np.random.default_rng(seed)
     state = init_state(params)
     for t in range(1, updates + 1):
         pick = rng.integers(0, n_screens, SCREENS_PER_UPDATE)
-        state, val = step(state, screens[pick], labels[pick])
+        state, val = step(state, screens[pick], labels[pick], menus[pick])
         if progress is not None and (t % 250 == 0 or t == updates):
             progress(t, float(val))
     p = {name: np.asarray(v, np.float64) for name, v in state.params.items()}
@@ -207,9 +217,10 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
     sample = x_all[rng.integers(0, len(x_all), 4096)]
     h = np.asarray(jax.nn.gelu(jnp.asarray(sample @ w0 + b0)))
     scale = KEY_NORM / np.linalg.norm(h @ p["w2"] + p["b2"], axis=-1).mean()
+    readout = (MenuReadout(p["wm"].astype(np.float32), float(p["bm"])) if menu else None)
     return Recogniser(w0.astype(np.float32), b0.astype(np.float32),
                       (p["w2"] * scale).astype(np.float32), (p["b2"] * scale).astype(np.float32),
-                      np.asarray(codes, np.float32), data.classes)
+                      np.asarray(codes, np.float32), data.classes, readout)
 
 
 def lookup_accuracy(rec: Recogniser, data: CellData) -> float:

@@ -38,7 +38,7 @@ from runtime.train.cell_vision import POS_SCALE, RowLayout
 from runtime.train.codes import spread_codes
 
 __all__ = ["ASK_PIECES", "TYPED_WORDS", "WordCopy", "copy_layer", "design_copy",
-           "frozen_copy", "match_flags"]
+           "frozen_copy", "match_dim", "match_flags"]
 
 #: the pieces whose row asks for the word (the next token is the word)
 ASK_PIECES = ('type("', ' type("')
@@ -78,12 +78,17 @@ def copy_layer(spec: TextSpec) -> int:
     return min(i for i in range(spec.n_layer) if spec.is_attention(i))
 
 
+def match_dim(spec: TextSpec) -> int:
+    """The head dim a flag-matching head (``match_flags``) matches its flags in: the last."""
+    return spec.head_dim - 1
+
+
 def _head_parts(spec: TextSpec) -> tuple[slice, slice, int]:
     """Head dims of a flag-matching head: the query's projection, the key's projection, the
     flag."""
-    hd = spec.head_dim
-    half = (hd - 1) // 2
-    return slice(0, half), slice(half, hd - 1), hd - 1
+    flag = match_dim(spec)
+    half = flag // 2
+    return slice(0, half), slice(half, flag), flag
 
 
 def match_flags(p: dict[str, np.ndarray], spec: TextSpec, layer: int, q0: int, k0: int,
