@@ -26,10 +26,9 @@ from cachepolicy.engine.checkpoint import ModelKind
 from cachepolicy.context_log import ContextLog
 from cachepolicy.layouts import chronological_steps
 from cachepolicy.plan import CacheView, Plan, PolicyManifest
+from cachepolicy.policies.noevict import PROMPT_END  # the same anchor: a whole prompt
 from cachepolicy.policies.registry import register
 from cachepolicy.policies.terminal_slot import REGION  # the same anchor: the window's start
-
-PROMPT_END = "prompt_end"
 
 
 @register

@@ -13,6 +13,10 @@ from cachepolicy.plan import CacheView, Plan, PolicyManifest
 from cachepolicy.policies.registry import register
 from cachepolicy.tail import DEFAULT_BUDGET
 
+#: the anchor of the checkpoint after a whole prompt (its last piece): noevict's, and
+#: chrono-slot's while its window fills
+PROMPT_END = "prompt_end"
+
 
 @register
 class NoEvictPolicy(CachePolicy):
@@ -37,7 +41,7 @@ class NoEvictPolicy(CachePolicy):
         # Next step the generation prompt and the decoded tokens give way to the assistant
         # turn (open + action + break), so the sequence is cut back to just before the
         # generation prompt: hybrids need a checkpoint there.
-        return self.plan_reusing(log, view, pieces, anchors=[(len(pieces) - 1, "prompt_end")])
+        return self.plan_reusing(log, view, pieces, anchors=[(len(pieces) - 1, PROMPT_END)])
 
 
 @register

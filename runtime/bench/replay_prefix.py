@@ -44,6 +44,7 @@ from cachepolicy.base import CachePolicy
 from cachepolicy.engine import Engine
 from cachepolicy.executor import kl_divergence, prefill
 from cachepolicy.plan import CacheState, CacheView, NamedCheckpoint, Plan
+from cachepolicy.policies.noevict import PROMPT_END
 from cachepolicy.segments import SegmentFactory
 from cachepolicy.tail import ReplayBudget
 from runtime.actions import Screen
@@ -55,7 +56,7 @@ FULL, EXACT = "full", "exact"
 #: the paper's budgets and the issue's: tokens, and shares of the matched prefix
 DEFAULT_BUDGETS = ("0", "16", "64", "256", "5%", "10%")
 #: the anchor the exact arm's checkpoint is published under (noevict's)
-ANCHOR = "prompt_end"
+ANCHOR = PROMPT_END
 
 
 def arm_name(budget: ReplayBudget) -> str:
