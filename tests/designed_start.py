@@ -1,5 +1,6 @@
-"""Test helpers: the agents' designed start on fresh weights, and the residual stream a prompt
-leaves entering a layer (what the design tests of label_copy and instruction_flags read)."""
+"""Test helpers: the agents' designed start on fresh weights, the residual stream a prompt
+leaves entering a layer (what the design tests of label_copy and instruction_flags read), and
+what the copy layer's attention adds to given rows (typed_flag's and menu_flag's)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ from collections.abc import Mapping, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from runtime.train import attention, rope
 from runtime.train.agents import TYPED_WORDS, X_PIECES, Y_PIECES, agent_shape, agent_vocab
 from runtime.train.cell_vision import row_layout
 from runtime.train.codes import spread_codes
 from runtime.train.grounding import Grounding, design, piece_ids
 from runtime.train.label_copy import LabelCopy, design_label, label_copy
 from runtime.train.model import ForwardOptions, Rows, hidden_and_residual
+from runtime.train.numerics import Numerics, rms_norm
 from runtime.train.params import init_params
 from runtime.train.readout import Readout, design_readout
 from runtime.train.typed_flag import design_typed, typed_flag
-from runtime.train.word_copy import ASK_PIECES, WordCopy, design_copy
+from runtime.train.word_copy import ASK_PIECES, WordCopy, copy_layer, design_copy
 from vmenv.simdesk.words import BUTTON_WORDS
 
 VOCAB = agent_vocab()
@@ -63,3 +66,24 @@ def last_residual(params: Mapping[str, np.ndarray], arch: str, tokens: Sequence[
                 jnp.asarray(pos), jnp.ones(n, bool))
     _, res = hidden_and_residual(p, spec, rows, ForwardOptions(), layer)
     return np.asarray(res[-1])
+
+
+def copy_layer_mix(params: Mapping[str, np.ndarray], arch: str, embeds: np.ndarray,
+                   ) -> np.ndarray:
+    """What the copy layer's attention adds to each row of ``embeds [T, n_embd]`` (rows at
+    positions 0..T-1), read from the embeddings themselves: the layers below the copy
+    layer are not the designs' (the typed and menu flags' tests)."""
+    spec = agent_shape(arch).spec
+    p = {k: jnp.asarray(v) for k, v in params.items()}
+    n = len(embeds)
+    width = 4 if spec.is_hybrid else 1
+    pos = np.repeat(np.arange(n, dtype=np.int32), width).reshape(n, width)
+    if width == 4:
+        pos[:, 3] = 0
+    pos_j = jnp.asarray(pos)
+    cos, sin = rope.angles(pos_j, spec)
+    visible = attention.visibility(pos_j, jnp.ones(n, bool))
+    il = copy_layer(spec)
+    x = rms_norm(jnp.asarray(embeds), p[f"blk.{il}.attn_norm.weight"], spec.rms_eps)
+    mix = attention.gated_attention if spec.is_hybrid else attention.llama_attention
+    return np.asarray(mix(p, f"blk.{il}", x, cos, sin, visible, spec, Numerics()))

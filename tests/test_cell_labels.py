@@ -1,16 +1,13 @@
 """The recogniser's classes: with ``entries="launch"`` a menu entry is its app's launcher
 (``launch.<app>``) and the menu's own widgets keep theirs — so a menu-launch step asks the
 lookup for the same class as a launch from the desktop; ``"menu"`` (the default, the shipped
-agents' classes) keeps ``menu.<app>``.  ``--from`` refuses base agents of the other kind."""
+agents' classes) keeps ``menu.<app>`` (``--from`` refusing base agents of the other kind:
+test_recipe_base.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-import json
-from pathlib import Path
-
-import pytest
 
 from runtime.train.cell_labels import cell_classes, click_class, widget_class
 from vmenv.actions import Click
@@ -56,21 +53,3 @@ def test_an_open_menus_entries_are_their_apps_launchers_on_screen() -> None:
                        ("menu.button", "menu.panel", "menu.outside") for c in after)
         checked += 1
     assert checked == 12
-
-
-def test_the_done_stage_refuses_base_agents_classed_the_other_way(tmp_path: Path) -> None:
-    from runtime.train.recipe import RecipeConfig, base_record
-
-    for name in ("mmproj.gguf", "agent-qwen35.gguf", "agent-llama.gguf"):
-        (tmp_path / name).write_bytes(b"")
-    models = {"qwen35": {}, "llama": {}}
-    (tmp_path / "recipe.json").write_text(json.dumps({"config": {"seed": 0},
-                                                      "models": models}))
-    assert base_record(tmp_path, RecipeConfig())["models"] == models  # before the option
-    with pytest.raises(ValueError, match="--menu-entries menu, not launch"):
-        base_record(tmp_path, RecipeConfig(menu_entries="launch"))
-    (tmp_path / "recipe.json").write_text(json.dumps(
-        {"config": {"seed": 0, "menu_entries": "launch"}, "models": models}))
-    assert base_record(tmp_path, RecipeConfig(menu_entries="launch"))["models"] == models
-    with pytest.raises(ValueError, match="--menu-entries launch, not menu"):
-        base_record(tmp_path, RecipeConfig())

@@ -11,13 +11,12 @@
   prompt shows the menu open, under a third of that when none does, on both arches, with 1
   or 3 screenshots; the same model without the design does not separate the two; a typed
   history line's flag is what it was without the menu flag.
-- The masks cover the menu dim of every piece and nothing of a later layer; the done stage
-  refuses base agents made the other way.
+- The masks cover the menu dim of every piece and nothing of a later layer (``--from``
+  refusing base agents made the other way: test_recipe_base.py).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import attrs
@@ -27,14 +26,13 @@ import numpy as np
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
+from designed_start import copy_layer_mix
 from runtime.agent_models import agent_files
-from runtime.train import attention, rope
 from runtime.train.agents import agent_shape, agent_vocab
 from runtime.train.cell_features import CELL, cell_features
 from runtime.train.cell_vision import POS_SCALE, _merger, row_layout, write_cell_mmproj
 from runtime.train.designs import agent_designs
 from runtime.train.menu_flag import VALUE_ROW, frozen_menu_flag, menu_cells, readout_errors
-from runtime.train.numerics import Numerics, rms_norm
 from runtime.train.params import init_params
 from runtime.train.recogniser import cell_data, train_recogniser
 from runtime.train.word_copy import copy_layer
@@ -131,21 +129,7 @@ GENERATION = _ids(["<|im_end|>", "<0x0A>", "<|im_start|>", "assistant", "<0x0A>"
 
 def _last_row(arch: str, params, embeds: np.ndarray, dim: int) -> float:
     """The copy layer's attention output at ``dim``, last row (what its heads add)."""
-    spec = agent_shape(arch).spec
-    p = {k: jnp.asarray(v) for k, v in params.items()}
-    n = len(embeds)
-    width = 4 if spec.is_hybrid else 1
-    pos = np.repeat(np.arange(n, dtype=np.int32), width).reshape(n, width)
-    if width == 4:
-        pos[:, 3] = 0
-    pos_j = jnp.asarray(pos)
-    cos, sin = rope.angles(pos_j, spec)
-    visible = attention.visibility(pos_j, jnp.ones(n, bool))
-    il = copy_layer(spec)
-    x = rms_norm(jnp.asarray(embeds), p[f"blk.{il}.attn_norm.weight"], spec.rms_eps)
-    mix = attention.gated_attention if spec.is_hybrid else attention.llama_attention
-    out = mix(p, f"blk.{il}", x, cos, sin, visible, spec, Numerics())
-    return float(out[-1, dim])
+    return float(copy_layer_mix(params, arch, embeds)[-1, dim])
 
 
 def _prompt(params, images: list[np.ndarray], history: list[str]) -> np.ndarray:
@@ -210,21 +194,3 @@ def test_masks_cover_the_menu_dim_and_the_head_is_the_typed_ones(arch, trained) 
     out = 2 * spec.head_dim + VALUE_ROW  # the typed head is query head 2
     assert every[f"blk.{il}.attn_output.weight"][:, out].all()
     assert params[f"blk.{il}.attn_output.weight"][LAYOUT.menu, out] != 0
-
-
-def test_the_done_stage_refuses_base_agents_made_the_other_way(tmp_path: Path) -> None:
-    from runtime.train.recipe import RecipeConfig, base_record
-
-    for name in ("mmproj.gguf", "agent-qwen35.gguf", "agent-llama.gguf"):
-        (tmp_path / name).write_bytes(b"")
-    models = {"qwen35": {}, "llama": {}}
-    (tmp_path / "recipe.json").write_text(json.dumps({"config": {"seed": 0},
-                                                      "models": models}))
-    assert base_record(tmp_path, RecipeConfig())["models"] == models  # before the option
-    with pytest.raises(ValueError, match="without --menu-flag"):
-        base_record(tmp_path, RecipeConfig(menu_flag=True))
-    (tmp_path / "recipe.json").write_text(json.dumps(
-        {"config": {"seed": 0, "menu_flag": True}, "models": models}))
-    assert base_record(tmp_path, RecipeConfig(menu_flag=True))["models"] == models
-    with pytest.raises(ValueError, match="with --menu-flag"):
-        base_record(tmp_path, RecipeConfig())

@@ -14,19 +14,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
 from runtime.profiles.kvagent import KvAgentProfile
-from runtime.train import attention, rope
 from runtime.train.agents import TYPED_WORDS, agent_shape, agent_vocab
 from runtime.train.cell_vision import row_layout
 from runtime.train.gguf_io import export_gguf
 from runtime.train.grounding import piece_ids
-from runtime.train.numerics import Numerics, rms_norm
 from runtime.train.params import init_params
+from designed_start import copy_layer_mix
 from runtime.train.typed_flag import (TYPED_GAIN, TypedFlag, design_typed, frozen_typed,
                                       typed_flag)
 from runtime.train.word_copy import ASK_PIECES, WordCopy, copy_layer, design_copy
@@ -72,21 +70,8 @@ def _typed_at_last_row(arch: str, designed: bool, tokens: list[int]) -> float:
     params = design_copy(init_params(spec, seed=0), spec, WORDS)  # gives type(" its ask flag
     if designed:
         params = design_typed(params, spec, _flag())
-    p = {k: jnp.asarray(v) for k, v in params.items()}
-    n = len(tokens)
-    width = 4 if spec.is_hybrid else 1
-    pos = np.repeat(np.arange(n, dtype=np.int32), width).reshape(n, width)
-    if width == 4:
-        pos[:, 3] = 0
-    pos_j = jnp.asarray(pos)
-    cos, sin = rope.angles(pos_j, spec)
-    visible = attention.visibility(pos_j, jnp.ones(n, bool))
-    il = copy_layer(spec)
-    # the layers below the copy layer are not the design's: start from the embeddings
-    x = rms_norm(p["token_embd.weight"][jnp.asarray(tokens)], p[f"blk.{il}.attn_norm.weight"],
-                 spec.rms_eps)
-    mix = attention.gated_attention if spec.is_hybrid else attention.llama_attention
-    out = mix(p, f"blk.{il}", x, cos, sin, visible, spec, Numerics())
+    embeds = np.asarray(params["token_embd.weight"])[np.asarray(tokens)]
+    out = copy_layer_mix(params, arch, embeds)
     return float(out[-1, _flag().typed])
 
 
