@@ -169,7 +169,9 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
     params = {"w0": jax.random.normal(k[0], (MERGED_FEATURES, hidden)) * mask.sum() ** -0.5,
               "b0": jnp.zeros(hidden),
               "w2": jax.random.normal(k[1], (hidden, key_dims)) * hidden**-0.5,
-              "b2": jnp.zeros(key_dims), "wm": jnp.zeros(hidden), "bm": jnp.zeros(())}
+              "b2": jnp.zeros(key_dims)}
+    if menu:  # only then: without it, the same parameters and loss as before the option
+        params |= {"wm": jnp.zeros(hidden), "bm": jnp.zeros(())}
     freq = np.bincount(y_all, minlength=n_cls) + 1
     weight = jnp.asarray(np.minimum((freq.sum() / freq) ** 0.5, 30.0), jnp.float32)
     mean_j, inv_j = jnp.asarray(mean, jnp.float32), jnp.asarray(inv_std, jnp.float32)
@@ -178,7 +180,6 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
     screens = data.features.reshape(n_screens, -1, MERGED_FEATURES)
     labels = data.labels.reshape(n_screens, -1)
     menus = data.menu.reshape(n_screens, -1).astype(np.float32)
-    menu_weight = float(menu)
 
     def loss(p, x, y, m):  # x [screens, cells, F], y / m [screens, cells]
         h = jax.nn.gelu(((x - mean_j) * inv_j) @ p["w0"] + p["b0"])
@@ -193,7 +194,8 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
         found = jax.nn.logsumexp(jnp.where(member, over_cells, -jnp.inf), axis=1)
         present = member.any(axis=1).at[:, 0].set(False)  # every class on screen but other
         lookup = -jnp.where(present, found, 0.0).sum() / jnp.maximum(present.sum(), 1)
-        return per_cell + lookup + ((norm - 1.0) ** 2).mean() + menu_weight * menu_loss(p, h, m)
+        total = per_cell + lookup + ((norm - 1.0) ** 2).mean()
+        return total + menu_loss(p, h, m) if menu else total
 
     opt = AdamW(learning_rate=2e-3, b2=0.99, warmup_steps=100, decay_steps=updates,
                 min_lr_ratio=0.1, clip_norm=1.0)
