@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 from runtime.train.cell_labels import cell_classes, click_class, widget_class
 from vmenv.actions import Click
 from vmenv.simdesk.apply import apply_action

@@ -20,8 +20,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import attrs
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -32,7 +30,9 @@ from runtime.train.agents import agent_shape, agent_vocab
 from runtime.train.cell_features import CELL, cell_features
 from runtime.train.cell_vision import POS_SCALE, _merger, row_layout, write_cell_mmproj
 from runtime.train.designs import agent_designs
-from runtime.train.menu_flag import VALUE_ROW, frozen_menu_flag, menu_cells, readout_errors
+from runtime.train.grounding import first_head_of
+from runtime.train.menu_flag import VALUE_ROW, frozen_menu_flag
+from runtime.train.menu_readout import menu_cells, readout_errors
 from runtime.train.params import init_params
 from runtime.train.recogniser import cell_data, train_recogniser
 from runtime.train.word_copy import copy_layer
@@ -92,8 +92,7 @@ def test_the_projector_reads_the_open_menu_off_held_out_cells(trained, projector
     held_out = cell_data(iter(eval_seeds(300)), 16, rec.classes, kinds=KINDS)
     assert held_out.menu.sum() > 50
     # a toy recogniser (the recipe's, 512 units and 1500 updates: ~0.05 and ~0.005)
-    missed, forged = readout_errors(rec.w0, rec.b0, rec.menu, held_out.features,
-                                    held_out.menu)
+    missed, forged = readout_errors(rec, held_out.features, held_out.menu)
     assert missed < 0.25 and forged < 0.03
     # what llama.cpp computes: a menu-launch screen with the menu open and the one before
     demo = _menu_launch(eval_seeds(40)[0])
@@ -102,7 +101,7 @@ def test_the_projector_reads_the_open_menu_off_held_out_cells(trained, projector
     rows = _rows(projector, [render_png(s) for s in states])
     for state, got in zip(states, rows):
         feats = cell_features(np.asarray(render(state).convert("RGB"))).reshape(-1, 384)
-        want = rec.menu.values(np.asarray(jax.nn.gelu(jnp.asarray(feats @ rec.w0 + rec.b0))))
+        want = rec.menu.values(rec.hidden_units(feats))
         assert np.abs(got[:, LAYOUT.menu] - want).max() < 5e-3
     menu = menu_cells(states[0]).reshape(-1)
     assert menu.sum() >= 4
@@ -161,7 +160,7 @@ def test_designed_head_flags_a_window_with_the_menu_open(arch, trained, projecto
                                                         [before, after, after])):
         on = _last_row(arch, with_flag, _prompt(with_flag, window_on, step), dim)
         off = _last_row(arch, with_flag, _prompt(with_flag, window_off, step), dim)
-        assert on > 0.3 * POS_SCALE and abs(off) < 0.35 * on, (on, off)
+        assert on > 0.3 * POS_SCALE and abs(off) < on / 3, (on, off)
         plain_on = _last_row(arch, without, _prompt(without, window_on, step), dim)
         plain_off = _last_row(arch, without, _prompt(without, window_off, step), dim)
         assert abs(plain_on - plain_off) < 0.2 * (on - off)
@@ -189,8 +188,8 @@ def test_masks_cover_the_menu_dim_and_the_head_is_the_typed_ones(arch, trained) 
     assert not params["token_embd.weight"][:, LAYOUT.menu].any()
     # the value row and output column it writes are kept fixed by the typed flag's masks
     every = designs.frozen(params, spec)
-    kv = spec.head_dim  # KV head 1's rows start one head in
-    assert every[f"blk.{il}.attn_v.weight"][kv + VALUE_ROW].all()
-    out = 2 * spec.head_dim + VALUE_ROW  # the typed head is query head 2
+    head = first_head_of(spec, 1)  # the typed flag's head
+    assert every[f"blk.{il}.attn_v.weight"][head.kv.start + VALUE_ROW].all()
+    out = head.out.start + VALUE_ROW
     assert every[f"blk.{il}.attn_output.weight"][:, out].all()
     assert params[f"blk.{il}.attn_output.weight"][LAYOUT.menu, out] != 0

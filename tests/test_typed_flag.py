@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
+from designed_start import copy_layer_mix
 from runtime.profiles.kvagent import KvAgentProfile
 from runtime.train.agents import TYPED_WORDS, agent_shape, agent_vocab
 from runtime.train.cell_vision import row_layout
 from runtime.train.gguf_io import export_gguf
 from runtime.train.grounding import piece_ids
 from runtime.train.params import init_params
-from designed_start import copy_layer_mix
 from runtime.train.typed_flag import (TYPED_GAIN, TypedFlag, design_typed, frozen_typed,
                                       typed_flag)
 from runtime.train.word_copy import ASK_PIECES, WordCopy, copy_layer, design_copy

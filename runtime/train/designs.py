@@ -92,5 +92,10 @@ def agent_designs(tokens: Sequence[str], classes: Sequence[str], n_embd: int, *,
     typed = typed_flag(tokens, words, seed=seed)
     labels = label_copy(tokens, grounding.layout, grounding.codes, typed.text_flag, seed=seed)
     menu = MenuFlag(grounding.layout, typed.text_flag) if menu_flag else None
-    return Designs(grounding, Readout(grounding.layout, grounding.x_ids, grounding.y_ids),
-                   words, typed, labels, seed, instruction_flags(tokens, labels), menu)
+    flags = instruction_flags(tokens, labels)
+    readout = Readout(grounding.layout, grounding.x_ids, grounding.y_ids)
+    taken = {*flags.dims, typed.typed, typed.text_flag, labels.label_flag, readout.kind_x,
+             readout.kind_y, *range(words.code_dims.start, words.code_dims.stop)}
+    if menu is not None and menu.dim in taken:  # RowLayout.menu's offset is fixed by hand
+        raise ValueError(f"the menu dim {menu.dim} is one another design writes")
+    return Designs(grounding, readout, words, typed, labels, seed, flags, menu)

@@ -53,7 +53,7 @@ from runtime.train.done_stage import DoneStage, train_done
 from runtime.train.environment import environment
 from runtime.train.fit import FitConfig, FitReport, fit
 from runtime.train.gguf_io import export_gguf
-from runtime.train.menu_flag import readout_errors
+from runtime.train.menu_readout import readout_errors
 from runtime.train.model import Params
 from runtime.train.params import init_params
 from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
@@ -343,8 +343,7 @@ def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
     record: dict[str, Any] = {"classes": list(rec.classes), "screens": int(len(data.features)),
                               "held_out_lookup": round(lookup, 4)}
     if rec.menu is not None:
-        missed, forged = readout_errors(rec.w0, rec.b0, rec.menu, held_out.features,
-                                        held_out.menu)
+        missed, forged = readout_errors(rec, held_out.features, held_out.menu)
         progress(f"recogniser: menu read-out held out: {missed:.4f} of menu cells missed, "
                  f"{forged:.4f} of other cells read as menu")
         record["menu_readout"] = {"menu_cells_missed": round(missed, 5),

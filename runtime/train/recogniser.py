@@ -5,7 +5,7 @@ Trained before the text model, on simdesk's expert episodes at 640x384: each cel
 (``cell_features``, what llama.cpp's merger reads) against the class of the widget a click at
 its centre reaches (``cell_labels``). A key is matched against fixed unit *codes*, one per
 class, pushed apart (``codes.spread_codes``), so a class's code is what a lookup matches and
-what the text model's query must carry. Two terms, over whole screens (16 per update):
+what the text model's query must carry. Its terms, over whole screens (16 per update):
 
 * per cell, its class: ``log_softmax(SHARPNESS · KEY_NORM · cos(key, codes))``, classes
   weighted by the inverse square root of their frequency (capped), so rare dialog buttons
@@ -16,6 +16,7 @@ what the text model's query must carry. Two terms, over whole screens (16 per up
   class outscore every right one (held-out lookup 0.90 by cosine; 0.97 with this term, the
   codes pushed apart and near-unit keys — docs/training.md "The recogniser trained as the
   lookup uses it");
+* with ``menu`` (``kvagent train --menu-flag``), the menu read-out's (``menu_readout``);
 * the keys' norms are held near 1 (exported at ``KEY_NORM``), so a dot product (llama's
   un-normed attention) ranks cells nearly as the cosine does.
 
@@ -37,7 +38,7 @@ from runtime.train.agents import AGENT_SCREEN
 from runtime.train.cell_features import CELL, MERGED_FEATURES, cell_features, content_mask
 from runtime.train.cell_labels import OTHER, MenuEntries, cell_classes, click_class
 from runtime.train.codes import spread_codes
-from runtime.train.menu_flag import MenuReadout, menu_cells, menu_loss
+from runtime.train.menu_readout import MenuReadout, menu_cells, menu_loss
 from runtime.train.optim import AdamW, apply_updates, init_state
 from vmenv.actions import Click
 from vmenv.simdesk.demos import DemonstrationError, demonstration
@@ -144,10 +145,13 @@ class Recogniser:
     def hidden(self) -> int:
         return int(self.w0.shape[1])
 
+    def hidden_units(self, features: np.ndarray) -> np.ndarray:
+        """[..., hidden] for features [..., 4E] (tanh GELU, as ggml's)."""
+        return np.asarray(jax.nn.gelu(jnp.asarray(features @ self.w0 + self.b0)))
+
     def keys(self, features: np.ndarray) -> np.ndarray:
-        """[..., key_dims] for features [..., 4E] (tanh GELU, as ggml's)."""
-        h = np.asarray(jax.nn.gelu(jnp.asarray(features @ self.w0 + self.b0)))
-        return h @ self.w2 + self.b2
+        """[..., key_dims] for features [..., 4E]."""
+        return self.hidden_units(features) @ self.w2 + self.b2
 
 
 def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
