@@ -116,3 +116,37 @@ def test_xla_is_pinned_to_one_thread_unless_the_user_chose(monkeypatch: pytest.M
     assert pin_xla_threads() and os.environ["XLA_FLAGS"] == ONE_THREAD_XLA_FLAGS
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
     assert not pin_xla_threads() and os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
+
+
+def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--menu-flag``: the recipe trains the read-out with the recogniser, records its
+    held-out errors, designs the flag into the agent (through the done stage) and the files
+    load together; ``--from`` on those base agents needs the flag asked again."""
+    from runtime.train.designs import agent_designs
+    from runtime.train.gguf_io import load_gguf
+    from runtime.train.grounding import first_head_of
+    from runtime.train.menu_flag import KEY_GAIN
+    from runtime.train.word_copy import copy_layer, match_dim
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    out, base = tmp_path / "menu", tmp_path / "base"
+    assert main([*ARGS, "--menu-flag", "--out", str(out)]) == 0
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["config"]["menu_flag"] is True
+    assert set(record["mmproj"]["recogniser"]["menu_readout"]) == {"menu_cells_missed",
+                                                                  "other_cells_forged"}
+    model = out / "agent-qwen35.gguf"
+    with Engine(model, out / "mmproj.gguf", EngineConfig(n_seq_max=1, n_threads=2)) as engine:
+        assert engine.uses_mrope
+    loaded = load_gguf(model)
+    spec, params = loaded.spec, loaded.params
+    menu = agent_designs(loaded.vocab.tokens, record["mmproj"]["recogniser"]["classes"],
+                         spec.n_embd, seed=0, scaffold_weight=10.0, menu_flag=True).menu
+    assert not params["token_embd.weight"][:, menu.dim].any()  # kept fixed through training
+    key = params[f"blk.{copy_layer(spec)}.attn_k.weight"]
+    assert key[first_head_of(spec, 1).kv.start + match_dim(spec), menu.dim] == \
+        pytest.approx(KEY_GAIN, rel=1e-3)  # f16
+    assert main([*ARGS, "--menu-flag", "--done-arch", "llama", "--out", str(base)]) == 0
+    assert main([*ARGS, "--from", str(base), "--out", str(tmp_path / "x")]) == 2
+    assert main([*ARGS, "--menu-flag", "--from", str(base), "--out",
+                 str(tmp_path / "resumed")]) == 0
