@@ -92,7 +92,8 @@ def test_the_projector_reads_the_open_menu_off_held_out_cells(trained, projector
     held_out = cell_data(iter(eval_seeds(300)), 16, rec.classes, kinds=KINDS)
     assert held_out.menu.sum() > 50
     # a toy recogniser (the recipe's, 512 units and 1500 updates: ~0.05 and ~0.005)
-    missed, forged = readout_errors(rec, held_out.features, held_out.menu)
+    missed, forged = readout_errors(rec.menu, rec.hidden_units(held_out.features),
+                                    held_out.menu)
     assert missed < 0.25 and forged < 0.03
     # what llama.cpp computes: a menu-launch screen with the menu open and the one before
     demo = _menu_launch(eval_seeds(40)[0])

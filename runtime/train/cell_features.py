@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["CELL", "MERGED_FEATURES", "PATCH", "VISION_EMBD", "cell_features", "content_mask",
+__all__ = ["CELL", "MERGED_FEATURES", "PATCH", "POS_SCALE", "VISION_EMBD", "cell_features", "content_mask",
            "patch_kernel", "position_grid", "position_readout"]
 
 PATCH = 16
@@ -35,6 +35,9 @@ VISION_EMBD = 96
 POS_SIDE = 64
 LN_EPS = 1e-6
 MERGED_FEATURES = 4 * VISION_EMBD
+#: the size of a designed one-hot or flag in a row (cell_vision's position one-hots, the
+#: menu read-out's cells, the text side's flags)
+POS_SCALE = 3.0
 
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 _N_LUMA = (PATCH // POOL) ** 2  # 64

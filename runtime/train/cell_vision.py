@@ -38,9 +38,9 @@ from cachepolicy.forge import TextSpec
 from cachepolicy.forge.mmproj import mmproj_plans, write_mmproj
 from cachepolicy.forge.specs import VisionSpec
 from cachepolicy.forge.writer import TensorPlan, given
-from runtime.train.cell_features import (CELL, MERGED_FEATURES, PATCH, SIGMA, VISION_EMBD,
-                                         content_mask, patch_kernel, position_grid,
-                                         position_readout)
+from runtime.train.cell_features import (CELL, MERGED_FEATURES, PATCH, POS_SCALE, SIGMA,
+                                         VISION_EMBD, content_mask, patch_kernel,
+                                         position_grid, position_readout)
 from runtime.train.agents import AGENT_SCREEN
 
 if TYPE_CHECKING:
@@ -50,7 +50,6 @@ __all__ = ["RowLayout", "cell_vision_spec", "row_layout", "width", "write_cell_m
 
 STEEPNESS = 40.0
 SHIFT = 20.0
-POS_SCALE = 3.0
 CONTENT_SCALE = 0.3
 KEY_DIMS = 36
 MENU_FROM_END = 8  # RowLayout.menu: the content dim this far from the content's end

@@ -13,20 +13,15 @@ elsewhere on the screen, so only the menu's own cells are marked.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from runtime.train.cell_features import CELL
-from runtime.train.cell_vision import POS_SCALE
+from runtime.train.cell_features import CELL, POS_SCALE
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.widgets import hit_in, widgets
-
-if TYPE_CHECKING:
-    from runtime.train.recogniser import Recogniser
 
 __all__ = ["MenuReadout", "menu_cells", "menu_loss", "readout_errors"]
 
@@ -76,14 +71,12 @@ def menu_loss(p: Mapping[str, jax.Array], hidden: jax.Array, menu: jax.Array) ->
     return on + off
 
 
-def readout_errors(rec: Recogniser, features: np.ndarray, menu: np.ndarray,
+def readout_errors(readout: MenuReadout, hidden: np.ndarray, menu: np.ndarray,
                    ) -> tuple[float, float]:
     """(share of menu cells read below ``POS_SCALE / 2``, share of other cells read above
-    it) by ``rec``'s read-out on ``features [..., 4E]`` / ``menu [...]``; ValueError for a
-    recogniser trained without one."""
-    if rec.menu is None:
-        raise ValueError("the recogniser was trained without the menu read-out")
-    values = rec.menu.values(rec.hidden_units(features.reshape(-1, features.shape[-1])))
+    it) by ``readout`` on the recogniser's ``hidden [..., units]`` (``Recogniser.
+    hidden_units``) of cells ``menu [...]``."""
+    values = readout.values(hidden).reshape(-1)
     m = menu.reshape(-1)
     high = values > POS_SCALE / 2
     return float(np.mean(~high[m])) if m.any() else 0.0, float(np.mean(high[~m]))

@@ -343,7 +343,8 @@ def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
     record: dict[str, Any] = {"classes": list(rec.classes), "screens": int(len(data.features)),
                               "held_out_lookup": round(lookup, 4)}
     if rec.menu is not None:
-        missed, forged = readout_errors(rec, held_out.features, held_out.menu)
+        missed, forged = readout_errors(rec.menu, rec.hidden_units(held_out.features),
+                                        held_out.menu)
         progress(f"recogniser: menu read-out held out: {missed:.4f} of menu cells missed, "
                  f"{forged:.4f} of other cells read as menu")
         record["menu_readout"] = {"menu_cells_missed": round(missed, 5),
