@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from runtime.train.cell_features import CELL, POS_SCALE
+from runtime.train.cell_labels import cell_classes
 from vmenv.simdesk.state import DeskState
-from vmenv.simdesk.widgets import hit_in, widgets
 
 __all__ = ["MenuReadout", "menu_cells", "menu_loss", "readout_errors"]
 
@@ -31,19 +31,13 @@ _NOT_OPEN_MENU = ("menu.button", "menu.outside")
 
 def menu_cells(state: DeskState) -> np.ndarray:
     """[rows, cols] bool: the cells whose centre is part of the open menu (its panel or an
-    entry); all False while the menu is closed."""
-    lay = state.layout
-    rows, cols = lay.height // CELL, lay.width // CELL
-    out = np.zeros((rows, cols), bool)
+    entry); all False while the menu is closed.  Read off ``cell_classes`` with the menu's
+    own class names (``entries="menu"``), whatever the recipe classes entries as."""
     if not state.menu_open:
-        return out
-    ws = widgets(state)
-    for r in range(rows):
-        for c in range(cols):
-            w = hit_in(ws, c * CELL + CELL // 2, r * CELL + CELL // 2)
-            out[r, c] = (w is not None and w.name.startswith("menu.")
-                         and w.name not in _NOT_OPEN_MENU)
-    return out
+        lay = state.layout
+        return np.zeros((lay.height // CELL, lay.width // CELL), bool)
+    return np.vectorize(lambda c: c.startswith("menu.") and c not in _NOT_OPEN_MENU,
+                        otypes=[bool])(cell_classes(state, "menu"))
 
 
 @attrs.frozen(eq=False)
