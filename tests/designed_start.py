@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from cachepolicy.forge import TextSpec
 from runtime.train import attention, rope
 from runtime.train.agents import TYPED_WORDS, X_PIECES, Y_PIECES, agent_shape, agent_vocab
 from runtime.train.cell_vision import row_layout
@@ -50,6 +51,15 @@ def token_ids(pieces: Sequence[str]) -> list[int]:
     return [VOCAB.tokens.index(p) for p in pieces]
 
 
+def _line_positions(spec: TextSpec, n: int) -> jnp.ndarray:
+    """Rows 0..n-1 as the engine positions text: ``(p,)``, or ``(p, p, p, 0)`` under M-RoPE."""
+    width = rope.n_position_components(spec)
+    pos = np.repeat(np.arange(n, dtype=np.int32), width).reshape(n, width)
+    if width == 4:
+        pos[:, 3] = 0
+    return jnp.asarray(pos)
+
+
 def last_residual(params: Mapping[str, np.ndarray], arch: str, tokens: Sequence[int],
                   layer: int) -> np.ndarray:
     """The residual stream entering ``layer`` at the prompt's last row (text rows at
@@ -58,12 +68,8 @@ def last_residual(params: Mapping[str, np.ndarray], arch: str, tokens: Sequence[
     p = {k: jnp.asarray(v) for k, v in params.items()}
     toks = np.asarray(tokens, np.int32)
     n = len(toks)
-    width = 4 if spec.is_hybrid else 1
-    pos = np.repeat(np.arange(n, dtype=np.int32), width).reshape(n, width)
-    if width == 4:
-        pos[:, 3] = 0
     rows = Rows(jnp.asarray(toks), jnp.zeros((n, spec.n_embd)), jnp.zeros(n, bool),
-                jnp.asarray(pos), jnp.ones(n, bool))
+                _line_positions(spec, n), jnp.ones(n, bool))
     _, res = hidden_and_residual(p, spec, rows, ForwardOptions(), layer)
     return np.asarray(res[-1])
 
@@ -75,14 +81,9 @@ def copy_layer_mix(params: Mapping[str, np.ndarray], arch: str, embeds: np.ndarr
     layer are not the designs' (the typed and menu flags' tests)."""
     spec = agent_shape(arch).spec
     p = {k: jnp.asarray(v) for k, v in params.items()}
-    n = len(embeds)
-    width = 4 if spec.is_hybrid else 1
-    pos = np.repeat(np.arange(n, dtype=np.int32), width).reshape(n, width)
-    if width == 4:
-        pos[:, 3] = 0
-    pos_j = jnp.asarray(pos)
-    cos, sin = rope.angles(pos_j, spec)
-    visible = attention.visibility(pos_j, jnp.ones(n, bool))
+    pos = _line_positions(spec, len(embeds))
+    cos, sin = rope.angles(pos, spec)
+    visible = attention.visibility(pos, jnp.ones(len(embeds), bool))
     il = copy_layer(spec)
     x = rms_norm(jnp.asarray(embeds), p[f"blk.{il}.attn_norm.weight"], spec.rms_eps)
     mix = attention.gated_attention if spec.is_hybrid else attention.llama_attention

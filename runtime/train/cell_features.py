@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["CELL", "MERGED_FEATURES", "PATCH", "POS_SCALE", "VISION_EMBD", "cell_features", "content_mask",
-           "patch_kernel", "position_grid", "position_readout"]
+__all__ = ["CELL", "MERGED_FEATURES", "PATCH", "POS_SCALE", "VISION_EMBD", "cell_features",
+           "content_mask", "patch_kernel", "position_grid", "position_readout"]
 
 PATCH = 16
 CELL = 2 * PATCH

@@ -91,7 +91,7 @@ def agent_designs(tokens: Sequence[str], classes: Sequence[str], n_embd: int, *,
                      piece_ids(tokens, ASK_PIECES), seed=seed)
     typed = typed_flag(tokens, words, seed=seed)
     labels = label_copy(tokens, grounding.layout, grounding.codes, typed.text_flag, seed=seed)
-    menu = MenuFlag(grounding.layout, typed.text_flag) if menu_flag else None
+    menu = MenuFlag(grounding.layout) if menu_flag else None
     flags = instruction_flags(tokens, labels)
     readout = Readout(grounding.layout, grounding.x_ids, grounding.y_ids)
     taken = {*flags.dims, typed.typed, typed.text_flag, labels.label_flag, readout.kind_x,

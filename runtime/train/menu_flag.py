@@ -61,11 +61,10 @@ KEY_GAIN = 0.3
 
 @attrs.frozen(eq=False)
 class MenuFlag:
-    """The design's inputs: the row layout (whose ``menu`` dim the projector writes) and the
-    typed flag's text flag (the query the head already has)."""
+    """The design's input: the row layout, whose ``menu`` dim the projector writes (the
+    head's query is the typed flag's, already designed)."""
 
     layout: RowLayout
-    text_flag: int
 
     @property
     def dim(self) -> int:

@@ -61,7 +61,7 @@ class CellData:
     """Screens as cells: ``features [n, rows, cols, 4E]``, ``labels [n, rows, cols]`` (class
     indices), and per screen the expert's click (``click_class`` index and ``click_cell``
     = row * cols + col; -1 when the step is not a click); ``menu [n, rows, cols]``: the cells
-    of the open menu (``menu_flag.menu_cells``)."""
+    of the open menu (``menu_readout.menu_cells``)."""
 
     features: np.ndarray = attrs.field(repr=False)
     labels: np.ndarray = attrs.field(repr=False)
@@ -138,7 +138,7 @@ class Recogniser:
     b2: np.ndarray = attrs.field(repr=False)
     codes: np.ndarray = attrs.field(repr=False)
     classes: tuple[str, ...]
-    #: the menu flag's read-out of the hidden units (``menu_flag``), when trained with it
+    #: the menu read-out of the hidden units (``menu_readout``), when trained with it
     menu: MenuReadout | None = None
 
     @property
