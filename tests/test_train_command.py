@@ -150,3 +150,30 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert main([*ARGS, "--from", str(base), "--out", str(tmp_path / "x")]) == 2
     assert main([*ARGS, "--menu-flag", "--from", str(base), "--out",
                  str(tmp_path / "resumed")]) == 0
+
+
+def test_flags_in_base_are_designed_before_the_base_training(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--flags-in-base``: the fresh agent carries the instruction flags, the base training
+    keeps them fixed, and the done stage finds them designed (it would refuse to design them
+    twice: ``design_flags`` needs the label head's rows free) and keeps them too."""
+    import numpy as np
+
+    from runtime.train.cell_vision import POS_SCALE
+    from runtime.train.designs import agent_designs
+    from runtime.train.gguf_io import load_gguf
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    out = tmp_path / "flags"
+    assert main([*ARGS, "--flags-in-base", "--out", str(out)]) == 0
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["config"]["flags_in_base"] is True
+    for path in (out / "base" / "agent-qwen35.gguf", out / "agent-qwen35.gguf"):
+        loaded = load_gguf(path)
+        flags = agent_designs(loaded.vocab.tokens, record["mmproj"]["recogniser"]["classes"],
+                              loaded.spec.n_embd, seed=0, scaffold_weight=10.0).flags
+        embd = np.asarray(loaded.params["token_embd.weight"])
+        want = np.zeros((embd.shape[0], len(flags.dims)), np.float32)
+        for i, tok in enumerate(flags.flag_ids):
+            want[tok, i] = POS_SCALE
+        assert np.array_equal(embd[:, list(flags.dims)], want), path

@@ -70,6 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "designed head tells the rows that choose an action whether a "
                         "screenshot in the window shows the menu open (docs/training.md, "
                         "'The menu flag'; default off: the shipped agents' projector)")
+    p.add_argument("--flags-in-base", action="store_true",
+                   help="design the instruction flags (Save / menu / Enter asked) into the "
+                        "fresh agents, so the base training learns to read them (default "
+                        "off: the done stage designs them into the trained base agents)")
     p.add_argument("--click-weights", default="", metavar="[KIND/]CLASS=W,...",
                    help="draw the examples whose click names CLASS (a recogniser class; "
                         "marked: marked-launch's look-back click), of KIND if named, as a "
@@ -167,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
                               with_done=args.with_done,
                               kinds=resolve_kinds(args.kinds), pin_share=args.pin_share,
                               menu_entries=args.menu_entries, menu_flag=args.menu_flag,
+                              flags_in_base=args.flags_in_base,
                               done=DoneStage(updates=args.done_updates,
                                              learning_rate=args.done_learning_rate,
                                              arches=parse_arches(args.done_arch),

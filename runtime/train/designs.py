@@ -48,10 +48,13 @@ class Designs:
     labels: LabelCopy
     seed: int
     #: the instruction flags (``instruction_flags``): designed into a trained base agent by
-    #: the done stage when it asks for them, never by ``apply``
+    #: the done stage when it asks for them, or by ``apply`` when ``flags_in_base``
     flags: InstructionFlags
     #: the menu flag (``menu_flag``; its projector must carry the menu read-out), or None
     menu: MenuFlag | None = None
+    #: ``apply`` designs the instruction flags into the fresh agent and ``frozen`` keeps them
+    #: (the base training learns to read them; the done stage then finds them designed)
+    flags_in_base: bool = False
 
     def apply_flags(self, params: Mapping[str, np.ndarray], spec: TextSpec,
                     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -67,22 +70,27 @@ class Designs:
         start = design_readout(start, spec, self.readout)
         start = design_typed(design_copy(start, spec, self.words), spec, self.typed)
         start = design_label(start, spec, self.labels)
-        return start if self.menu is None else design_menu_flag(start, spec, self.menu)
+        if self.menu is not None:
+            start = design_menu_flag(start, spec, self.menu)
+        return design_flags(start, spec, self.flags) if self.flags_in_base else start
 
     def frozen(self, params: Mapping[str, np.ndarray], spec: TextSpec) -> dict[str, np.ndarray]:
         """Masks (1 = kept fixed in training) of every designed slice."""
         menu = [] if self.menu is None else [frozen_menu_flag(params, spec, self.menu)]
+        flags = [frozen_flags(params, spec, self.flags)] if self.flags_in_base else []
         return merge_masks(frozen_lookup(params, spec, self.grounding),
                            frozen_copy(params, spec, self.words),
                            frozen_typed(params, spec, self.typed),
                            frozen_label(params, spec, self.labels),
-                           frozen_readout(params, spec, self.readout), *menu)
+                           frozen_readout(params, spec, self.readout), *menu, *flags)
 
 
 def agent_designs(tokens: Sequence[str], classes: Sequence[str], n_embd: int, *, seed: int,
-                  scaffold_weight: float, menu_flag: bool = False) -> Designs:
+                  scaffold_weight: float, menu_flag: bool = False,
+                  flags_in_base: bool = False) -> Designs:
     """The designs for a vocabulary's ``tokens`` and the recogniser's ``classes`` (in its
-    order), for agents ``n_embd`` wide; ``menu_flag``: with the menu flag."""
+    order), for agents ``n_embd`` wide; ``menu_flag``: with the menu flag; ``flags_in_base``:
+    ``apply`` designs the instruction flags too."""
     codes = spread_codes(len(classes), KEY_DIMS, seed)
     grounding = Grounding(row_layout(n_embd), {c: codes[i] for i, c in enumerate(classes)},
                           piece_ids(tokens, X_PIECES), piece_ids(tokens, Y_PIECES),
@@ -98,4 +106,4 @@ def agent_designs(tokens: Sequence[str], classes: Sequence[str], n_embd: int, *,
              readout.kind_y, *range(words.code_dims.start, words.code_dims.stop)}
     if menu is not None and menu.dim in taken:  # RowLayout.menu's offset is fixed by hand
         raise ValueError(f"the menu dim {menu.dim} is one another design writes")
-    return Designs(grounding, readout, words, typed, labels, seed, flags, menu)
+    return Designs(grounding, readout, words, typed, labels, seed, flags, menu, flags_in_base)

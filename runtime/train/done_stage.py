@@ -72,7 +72,7 @@ def train_done(base: Path, data: Path, out: Path, stage: DoneStage, designs: Des
     loaded = load_gguf(base)
     start = {k: np.asarray(v) for k, v in loaded.params.items()}
     frozen = designs.frozen(start, loaded.spec)
-    if stage.instruction_flags:
+    if stage.instruction_flags and not designs.flags_in_base:  # else designed and frozen
         start, flag_masks = designs.apply_flags(start, loaded.spec)
         frozen = merge_masks(frozen, flag_masks)
     params, report = fit(loaded.spec, start, data, stage.fit_config(seed), progress=progress,

@@ -131,6 +131,10 @@ class RecipeConfig:
     #: recogniser's units into a dim of its own, and a designed head carries "a screenshot
     #: in the window shows the menu open" to the rows that choose a verb or a coordinate
     menu_flag: bool = False
+    #: the instruction flags (``instruction_flags``) designed into the fresh agents, so the
+    #: base training learns to read them (the done stage otherwise designs them into the
+    #: trained base agents)
+    flags_in_base: bool = False
     #: the done stage (``done_stage``): after the base training, each agent continues from
     #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
     #: agents (they never say done())
@@ -168,7 +172,8 @@ def train_agents(config: RecipeConfig, out: Path, *,
     mmproj = write_cell_mmproj(hybrid.spec, out / MMPROJ_NAME, rec, seed=config.seed)
     designs = agent_designs(vocab.tokens, rec.classes, hybrid.spec.n_embd, seed=config.seed,
                             scaffold_weight=config.scaffold_weight,
-                            menu_flag=config.menu_flag)
+                            menu_flag=config.menu_flag,
+                            flags_in_base=config.flags_in_base)
     if not all(np.array_equal(designs.grounding.codes[c], rec.codes[i])
                for i, c in enumerate(rec.classes)):  # designs' invariant
         raise AssertionError("the recogniser's class codes are not spread_codes(classes, seed)")
@@ -222,7 +227,8 @@ def train_done_from(config: RecipeConfig, base: Path, out: Path, *,
     designs = agent_designs(vocab.tokens, made["mmproj"]["recogniser"]["classes"],
                             agent_shape("qwen35").spec.n_embd, seed=config.seed,
                             scaffold_weight=config.scaffold_weight,
-                            menu_flag=config.menu_flag)
+                            menu_flag=config.menu_flag,
+                            flags_in_base=config.flags_in_base)
     record: dict[str, Any] = {
         "config": attrs.asdict(config), "from": str(base), "mmproj": made["mmproj"],
         "dataset": made.get("dataset"), "models": {}, "environment": environment(),
@@ -259,6 +265,10 @@ def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
     if menu_flag != config.menu_flag:
         raise ValueError(f"{base} was made {'with' if menu_flag else 'without'} --menu-flag: "
                          f"its projector and designs {'carry' if menu_flag else 'lack'} it")
+    in_base = bool(made["config"].get("flags_in_base", False))
+    if in_base != config.flags_in_base:
+        raise ValueError(f"{base} was made {'with' if in_base else 'without'} --flags-in-base: "
+                         f"its agents {'carry' if in_base else 'lack'} the instruction flags")
     missing = [n for n in (MMPROJ_NAME, *map(model_name, config.arches))
                if not (base / n).is_file()]
     missing += [f"{a} in recipe.json" for a in config.arches if a not in made.get("models", {})]
