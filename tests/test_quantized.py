@@ -129,12 +129,12 @@ def test_moe_k_quant_prefill_calls_are_capped_and_the_cap_is_what_makes_splits_e
     routed to an expert, which depends on the tokens: the engine caps their prefill calls at
     7 rows.  Lifted, the split checks see the difference (so they can fail here); restore
     and truncation compare with the same pieces uninterrupted and pass either way."""
-    import cachepolicy.engine.core as core
+    import cachepolicy.engine.loading as loading
 
     m = qforged("qwen35moe", "q4_k_m")
     with engine_for(m) as e:
         assert e.config.n_batch == MIN_CHUNK_ROWS - 1
-    monkeypatch.setattr(core, "prefill_rows_for", lambda _types, n_batch, _fast: (n_batch, ""))
+    monkeypatch.setattr(loading, "prefill_rows_for", lambda _types, n_batch, _fast: (n_batch, ""))
     with engine_for(m) as e:
         assert e.config.n_batch == 32
         results = {r.name: r for r in run_checks(e)}

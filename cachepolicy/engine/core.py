@@ -4,7 +4,7 @@ The numerical contract it keeps is stated in the package docstring
 (``cachepolicy.engine``) and checked by ``kvagent check-exact``.
 
 The engine owns its parts, each given exactly what it needs: ``Native`` (the llama.cpp handles
-and the lock every call takes), ``Sequences`` (its record of what each sequence holds),
+and the lock every call takes, loaded by ``loading.load_native``), ``Sequences`` (its record of what each sequence holds),
 ``Decoder`` (prefill and decode batches), ``SequenceState`` (checkpoints, edits, sizes) and
 ``Vision`` (the projector and the embedding cache).  Its public methods are the API the rest
 of kvagent uses; they delegate to those parts.  The decoder, the decode batcher and the
@@ -16,27 +16,25 @@ worker threads (``anyio.to_thread``).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-import attrs
 import llama_cpp
 import numpy as np
 import structlog
 
-from cachepolicy.engine import devices, generation, zero_pages
+from cachepolicy.engine import devices, generation
 from cachepolicy.engine.checkpoint import Checkpoint, CheckpointKind, ModelKind, Run, RunKind
 from cachepolicy.engine.drafts import BREAK, Drafting
-from cachepolicy.engine.gguf_meta import tensor_types
 from cachepolicy.engine.backend import init_backend
 from cachepolicy.engine.batcher import DecodeBatcher, DecodeStats, Lane
 from cachepolicy.engine.compute_thread import ComputeThread
 from cachepolicy.engine.decoder import Decoder
-from cachepolicy.engine.native import Native, locked, model_meta
+from cachepolicy.engine.loading import file_identity, load_native
+from cachepolicy.engine.native import locked
 from cachepolicy.engine.records import (
-    EngineConfig, MemoryReport, SeqInfo, decode_lanes_for, encoder_runs_beside, prefill_rows_for,
+    EngineConfig, MemoryReport, SeqInfo, encoder_runs_beside,
 )
 from cachepolicy.engine.kv_access import KvAccess
 from cachepolicy.engine.kv_blob import KvRows
@@ -67,77 +65,6 @@ log = structlog.get_logger("kvagent.engine")
 DRAFT_CONTEXT = 8192
 
 
-
-def file_identity(path: Path) -> str:
-    """A cheap identity of a model file: its size and a hash of its first and last MiB."""
-    h = hashlib.blake2b(digest_size=12)
-    size = path.stat().st_size
-    h.update(str(size).encode())
-    with path.open("rb") as f:
-        h.update(f.read(1 << 20))
-        f.seek(max(0, size - (1 << 20)))
-        h.update(f.read(1 << 20))
-    return h.hexdigest()
-
-
-def _load(model_path: Path, config: EngineConfig,
-          compute: ComputeThread) -> tuple[Native, EngineConfig]:
-    """Load the model and create the context with the contract's settings; the config comes
-    back with what depends on the model (the decode lanes, the prefill call's rows)
-    resolved."""
-    mparams = llama_cpp.llama_model_default_params()
-    mparams.n_gpu_layers = config.n_gpu_layers  # -1: all (llama.cpp's convention)
-    # Repacked weight layouts pick a matmul kernel by the batch's row count, which breaks
-    # split == one-call on quantized models; off unless speed was asked for.
-    mparams.use_extra_bufts = config.fast_kernels
-    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
-    if not model:
-        raise ModelLoadError(f"llama.cpp could not load {model_path}")
-    experts = _expert_count(model)
-    rows, why = decode_lanes_for(experts, config.decode_rows)
-    if config.decode_rows is not None and rows != config.decode_rows:
-        log.warning("engine_decode_rows_capped", requested=config.decode_rows, rows=rows,
-                    reason=why)
-    n_batch, why = prefill_rows_for(expert_weight_types(model_path) if experts else frozenset(),
-                                    config.n_batch, config.fast_kernels)
-    if n_batch != config.n_batch:
-        log.info("engine_prefill_rows_capped", requested=config.n_batch, rows=n_batch,
-                 reason=why)
-    config = attrs.evolve(config, decode_rows=rows, n_batch=n_batch)
-    cparams = llama_cpp.llama_context_default_params()
-    cparams.n_ctx = config.n_ctx  # bounded by EngineConfig's validators
-    cparams.n_batch = cparams.n_ubatch = config.n_batch
-    cparams.n_seq_max = config.n_seq_total
-    cparams.n_threads = cparams.n_threads_batch = config.n_threads
-    cparams.flash_attn_type = 1 if config.flash_attn else 0  # off: split == one-call, bitwise
-    cparams.kv_unified = False  # one KV stream per sequence: cell placement is reproducible
-    cparams.no_perf = True
-    before = zero_pages.anonymous_mappings()
-    ctx = llama_cpp.llama_init_from_model(model, cparams)
-    if not ctx:
-        llama_cpp.llama_model_free(model)
-        raise ModelLoadError(f"llama.cpp could not create a context for {model_path}")
-    # the KV cache llama.cpp just cleared: resident as cells are written, not all at once
-    # (only whole chunks still all zero: nothing has computed with the context yet)
-    released = zero_pages.release_zero_chunks(zero_pages.new_mappings(before))
-    log.info("engine_zero_pages_released", mib=released >> 20)
-    return Native(model=model, ctx=ctx, mem=llama_cpp.llama_get_memory(ctx),
-                  vocab=llama_cpp.llama_model_get_vocab(model), compute=compute), config
-
-
-def _expert_count(model: object) -> int:
-    """The model's experts per MoE layer (0 for a dense model), from its GGUF metadata."""
-    arch = model_meta(model, "general.architecture") or ""
-    value = model_meta(model, f"{arch}.expert_count")
-    return int(value) if value and value.isdigit() else 0
-
-
-def expert_weight_types(model_path: Path) -> frozenset[str]:
-    """The GGUF types of a MoE model's expert matrices (``blk.N.ffn_*_exps``), read from
-    the file's tensor table (llama.cpp's API does not say)."""
-    return frozenset(kind for name, kind in tensor_types(model_path).items() if "_exps." in name)
-
-
 class Engine:
     """One llama.cpp model + context with ``n_seq_max`` independent sequences."""
 
@@ -161,7 +88,7 @@ class Engine:
         # the model loads on the thread that will compute with it (a load may compute)
         compute = ComputeThread("kvagent-engine")
         try:
-            self._native, self.config = compute.run(_load, model_path, config, compute)
+            self._native, self.config = compute.run(load_native, model_path, config, compute)
         except BaseException:
             compute.close()
             raise

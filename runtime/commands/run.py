@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _manifest(args: argparse.Namespace, config: Any, files: Any) -> dict[str, Any]:
     """What makes a rerun the same run (see ``runtime.run.result_dir``)."""
-    from cachepolicy.engine.core import file_identity
+    from cachepolicy.engine.loading import file_identity
     from runtime.run.result_dir import manifest
 
     return manifest(

@@ -299,7 +299,7 @@ class DatasetError(ValueError):
 
 def _identity(engine: Engine, files: ModelFiles | None) -> dict[str, Any]:
     # the engine's core loads llama.cpp: imported when a dataset is written, not when read
-    from cachepolicy.engine.core import file_identity
+    from cachepolicy.engine.loading import file_identity
 
     out: dict[str, Any] = {"kind": engine.kind.value, "n_vocab": engine.n_vocab,
                            "n_embd": engine.n_embd}
