@@ -15,7 +15,8 @@ from runtime.train.recipe import RecipeConfig, base_record
 #: (the option's recipe.json key, a value other than its default, the config asking for it)
 CASES = [("menu_entries", "launch", {"menu_entries": "launch"}),
          ("menu_flag", True, {"menu_flag": True}),
-         ("flags_in_base", True, {"flags_in_base": True})]
+         ("flags_in_base", True, {"flags_in_base": True}),
+         ("enter_key", True, {"enter_key": True})]
 
 
 @pytest.mark.parametrize("option, value, matching", CASES, ids=[c[0] for c in CASES])

@@ -119,6 +119,9 @@ class DatasetConfig:
     #: the recogniser the data are read with classes it ("menu": the shipped recipe)
     menu_entries: MenuEntries = attrs.field(default="menu",
                                             validator=attrs.validators.in_(MENU_ENTRIES))
+    #: the expert types a submitting text without its "\n" and presses Enter as a step of
+    #: its own (``demos.demonstration``'s ``enter_key``); off: the data of the shipped recipe
+    enter_key: bool = False
     profile: str = "kvagent"
     shard_episodes: int = attrs.field(default=64, validator=attrs.validators.ge(1))
 
@@ -171,7 +174,8 @@ def rollout(config: DatasetConfig, e: int) -> Episode:
     draw = rng.random()
     mode = (PERTURBED if draw < config.perturbed
             else SLIPPED if draw < config.perturbed + config.slipped else CLEAN)
-    at = rng.randrange(len(demonstration(task, w, h))) if mode != CLEAN else None
+    at = (rng.randrange(len(demonstration(task, w, h, enter_key=config.enter_key)))
+          if mode != CLEAN else None)
     early, run = None, 1
     if mode == SLIPPED and (config.early_typing > 0 or config.max_slip_run > 1):
         text = task.goal.text if task.goal is not None else None
@@ -180,7 +184,7 @@ def rollout(config: DatasetConfig, e: int) -> Episode:
     steps = demonstration(task, w, h, rng=rng, with_done=config.with_done,
                           perturb_at=at if mode == PERTURBED else None,
                           slip_at=at if mode == SLIPPED else None, slip_run=run,
-                          early_text=early, click_grid=CELL)
+                          early_text=early, click_grid=CELL, enter_key=config.enter_key)
     return Episode(e, kind, seed, task.instruction, steps, mode, at,
                    code=task.goal is not None and task.goal.code, goal=task.goal)
 

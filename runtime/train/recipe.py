@@ -135,6 +135,9 @@ class RecipeConfig:
     #: base training learns to read them (the done stage otherwise designs them into the
     #: trained base agents)
     flags_in_base: bool = False
+    #: the demonstrations press Enter as a step of their own after typing a text that
+    #: submits (``DatasetConfig.enter_key``), instead of typing ``"\n"``
+    enter_key: bool = False
     #: the done stage (``done_stage``): after the base training, each agent continues from
     #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
     #: agents (they never say done())
@@ -147,7 +150,7 @@ class RecipeConfig:
                              early_typing=self.early_typing, max_slip_run=self.max_slip_run,
                              with_done=self.with_done, kinds=self.kinds,
                              pin_share=self.pin_share, pin_look_back=self.pin_share > 0,
-                             menu_entries=self.menu_entries)
+                             menu_entries=self.menu_entries, enter_key=self.enter_key)
 
     def done_dataset(self) -> DatasetConfig:
         """The done stage's dataset: the same demonstrations, each ending in ``done()``."""
@@ -248,6 +251,16 @@ def train_done_from(config: RecipeConfig, base: Path, out: Path, *,
     return record
 
 
+#: the options a base agent's files depend on beyond the seed, and how: ``--from`` refuses
+#: base agents made with another value than the one asked now
+_BASE_OPTIONS = (
+    ("menu_entries", "its projector classes menu entries so"),
+    ("menu_flag", "its projector and designs carry the menu flag or lack it"),
+    ("flags_in_base", "its agents carry the instruction flags or lack them"),
+    ("enter_key", "its demonstrations press Enter as a step of its own or type it"),
+)
+
+
 def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
     """``base``'s recipe record, checked to hold base agents of ``config``'s seed."""
     try:
@@ -257,18 +270,14 @@ def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
     if made.get("config", {}).get("seed") != config.seed:
         raise ValueError(f"{base} was made with seed {made.get('config', {}).get('seed')}, "
                          f"not {config.seed}: its designs would differ")
-    entries = made["config"].get("menu_entries", "menu")  # (recipes before the option: menu)
-    if entries != config.menu_entries:
-        raise ValueError(f"{base} was made with --menu-entries {entries}, not "
-                         f"{config.menu_entries}: its projector classes menu entries so")
-    menu_flag = bool(made["config"].get("menu_flag", False))
-    if menu_flag != config.menu_flag:
-        raise ValueError(f"{base} was made {'with' if menu_flag else 'without'} --menu-flag: "
-                         f"its projector and designs {'carry' if menu_flag else 'lack'} it")
-    in_base = bool(made["config"].get("flags_in_base", False))
-    if in_base != config.flags_in_base:
-        raise ValueError(f"{base} was made {'with' if in_base else 'without'} --flags-in-base: "
-                         f"its agents {'carry' if in_base else 'lack'} the instruction flags")
+    for key, what in _BASE_OPTIONS:
+        was = made["config"].get(key, attrs.fields_dict(RecipeConfig)[key].default)
+        now = getattr(config, key)
+        if was != now:  # (a recipe.json written before the option: its default)
+            flag = "--" + key.replace("_", "-")
+            made_with = f"{flag} {was}" if isinstance(was, str) else \
+                f"{'with' if was else 'without'} {flag}"
+            raise ValueError(f"{base} was made {made_with}, not as asked now: {what}")
     missing = [n for n in (MMPROJ_NAME, *map(model_name, config.arches))
                if not (base / n).is_file()]
     missing += [f"{a} in recipe.json" for a in config.arches if a not in made.get("models", {})]

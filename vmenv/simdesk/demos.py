@@ -9,7 +9,10 @@ that follow are the expert's recovery.  With ``slip_at=k`` the action at step k 
 (``slips.wrong_action``), executed like any other and marked ``slip``: it is what an agent
 did, not a label; the expert's recovery follows.  ``slip_run`` makes steps k..k+run-1 all
 mistakes (an agent stuck repeating one), ``early_text`` makes each a premature typing of the
-task's text where the expert would click (``wrong_action``).
+task's text where the expert would click (``wrong_action``).  With ``enter_key`` the expert
+never types a submitting ``"\n"``: it types the text, then presses Enter as a step of its
+own (the expert's rule once the field holds the whole text), so the choice to submit is a
+verb of its own rather than one more character of the typed text.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import random
 
 import attrs
 
-from vmenv.actions import Action, Done, Fail
+from vmenv.actions import Action, Done, Fail, Press, TypeText
 from vmenv.simdesk.apply import apply_action
 from vmenv.simdesk.grid_clicks import on_grid
 from vmenv.simdesk.slips import wrong_action
@@ -44,14 +47,16 @@ class DemonstrationError(RuntimeError):
 def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None = None,
                   rng: random.Random | None = None, with_done: bool = False,
                   max_steps: int = 64, slip_at: int | None = None, slip_run: int = 1,
-                  early_text: str | None = None,
-                  click_grid: int | None = None) -> tuple[DemoStep, ...]:
+                  early_text: str | None = None, click_grid: int | None = None,
+                  enter_key: bool = False) -> tuple[DemoStep, ...]:
     """The expert's episode on ``task`` at this screen size (see the module docstring).
 
     ``with_done`` appends the solved state labelled ``Done()`` (for agents that must say so;
     ``SimDesk`` ends the episode on success without it).  ``rng`` drives the perturbation
     and the slip.  ``click_grid``: the expert's clicks go to the centres of cells of that
     many pixels (``grid_clicks.on_grid``: the same widget, so the same effect).
+    ``enter_key``: a typed text that ends by submitting (``"\n"``) is typed without it, and
+    the expert presses Enter next (module docstring).
     """
     state = task.setup(DeskState.empty(width, height))
     rng = rng or random.Random(0)
@@ -67,6 +72,8 @@ def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None
         action = task.next_action(state)
         if click_grid is not None:
             action = on_grid(state, action, click_grid)
+        if enter_key and isinstance(action, TypeText) and action.text.endswith("\n"):
+            action = TypeText(action.text[:-1]) if action.text[:-1] else Press("enter")
         if isinstance(action, Fail | Done) or len(out) >= max_steps:
             raise DemonstrationError(f"{task.name}: expert answered {action} after "
                                      f"{len(out)} steps")
