@@ -44,3 +44,24 @@ def test_other_texts_are_demonstrated_as_before() -> None:
         for task in _tasks(kind, submit, 3):
             assert [s.action for s in demonstration(task, W, H, enter_key=True)] == \
                 [s.action for s in demonstration(task, W, H)]
+
+
+def test_the_dataset_passes_it_to_every_demonstration() -> None:
+    """``DatasetConfig.enter_key`` reaches the rollouts (clean, perturbed and slipped
+    episodes alike): no episode types a "\\n", and each that submits presses Enter."""
+    import attrs
+
+    from runtime.train.dataset import DatasetConfig, rollout
+
+    config = DatasetConfig(kinds=("menu-launch",), episodes=24)
+    keyed = attrs.evolve(config, enter_key=True)
+    submitting = 0
+    for e in range(config.episodes):
+        before, after = rollout(config, e), rollout(keyed, e)
+        typed = [s.action for s in after.steps if isinstance(s.action, TypeText)]
+        assert not any("\n" in a.text for a in typed), after
+        if after.goal.submit == "enter" and before.mode == 0:  # a clean episode
+            submitting += 1
+            assert Press("enter") in [s.action for s in after.steps]
+            assert len(after.steps) == len(before.steps) + 1
+    assert submitting >= 3  # the check reads real submitting episodes

@@ -121,7 +121,13 @@ def test_xla_is_pinned_to_one_thread_unless_the_user_chose(monkeypatch: pytest.M
 def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--menu-flag``: the recipe trains the read-out with the recogniser, records its
     held-out errors, designs the flag into the agent (through the done stage) and the files
-    load together; ``--from`` on those base agents needs the flag asked again."""
+    load together; ``--from`` on those base agents needs the flag asked again.
+    ``--flags-in-base`` beside it: the fresh agent carries the instruction flags, the base
+    training keeps them fixed, and the done stage finds them designed (it would refuse to
+    design them twice: ``design_flags`` needs the label head's rows free) and keeps them."""
+    import numpy as np
+
+    from runtime.train.cell_vision import POS_SCALE
     from runtime.train.designs import agent_designs
     from runtime.train.gguf_io import load_gguf
     from runtime.train.grounding import first_head_of
@@ -130,9 +136,9 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     out, base = tmp_path / "menu", tmp_path / "base"
-    assert main([*ARGS, "--menu-flag", "--out", str(out)]) == 0
+    assert main([*ARGS, "--menu-flag", "--flags-in-base", "--out", str(out)]) == 0
     record = json.loads((out / "recipe.json").read_text())
-    assert record["config"]["menu_flag"] is True
+    assert record["config"]["menu_flag"] is True and record["config"]["flags_in_base"] is True
     assert set(record["mmproj"]["recogniser"]["menu_readout"]) == {"menu_cells_missed",
                                                                   "other_cells_forged"}
     model = out / "agent-qwen35.gguf"
@@ -143,6 +149,14 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     menu = agent_designs(loaded.vocab.tokens, record["mmproj"]["recogniser"]["classes"],
                          spec.n_embd, seed=0, scaffold_weight=10.0, menu_flag=True).menu
     assert not params["token_embd.weight"][:, menu.dim].any()  # kept fixed through training
+    for path in (out / "base" / "agent-qwen35.gguf", model):
+        flags = agent_designs(loaded.vocab.tokens, record["mmproj"]["recogniser"]["classes"],
+                              spec.n_embd, seed=0, scaffold_weight=10.0).flags
+        embd = np.asarray(load_gguf(path).params["token_embd.weight"])
+        want = np.zeros((embd.shape[0], len(flags.dims)), np.float32)
+        for i, tok in enumerate(flags.flag_ids):
+            want[tok, i] = POS_SCALE
+        assert np.array_equal(embd[:, list(flags.dims)], want), path
     key = params[f"blk.{copy_layer(spec)}.attn_k.weight"]
     assert key[first_head_of(spec, 1).kv.start + match_dim(spec), menu.dim] == \
         pytest.approx(KEY_GAIN, rel=1e-3)  # f16
@@ -151,29 +165,3 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert main([*ARGS, "--menu-flag", "--from", str(base), "--out",
                  str(tmp_path / "resumed")]) == 0
 
-
-def test_flags_in_base_are_designed_before_the_base_training(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--flags-in-base``: the fresh agent carries the instruction flags, the base training
-    keeps them fixed, and the done stage finds them designed (it would refuse to design them
-    twice: ``design_flags`` needs the label head's rows free) and keeps them too."""
-    import numpy as np
-
-    from runtime.train.cell_vision import POS_SCALE
-    from runtime.train.designs import agent_designs
-    from runtime.train.gguf_io import load_gguf
-
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
-    out = tmp_path / "flags"
-    assert main([*ARGS, "--flags-in-base", "--out", str(out)]) == 0
-    record = json.loads((out / "recipe.json").read_text())
-    assert record["config"]["flags_in_base"] is True
-    for path in (out / "base" / "agent-qwen35.gguf", out / "agent-qwen35.gguf"):
-        loaded = load_gguf(path)
-        flags = agent_designs(loaded.vocab.tokens, record["mmproj"]["recogniser"]["classes"],
-                              loaded.spec.n_embd, seed=0, scaffold_weight=10.0).flags
-        embd = np.asarray(loaded.params["token_embd.weight"])
-        want = np.zeros((embd.shape[0], len(flags.dims)), np.float32)
-        for i, tok in enumerate(flags.flag_ids):
-            want[tok, i] = POS_SCALE
-        assert np.array_equal(embd[:, list(flags.dims)], want), path
