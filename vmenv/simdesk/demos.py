@@ -10,7 +10,7 @@ that follow are the expert's recovery.  With ``slip_at=k`` the action at step k 
 did, not a label; the expert's recovery follows.  ``slip_run`` makes steps k..k+run-1 all
 mistakes (an agent stuck repeating one), ``early_text`` makes each a premature typing of the
 task's text where the expert would click (``wrong_action``).  With ``enter_key`` the expert
-never types a submitting ``"\n"``: it types the text, then presses Enter as a step of its
+never types a submitting ``"\\n"``: it types the text, then presses Enter as a step of its
 own (the expert's rule once the field holds the whole text), so the choice to submit is a
 verb of its own rather than one more character of the typed text.
 """
@@ -55,7 +55,7 @@ def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None
     ``SimDesk`` ends the episode on success without it).  ``rng`` drives the perturbation
     and the slip.  ``click_grid``: the expert's clicks go to the centres of cells of that
     many pixels (``grid_clicks.on_grid``: the same widget, so the same effect).
-    ``enter_key``: a typed text that ends by submitting (``"\n"``) is typed without it, and
+    ``enter_key``: a typed text that ends by submitting (``"\\n"``) is typed without it, and
     the expert presses Enter next (module docstring).
     """
     state = task.setup(DeskState.empty(width, height))
