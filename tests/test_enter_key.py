@@ -51,7 +51,7 @@ def test_the_dataset_passes_it_to_every_demonstration() -> None:
     episodes alike): no episode types a "\\n", and each that submits presses Enter."""
     import attrs
 
-    from runtime.train.dataset import DatasetConfig, rollout
+    from runtime.train.dataset import CLEAN, DatasetConfig, rollout
 
     config = DatasetConfig(kinds=("menu-launch",), episodes=24)
     keyed = attrs.evolve(config, enter_key=True)
@@ -60,7 +60,7 @@ def test_the_dataset_passes_it_to_every_demonstration() -> None:
         before, after = rollout(config, e), rollout(keyed, e)
         typed = [s.action for s in after.steps if isinstance(s.action, TypeText)]
         assert not any("\n" in a.text for a in typed), after
-        if after.goal.submit == "enter" and before.mode == 0:  # a clean episode
+        if after.goal.submit == "enter" and before.mode == CLEAN:
             submitting += 1
             assert Press("enter") in [s.action for s in after.steps]
             assert len(after.steps) == len(before.steps) + 1

@@ -146,12 +146,12 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert engine.uses_mrope
     loaded = load_gguf(model)
     spec, params = loaded.spec, loaded.params
-    menu = agent_designs(loaded.vocab.tokens, record["mmproj"]["recogniser"]["classes"],
-                         spec.n_embd, seed=0, scaffold_weight=10.0, menu_flag=True).menu
+    designs = agent_designs(loaded.vocab.tokens, record["mmproj"]["recogniser"]["classes"],
+                            spec.n_embd, seed=0, scaffold_weight=10.0, menu_flag=True,
+                            flags_in_base=True)
+    menu, flags = designs.menu, designs.flags
     assert not params["token_embd.weight"][:, menu.dim].any()  # kept fixed through training
     for path in (out / "base" / "agent-qwen35.gguf", model):
-        flags = agent_designs(loaded.vocab.tokens, record["mmproj"]["recogniser"]["classes"],
-                              spec.n_embd, seed=0, scaffold_weight=10.0).flags
         embd = np.asarray(load_gguf(path).params["token_embd.weight"])
         want = np.zeros((embd.shape[0], len(flags.dims)), np.float32)
         for i, tok in enumerate(flags.flag_ids):

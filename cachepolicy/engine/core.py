@@ -4,13 +4,13 @@ The numerical contract it keeps is stated in the package docstring
 (``cachepolicy.engine``) and checked by ``kvagent check-exact``.
 
 The engine owns its parts, each given exactly what it needs: ``Native`` (the llama.cpp handles
-and the lock every call takes, loaded by ``loading.load_native``), ``Sequences`` (its record of what each sequence holds),
-``Decoder`` (prefill and decode batches), ``SequenceState`` (checkpoints, edits, sizes) and
-``Vision`` (the projector and the embedding cache).  Its public methods are the API the rest
-of kvagent uses; they delegate to those parts.  The decoder, the decode batcher and the
-embedding cache are private: nothing outside the engine package reaches them
-(``tests/test_engine_closed.py``).  The class is synchronous; the scheduler runs its calls in
-worker threads (``anyio.to_thread``).
+and the lock every call takes, loaded by ``loading.load_native``), ``Sequences`` (its record
+of what each sequence holds), ``Decoder`` (prefill and decode batches), ``SequenceState``
+(checkpoints, edits, sizes) and ``Vision`` (the projector and the embedding cache).  Its
+public methods are the API the rest of kvagent uses; they delegate to those parts.  The
+decoder, the decode batcher and the embedding cache are private: nothing outside the engine
+package reaches them (``tests/test_engine_closed.py``).  The class is synchronous; the
+scheduler runs its calls in worker threads (``anyio.to_thread``).
 """
 
 from __future__ import annotations

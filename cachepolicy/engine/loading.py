@@ -21,7 +21,7 @@ from cachepolicy.engine.gguf_meta import tensor_types
 from cachepolicy.engine.native import Native, model_meta
 from cachepolicy.engine.records import EngineConfig, decode_lanes_for, prefill_rows_for
 
-__all__ = ["expert_count", "expert_weight_types", "file_identity", "load_native"]
+__all__ = ["expert_weight_types", "file_identity", "load_native"]
 
 log = structlog.get_logger("kvagent.engine")
 
@@ -39,7 +39,7 @@ def file_identity(path: Path) -> str:
 
 
 def load_native(model_path: Path, config: EngineConfig,
-          compute: ComputeThread) -> tuple[Native, EngineConfig]:
+                compute: ComputeThread) -> tuple[Native, EngineConfig]:
     """Load the model and create the context with the contract's settings; the config comes
     back with what depends on the model (the decode lanes, the prefill call's rows)
     resolved."""
@@ -51,7 +51,7 @@ def load_native(model_path: Path, config: EngineConfig,
     model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mparams)
     if not model:
         raise ModelLoadError(f"llama.cpp could not load {model_path}")
-    experts = expert_count(model)
+    experts = _expert_count(model)
     rows, why = decode_lanes_for(experts, config.decode_rows)
     if config.decode_rows is not None and rows != config.decode_rows:
         log.warning("engine_decode_rows_capped", requested=config.decode_rows, rows=rows,
@@ -83,7 +83,7 @@ def load_native(model_path: Path, config: EngineConfig,
                   vocab=llama_cpp.llama_model_get_vocab(model), compute=compute), config
 
 
-def expert_count(model: object) -> int:
+def _expert_count(model: object) -> int:
     """The model's experts per MoE layer (0 for a dense model), from its GGUF metadata."""
     arch = model_meta(model, "general.architecture") or ""
     value = model_meta(model, f"{arch}.expert_count")
