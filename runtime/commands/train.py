@@ -77,6 +77,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enter-key", action="store_true",
                    help="the demonstrations type a text that submits without its \\n and "
                         "press Enter as a step of their own (default off: type(\"word\\n\"))")
+    p.add_argument("--key-row", action="store_true",
+                   help="the row that chooses a pressed key (press(\") carries the text flag, "
+                        "so it reads the typed and instruction flags (default off)")
     p.add_argument("--click-weights", default="", metavar="[KIND/]CLASS=W,...",
                    help="draw the examples whose click names CLASS (a recogniser class; "
                         "marked: marked-launch's look-back click), of KIND if named, as a "
@@ -175,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
                               kinds=resolve_kinds(args.kinds), pin_share=args.pin_share,
                               menu_entries=args.menu_entries, menu_flag=args.menu_flag,
                               flags_in_base=args.flags_in_base, enter_key=args.enter_key,
+                              key_row=args.key_row,
                               done=DoneStage(updates=args.done_updates,
                                              learning_rate=args.done_learning_rate,
                                              arches=parse_arches(args.done_arch),

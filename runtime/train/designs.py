@@ -87,17 +87,18 @@ class Designs:
 
 def agent_designs(tokens: Sequence[str], classes: Sequence[str], n_embd: int, *, seed: int,
                   scaffold_weight: float, menu_flag: bool = False,
-                  flags_in_base: bool = False) -> Designs:
+                  flags_in_base: bool = False, key_row: bool = False) -> Designs:
     """The designs for a vocabulary's ``tokens`` and the recogniser's ``classes`` (in its
     order), for agents ``n_embd`` wide; ``menu_flag``: with the menu flag; ``flags_in_base``:
-    ``apply`` designs the instruction flags too."""
+    ``apply`` designs the instruction flags too; ``key_row``: the key row carries the text
+    flag (``typed_flag.KEY_PIECES``)."""
     codes = spread_codes(len(classes), KEY_DIMS, seed)
     grounding = Grounding(row_layout(n_embd), {c: codes[i] for i, c in enumerate(classes)},
                           piece_ids(tokens, X_PIECES), piece_ids(tokens, Y_PIECES),
                           weight=scaffold_weight)
     words = WordCopy(grounding.layout, piece_ids(tokens, TYPED_WORDS),
                      piece_ids(tokens, ASK_PIECES), seed=seed)
-    typed = typed_flag(tokens, words, seed=seed)
+    typed = typed_flag(tokens, words, seed=seed, key_row=key_row)
     labels = label_copy(tokens, grounding.layout, grounding.codes, typed.text_flag, seed=seed)
     menu = MenuFlag(grounding.layout) if menu_flag else None
     flags = instruction_flags(tokens, labels)

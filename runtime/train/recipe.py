@@ -138,6 +138,9 @@ class RecipeConfig:
     #: the demonstrations press Enter as a step of their own after typing a text that
     #: submits (``DatasetConfig.enter_key``), instead of typing ``"\n"``
     enter_key: bool = False
+    #: the key row (the response's ``press("``) carries the text flag, so it reads the
+    #: typed and instruction flags (``typed_flag.KEY_PIECES``)
+    key_row: bool = False
     #: the done stage (``done_stage``): after the base training, each agent continues from
     #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
     #: agents (they never say done())
@@ -176,7 +179,7 @@ def train_agents(config: RecipeConfig, out: Path, *,
     designs = agent_designs(vocab.tokens, rec.classes, hybrid.spec.n_embd, seed=config.seed,
                             scaffold_weight=config.scaffold_weight,
                             menu_flag=config.menu_flag,
-                            flags_in_base=config.flags_in_base)
+                            flags_in_base=config.flags_in_base, key_row=config.key_row)
     if not all(np.array_equal(designs.grounding.codes[c], rec.codes[i])
                for i, c in enumerate(rec.classes)):  # designs' invariant
         raise AssertionError("the recogniser's class codes are not spread_codes(classes, seed)")
@@ -231,7 +234,7 @@ def train_done_from(config: RecipeConfig, base: Path, out: Path, *,
                             agent_shape("qwen35").spec.n_embd, seed=config.seed,
                             scaffold_weight=config.scaffold_weight,
                             menu_flag=config.menu_flag,
-                            flags_in_base=config.flags_in_base)
+                            flags_in_base=config.flags_in_base, key_row=config.key_row)
     record: dict[str, Any] = {
         "config": attrs.asdict(config), "from": str(base), "mmproj": made["mmproj"],
         "dataset": made.get("dataset"), "models": {}, "environment": environment(),
@@ -258,6 +261,7 @@ _BASE_OPTIONS = (
     ("menu_flag", "its projector and designs carry the menu flag or lack it"),
     ("flags_in_base", "its agents carry the instruction flags or lack them"),
     ("enter_key", "its demonstrations press Enter as a step of its own or type it"),
+    ("key_row", "its key row carries the text flag or lacks it"),
 )
 
 

@@ -30,6 +30,11 @@ Designed (ordinary weights, kept fixed in training, ``frozen_typed``):
   measured in docs/training.md).
 
 The response's own ``type("`` row sees itself, but that is after its verb was chosen.
+
+With ``key_row`` the response's ``press("`` (``KEY_PIECES``: the row that chooses the key)
+carries the text flag too, so it reads what the verb rows read — the typed flag and, through
+the label head, the instruction flags (`` Enter`` asked).  Measured: without it the agents
+pressed backspace after typing menu-launch's Terminal word (docs/training.md, "The key row").
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from runtime.train.cell_vision import POS_SCALE, RowLayout
 from runtime.train.grounding import first_head_of, piece_ids
 from runtime.train.word_copy import ASK_PIECES, WordCopy, copy_layer, match_flags
 
-__all__ = ["CLICK_PIECES", "QUERY_PIECES", "TypedFlag", "design_typed", "frozen_typed",
+__all__ = ["CLICK_PIECES", "KEY_PIECES", "QUERY_PIECES", "TypedFlag", "design_typed", "frozen_typed",
            "typed_flag"]
 
 #: the pieces the flag reads as "click next" (``ASK_PIECES``, ``type("``, as "not type")
@@ -53,6 +58,9 @@ CLICK_PIECES = ("click(", " click(")
 #: the pieces whose rows ask whether a line typed: the assistant header's closing newline
 #: (the verb's row), ``click(`` (x's row), the x pieces (y's row)
 QUERY_PIECES = ("<0x0A>", *CLICK_PIECES, *X_PIECES)
+#: the row that chooses a pressed key: the response's ``press("`` (a history line's is
+#: `` press("``, another piece, left without the flag)
+KEY_PIECES = ('press("',)
 
 FLAG_GAIN = 1.0  # the text-flag query's scale (llama; qwen35's q/k norms set the sharpness)
 TYPED_GAIN = 0.3  # value -> output: the flag's size in the residual (x2 under qwen35's gate)
@@ -81,10 +89,13 @@ class TypedFlag:
         return self.layout.content.stop - 2
 
 
-def typed_flag(tokens: Sequence[str], words: WordCopy, seed: int = 0) -> TypedFlag:
-    """The agents' typed flag for a vocabulary's ``tokens`` and their word copy."""
+def typed_flag(tokens: Sequence[str], words: WordCopy, seed: int = 0, *,
+               key_row: bool = False) -> TypedFlag:
+    """The agents' typed flag for a vocabulary's ``tokens`` and their word copy;
+    ``key_row``: the key row carries the text flag too (module docstring)."""
+    query = QUERY_PIECES + KEY_PIECES if key_row else QUERY_PIECES
     return TypedFlag(words.layout, words.ask_flag, piece_ids(tokens, CLICK_PIECES),
-                     piece_ids(tokens, ASK_PIECES), piece_ids(tokens, QUERY_PIECES), seed=seed)
+                     piece_ids(tokens, ASK_PIECES), piece_ids(tokens, query), seed=seed)
 
 
 def design_typed(params: Mapping[str, np.ndarray], spec: TextSpec, t: TypedFlag,
