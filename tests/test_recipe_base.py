@@ -1,6 +1,6 @@
 """``kvagent train --from DIR`` runs the done stage on base agents made before: it refuses a
 DIR whose recipe made its projector and designs otherwise than the options asked now
-(``recipe.base_record``) — a recipe.json written before an option existed reads as its
+(``base_record.base_record``) — a recipe.json written before an option existed reads as its
 default."""
 
 from __future__ import annotations
@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from runtime.train.recipe import RecipeConfig, base_record
+from runtime.train.base_record import base_record
+from runtime.train.recipe_config import RecipeConfig
 
 #: (the option's recipe.json key, a value other than its default, the config asking for it)
 CASES = [("menu_entries", "launch", {"menu_entries": "launch"}),
          ("menu_flag", True, {"menu_flag": True}),
          ("flags_in_base", True, {"flags_in_base": True}),
-         ("enter_key", True, {"enter_key": True})]
+         ("enter_key", True, {"enter_key": True}),
+         ("key_row", True, {"key_row": True})]
 
 
 @pytest.mark.parametrize("option, value, matching", CASES, ids=[c[0] for c in CASES])

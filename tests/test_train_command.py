@@ -124,7 +124,8 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     load together; ``--from`` on those base agents needs the flag asked again.
     ``--flags-in-base`` beside it: the fresh agent carries the instruction flags, the base
     training keeps them fixed, and the done stage finds them designed (it would refuse to
-    design them twice: ``design_flags`` needs the label head's rows free) and keeps them."""
+    design them twice: ``design_flags`` needs the label head's rows free) and keeps them;
+    ``--key-row`` too: the key row's text flag is in both files, unmoved by training."""
     import numpy as np
 
     from runtime.train.cell_vision import POS_SCALE
@@ -136,9 +137,10 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     out, base = tmp_path / "menu", tmp_path / "base"
-    assert main([*ARGS, "--menu-flag", "--flags-in-base", "--out", str(out)]) == 0
+    assert main([*ARGS, "--menu-flag", "--flags-in-base", "--key-row", "--out", str(out)]) == 0
     record = json.loads((out / "recipe.json").read_text())
     assert record["config"]["menu_flag"] is True and record["config"]["flags_in_base"] is True
+    assert record["config"]["key_row"] is True
     assert set(record["mmproj"]["recogniser"]["menu_readout"]) == {"menu_cells_missed",
                                                                   "other_cells_forged"}
     model = out / "agent-qwen35.gguf"
@@ -148,8 +150,8 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     spec, params = loaded.spec, loaded.params
     designs = agent_designs(loaded.vocab.tokens, record["mmproj"]["recogniser"]["classes"],
                             spec.n_embd, seed=0, scaffold_weight=10.0, menu_flag=True,
-                            flags_in_base=True)
-    menu, flags = designs.menu, designs.flags
+                            flags_in_base=True, key_row=True)
+    menu, flags, typed = designs.menu, designs.flags, designs.typed
     assert not params["token_embd.weight"][:, menu.dim].any()  # kept fixed through training
     for path in (out / "base" / "agent-qwen35.gguf", model):
         embd = np.asarray(load_gguf(path).params["token_embd.weight"])
@@ -157,6 +159,9 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         for i, tok in enumerate(flags.flag_ids):
             want[tok, i] = POS_SCALE
         assert np.array_equal(embd[:, list(flags.dims)], want), path
+        text_rows = set(np.flatnonzero(embd[:, typed.text_flag]))
+        assert text_rows == set(typed.query_ids) and loaded.vocab.tokens.index('press("') \
+            in text_rows, path
     key = params[f"blk.{copy_layer(spec)}.attn_k.weight"]
     assert key[first_head_of(spec, 1).kv.start + match_dim(spec), menu.dim] == \
         pytest.approx(KEY_GAIN, rel=1e-3)  # f16

@@ -155,7 +155,7 @@ def test_clicked_weights_draw_a_rare_click_as_a_group_of_its_own(tmp_path: Path)
 
 
 def test_click_weights_parse_class_weight_pairs() -> None:
-    from runtime.train.recipe import parse_click_weights
+    from runtime.train.recipe_config import parse_click_weights
 
     assert parse_click_weights("") == ()
     assert parse_click_weights(" marked=1, notes.save=0.5") == (("marked", 1.0),

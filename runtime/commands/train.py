@@ -20,7 +20,7 @@ DEFAULT_OUT = Path("kvagent-agents")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from runtime.train.cell_labels import MENU_ENTRIES
     from runtime.train.fit import FitConfig
-    from runtime.train.recipe import RecipeConfig
+    from runtime.train.recipe_config import RecipeConfig
 
     d, f = RecipeConfig(), FitConfig()
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
@@ -123,7 +123,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _click_weights(flag: str, text: str) -> tuple[tuple[str, float], ...]:
-    from runtime.train.recipe import parse_click_weights  # as run's: JAX loads only here
+    from runtime.train.recipe_config import parse_click_weights  # as run's: JAX loads only here
 
     try:
         return parse_click_weights(text)
@@ -144,8 +144,9 @@ def run(args: argparse.Namespace) -> int:
 
     from runtime.train.fit import FitConfig
     from runtime.train.done_stage import DoneStage
-    from runtime.train.recipe import (RecipeConfig, base_record, parse_arches, train_agents,
-                                      train_done_from)
+    from runtime.train.base_record import base_record
+    from runtime.train.recipe import train_agents, train_done_from
+    from runtime.train.recipe_config import RecipeConfig, parse_arches
     from vmenv.simdesk.kinds import resolve_kinds
 
     try:

@@ -31,9 +31,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,119 +44,31 @@ from cachepolicy.engine import EngineConfig
 from cachepolicy.forge import TextSpec
 from vmenv.trajectory_writer import write_durably
 from runtime.train.agents import AGENT_ARCHES, agent_shape, agent_vocab
-from runtime.train.cell_labels import MenuEntries
+from runtime.train.base_record import base_record
 from runtime.train.cell_vision import KEY_DIMS, write_cell_mmproj
 from runtime.train.dataset import DatasetConfig, generate, load_manifest
 from runtime.train.designs import Designs, agent_designs
-from runtime.train.done_stage import DoneStage, train_done
+from runtime.train.done_stage import train_done
 from runtime.train.environment import environment
-from runtime.train.fit import FitConfig, FitReport, fit
+from runtime.train.fit import FitReport, fit
 from runtime.train.gguf_io import export_gguf
 from runtime.train.menu_readout import readout_errors
 from runtime.train.model import Params
 from runtime.train.params import init_params
+from runtime.train.recipe_config import (BASE_DIR, DONE_DATA, MMPROJ_NAME, RecipeConfig,
+                                         model_name)
 from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
                                       train_recogniser)
-from vmenv.simdesk.kinds import task_kinds
 from vmenv.simdesk.seeds import eval_seeds, train_seeds
 from runtime.engine_setup import ModelFiles, load_engine
 
-__all__ = ["MMPROJ_NAME", "RecipeConfig", "base_record", "model_name", "train_agents",
-           "train_done_from"]
+__all__ = ["train_agents", "train_done_from"]
 
 log = structlog.get_logger("kvagent.train")
 
-MMPROJ_NAME = "mmproj.gguf"
-BASE_DIR = "base"  # the base agents of a recipe with a done stage
-DONE_DATA = "data-done"  # the done stage's dataset
 #: the kinds whose one click answers a dialog, and where their extra recogniser seeds start
 DIALOG_KINDS = ("dialog-button", "click-ok")
 DIALOG_SEEDS = 1_000_000
-
-
-def model_name(arch: str) -> str:
-    """The file name of ``arch``'s trained agent."""
-    return f"agent-{arch}.gguf"
-
-
-_DATA = attrs.fields(DatasetConfig)
-
-
-@attrs.frozen
-class RecipeConfig:
-    """Everything the shipped agents are made from (the defaults make them)."""
-
-    arches: tuple[str, ...] = AGENT_ARCHES
-    seed: int = 0
-    episodes: int = 512
-    fit: FitConfig = FitConfig()
-    threads: int = 2
-    #: the projector's recogniser: expert episodes it learns from (every kind in turn, then
-    #: the dialog kinds again: their button labels are the classes with the fewest screens,
-    #: ~57 buttons per label in 1500 episodes, and held out it found dialog-button's button
-    #: on 0.775 of clicks against 0.994 on its own screens), and its updates
-    recogniser_episodes: int = 1500
-    recogniser_dialog_episodes: int = 3000
-    recogniser_updates: int = 1500
-    #: the query scaffold's weight (``grounding``)
-    scaffold_weight: float = 10.0
-    #: the dataset's off-track episodes (``dataset.DatasetConfig``, whose defaults and
-    #: checks these are): knocked off-track, with the agent's own mistakes, and how those
-    #: mistakes look
-    perturbed: float = _DATA.perturbed.default
-    slipped: float = _DATA.slipped.default
-    early_typing: float = _DATA.early_typing.default
-    max_slip_run: int = _DATA.max_slip_run.default
-    #: the task kinds the recogniser and the dataset draw from (default: the default mix,
-    #: ``task_kinds()``; ``all_kinds()`` adds the opt-in look-back kind ``marked-launch``,
-    #: whose ``marked`` class the recogniser then learns), and the share of terminal
-    #: layouts with the first screenshot pinned (``DatasetConfig.pin_share``: how an agent
-    #: learns a look-back kind with ``--pin-first 1``); a share above 0 also lays every
-    #: look-back step out pinned where its drawn layout dropped the first screenshot
-    #: (``DatasetConfig.pin_look_back``)
-    kinds: tuple[str, ...] = attrs.field(factory=task_kinds, converter=tuple)
-    pin_share: float = _DATA.pin_share.default
-    #: every demonstration of the base training ends with the solved state labelled
-    #: ``done()`` (issue 47, measured in docs/training.md: every episode then ends with
-    #: done() but the multi-step kinds collapse to click, type, done()); off: the base
-    #: agents never say done(), and the done stage teaches it
-    with_done: bool = False
-    #: how an app's menu entry is classed, for the recogniser and the dataset alike
-    #: (``cell_labels.MenuEntries``): ``menu.<app>`` (the shipped agents) or its launcher's
-    #: ``launch.<app>`` (measured in docs/training.md, "Menu entries as launchers, and three
-    #: times the data")
-    menu_entries: MenuEntries = _DATA.menu_entries.default
-    #: the menu flag (``menu_flag``): the projector reads "part of the open menu" off the
-    #: recogniser's units into a dim of its own, and a designed head carries "a screenshot
-    #: in the window shows the menu open" to the rows that choose a verb or a coordinate
-    menu_flag: bool = False
-    #: the instruction flags (``instruction_flags``) designed into the fresh agents, so the
-    #: base training learns to read them (the done stage otherwise designs them into the
-    #: trained base agents)
-    flags_in_base: bool = False
-    #: the demonstrations press Enter as a step of their own after typing a text that
-    #: submits (``DatasetConfig.enter_key``), instead of typing ``"\n"``
-    enter_key: bool = False
-    #: the key row (the response's ``press("``) carries the text flag, so it reads the
-    #: typed and instruction flags (``typed_flag.KEY_PIECES``)
-    key_row: bool = False
-    #: the done stage (``done_stage``): after the base training, each agent continues from
-    #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
-    #: agents (they never say done())
-    done: DoneStage = DoneStage()
-
-    def dataset(self) -> DatasetConfig:
-        """The dataset this recipe trains on; ValueError if its settings are not valid."""
-        return DatasetConfig(seed=self.seed, episodes=self.episodes, shard_episodes=128,
-                             perturbed=self.perturbed, slipped=self.slipped,
-                             early_typing=self.early_typing, max_slip_run=self.max_slip_run,
-                             with_done=self.with_done, kinds=self.kinds,
-                             pin_share=self.pin_share, pin_look_back=self.pin_share > 0,
-                             menu_entries=self.menu_entries, enter_key=self.enter_key)
-
-    def done_dataset(self) -> DatasetConfig:
-        """The done stage's dataset: the same demonstrations, each ending in ``done()``."""
-        return attrs.evolve(self.dataset(), with_done=True)
 
 
 def _sha256(path: Path) -> str:
@@ -254,44 +165,6 @@ def train_done_from(config: RecipeConfig, base: Path, out: Path, *,
     return record
 
 
-#: the options a base agent's files depend on beyond the seed, and how: ``--from`` refuses
-#: base agents made with another value than the one asked now
-_BASE_OPTIONS = (
-    ("menu_entries", "its projector classes menu entries so"),
-    ("menu_flag", "its projector and designs carry the menu flag or lack it"),
-    ("flags_in_base", "its agents carry the instruction flags or lack them"),
-    ("enter_key", "its demonstrations press Enter as a step of its own or type it"),
-    ("key_row", "its key row carries the text flag or lacks it"),
-)
-
-
-def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
-    """``base``'s recipe record, checked to hold base agents of ``config``'s seed."""
-    try:
-        made = json.loads((base / "recipe.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{base}: no readable recipe.json ({exc})") from exc
-    if made.get("config", {}).get("seed") != config.seed:
-        raise ValueError(f"{base} was made with seed {made.get('config', {}).get('seed')}, "
-                         f"not {config.seed}: its designs would differ")
-    for key, what in _BASE_OPTIONS:
-        was = made["config"].get(key, attrs.fields_dict(RecipeConfig)[key].default)
-        now = getattr(config, key)
-        if was != now:  # (a recipe.json written before the option: its default)
-            flag = "--" + key.replace("_", "-")
-            made_with = f"{flag} {was}" if isinstance(was, str) else \
-                f"{'with' if was else 'without'} {flag}"
-            raise ValueError(f"{base} was made {made_with}, not as asked now: {what}")
-    missing = [n for n in (MMPROJ_NAME, *map(model_name, config.arches))
-               if not (base / n).is_file()]
-    missing += [f"{a} in recipe.json" for a in config.arches if a not in made.get("models", {})]
-    if missing:
-        raise ValueError(f"{base} lacks {', '.join(missing)}")
-    if any("base" in made["models"][a] for a in config.arches if config.done.applies(a)):
-        raise ValueError(f"{base} holds agents that went through the done stage already")
-    return made
-
-
 def _done_dataset(config: RecipeConfig, data: Path,
                   ) -> list[tuple[DatasetConfig, str, Path]]:
     """The done stage's dataset as ``_datasets`` takes it, where the stage applies to one of
@@ -380,33 +253,3 @@ def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
 
 def _model_record(path: Path, sha256: str, report: FitReport) -> dict[str, Any]:
     return {"file": path.name, "sha256": sha256, **attrs.asdict(report)}
-
-
-def parse_arches(text: str) -> Sequence[str]:
-    """``"qwen35,llama"`` -> the arches (ValueError for an unknown one)."""
-    arches = tuple(a.strip() for a in text.split(",") if a.strip())
-    bad = [a for a in arches if a not in AGENT_ARCHES]
-    if bad or not arches:
-        raise ValueError(f"unknown arch(es) {bad or text!r}; choose from "
-                         f"{', '.join(AGENT_ARCHES)}")
-    return arches
-
-
-def parse_click_weights(text: str) -> tuple[tuple[str, float], ...]:
-    """``"marked=1,marked-launch/notes.save=0.5"`` -> (([KIND/]CLASS, weight), ...) for
-    ``FitConfig.clicked_weights`` (ValueError for a pair that is not [KIND/]CLASS=W with a
-    finite W > 0, or a name given twice)."""
-    pairs: list[tuple[str, float]] = []
-    for item in (i.strip() for i in text.split(",") if i.strip()):
-        name, sep, weight = item.partition("=")
-        try:
-            w = float(weight)
-        except ValueError:
-            w = 0.0
-        if not sep or not name.strip() or not 0 < w < math.inf:
-            raise ValueError(f"{item!r} is not [KIND/]CLASS=WEIGHT with a finite weight above 0")
-        pairs.append((name.strip(), w))
-    names = [n for n, _ in pairs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"a name is given twice in {text!r}")
-    return tuple(pairs)

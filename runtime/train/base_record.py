@@ -1,0 +1,52 @@
+"""The base agents a done stage starts from (``kvagent train --from DIR``): ``DIR``'s recipe
+record, checked to have been made as the recipe asked now would make them (seed, the options
+the files depend on, the files themselves, no done stage yet)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from runtime.train.recipe_config import MMPROJ_NAME, RecipeConfig, model_name
+
+__all__ = ["base_record"]
+
+#: the options a base agent's files depend on beyond the seed, and how: ``--from`` refuses
+#: base agents made with another value than the one asked now
+_BASE_OPTIONS = (
+    ("menu_entries", "its projector classes menu entries so"),
+    ("menu_flag", "its projector and designs carry the menu flag or lack it"),
+    ("flags_in_base", "its agents carry the instruction flags or lack them"),
+    ("enter_key", "its demonstrations press Enter as a step of its own or type it"),
+    ("key_row", "its key row carries the text flag or lacks it"),
+)
+
+
+def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
+    """``base``'s recipe record, checked to hold base agents of ``config``'s seed."""
+    try:
+        made = json.loads((base / "recipe.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{base}: no readable recipe.json ({exc})") from exc
+    if made.get("config", {}).get("seed") != config.seed:
+        raise ValueError(f"{base} was made with seed {made.get('config', {}).get('seed')}, "
+                         f"not {config.seed}: its designs would differ")
+    for key, what in _BASE_OPTIONS:
+        was = made["config"].get(key, attrs.fields_dict(RecipeConfig)[key].default)
+        now = getattr(config, key)
+        if was != now:  # (a recipe.json written before the option: its default)
+            flag = "--" + key.replace("_", "-")
+            made_with = f"{flag} {was}" if isinstance(was, str) else \
+                f"{'with' if was else 'without'} {flag}"
+            raise ValueError(f"{base} was made {made_with}, not as asked now: {what}")
+    missing = [n for n in (MMPROJ_NAME, *map(model_name, config.arches))
+               if not (base / n).is_file()]
+    missing += [f"{a} in recipe.json" for a in config.arches if a not in made.get("models", {})]
+    if missing:
+        raise ValueError(f"{base} lacks {', '.join(missing)}")
+    if any("base" in made["models"][a] for a in config.arches if config.done.applies(a)):
+        raise ValueError(f"{base} holds agents that went through the done stage already")
+    return made

@@ -1,0 +1,140 @@
+"""What ``kvagent train`` makes its agents from: the recipe's configuration
+(``RecipeConfig``, whose defaults make the shipped files), the names of the files it writes,
+and the parsers of its listed options."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import attrs
+
+from runtime.train.agents import AGENT_ARCHES
+from runtime.train.cell_labels import MenuEntries
+from runtime.train.dataset import DatasetConfig
+from runtime.train.done_stage import DoneStage
+from runtime.train.fit import FitConfig
+from vmenv.simdesk.kinds import task_kinds
+
+__all__ = ["BASE_DIR", "DONE_DATA", "MMPROJ_NAME", "RecipeConfig", "model_name",
+           "parse_arches", "parse_click_weights"]
+
+MMPROJ_NAME = "mmproj.gguf"
+BASE_DIR = "base"  # the base agents of a recipe with a done stage
+DONE_DATA = "data-done"  # the done stage's dataset
+
+
+def model_name(arch: str) -> str:
+    """The file name of ``arch``'s trained agent."""
+    return f"agent-{arch}.gguf"
+
+
+
+_DATA = attrs.fields(DatasetConfig)
+
+
+@attrs.frozen
+class RecipeConfig:
+    """Everything the shipped agents are made from (the defaults make them)."""
+
+    arches: tuple[str, ...] = AGENT_ARCHES
+    seed: int = 0
+    episodes: int = 512
+    fit: FitConfig = FitConfig()
+    threads: int = 2
+    #: the projector's recogniser: expert episodes it learns from (every kind in turn, then
+    #: the dialog kinds again: their button labels are the classes with the fewest screens,
+    #: ~57 buttons per label in 1500 episodes, and held out it found dialog-button's button
+    #: on 0.775 of clicks against 0.994 on its own screens), and its updates
+    recogniser_episodes: int = 1500
+    recogniser_dialog_episodes: int = 3000
+    recogniser_updates: int = 1500
+    #: the query scaffold's weight (``grounding``)
+    scaffold_weight: float = 10.0
+    #: the dataset's off-track episodes (``dataset.DatasetConfig``, whose defaults and
+    #: checks these are): knocked off-track, with the agent's own mistakes, and how those
+    #: mistakes look
+    perturbed: float = _DATA.perturbed.default
+    slipped: float = _DATA.slipped.default
+    early_typing: float = _DATA.early_typing.default
+    max_slip_run: int = _DATA.max_slip_run.default
+    #: the task kinds the recogniser and the dataset draw from (default: the default mix,
+    #: ``task_kinds()``; ``all_kinds()`` adds the opt-in look-back kind ``marked-launch``,
+    #: whose ``marked`` class the recogniser then learns), and the share of terminal
+    #: layouts with the first screenshot pinned (``DatasetConfig.pin_share``: how an agent
+    #: learns a look-back kind with ``--pin-first 1``); a share above 0 also lays every
+    #: look-back step out pinned where its drawn layout dropped the first screenshot
+    #: (``DatasetConfig.pin_look_back``)
+    kinds: tuple[str, ...] = attrs.field(factory=task_kinds, converter=tuple)
+    pin_share: float = _DATA.pin_share.default
+    #: every demonstration of the base training ends with the solved state labelled
+    #: ``done()`` (issue 47, measured in docs/training.md: every episode then ends with
+    #: done() but the multi-step kinds collapse to click, type, done()); off: the base
+    #: agents never say done(), and the done stage teaches it
+    with_done: bool = False
+    #: how an app's menu entry is classed, for the recogniser and the dataset alike
+    #: (``cell_labels.MenuEntries``): ``menu.<app>`` (the shipped agents) or its launcher's
+    #: ``launch.<app>`` (measured in docs/training.md, "Menu entries as launchers, and three
+    #: times the data")
+    menu_entries: MenuEntries = _DATA.menu_entries.default
+    #: the menu flag (``menu_flag``): the projector reads "part of the open menu" off the
+    #: recogniser's units into a dim of its own, and a designed head carries "a screenshot
+    #: in the window shows the menu open" to the rows that choose a verb or a coordinate
+    menu_flag: bool = False
+    #: the instruction flags (``instruction_flags``) designed into the fresh agents, so the
+    #: base training learns to read them (the done stage otherwise designs them into the
+    #: trained base agents)
+    flags_in_base: bool = False
+    #: the demonstrations press Enter as a step of their own after typing a text that
+    #: submits (``DatasetConfig.enter_key``), instead of typing ``"\n"``
+    enter_key: bool = False
+    #: the key row (the response's ``press("``) carries the text flag, so it reads the
+    #: typed and instruction flags (``typed_flag.KEY_PIECES``)
+    key_row: bool = False
+    #: the done stage (``done_stage``): after the base training, each agent continues from
+    #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
+    #: agents (they never say done())
+    done: DoneStage = DoneStage()
+
+    def dataset(self) -> DatasetConfig:
+        """The dataset this recipe trains on; ValueError if its settings are not valid."""
+        return DatasetConfig(seed=self.seed, episodes=self.episodes, shard_episodes=128,
+                             perturbed=self.perturbed, slipped=self.slipped,
+                             early_typing=self.early_typing, max_slip_run=self.max_slip_run,
+                             with_done=self.with_done, kinds=self.kinds,
+                             pin_share=self.pin_share, pin_look_back=self.pin_share > 0,
+                             menu_entries=self.menu_entries, enter_key=self.enter_key)
+
+    def done_dataset(self) -> DatasetConfig:
+        """The done stage's dataset: the same demonstrations, each ending in ``done()``."""
+        return attrs.evolve(self.dataset(), with_done=True)
+
+
+def parse_arches(text: str) -> Sequence[str]:
+    """``"qwen35,llama"`` -> the arches (ValueError for an unknown one)."""
+    arches = tuple(a.strip() for a in text.split(",") if a.strip())
+    bad = [a for a in arches if a not in AGENT_ARCHES]
+    if bad or not arches:
+        raise ValueError(f"unknown arch(es) {bad or text!r}; choose from "
+                         f"{', '.join(AGENT_ARCHES)}")
+    return arches
+
+
+def parse_click_weights(text: str) -> tuple[tuple[str, float], ...]:
+    """``"marked=1,marked-launch/notes.save=0.5"`` -> (([KIND/]CLASS, weight), ...) for
+    ``FitConfig.clicked_weights`` (ValueError for a pair that is not [KIND/]CLASS=W with a
+    finite W > 0, or a name given twice)."""
+    pairs: list[tuple[str, float]] = []
+    for item in (i.strip() for i in text.split(",") if i.strip()):
+        name, sep, weight = item.partition("=")
+        try:
+            w = float(weight)
+        except ValueError:
+            w = 0.0
+        if not sep or not name.strip() or not 0 < w < math.inf:
+            raise ValueError(f"{item!r} is not [KIND/]CLASS=WEIGHT with a finite weight above 0")
+        pairs.append((name.strip(), w))
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a name is given twice in {text!r}")
+    return tuple(pairs)
