@@ -6,9 +6,12 @@ whole recipe makes; bad arguments are refused before any work."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -23,11 +26,24 @@ ARGS = ["train", "--arch", "qwen35", "--episodes", "8", "--steps", "1", "--threa
         "--recogniser-updates", "5", "--done-updates", "2"]
 
 
-def test_train_writes_loadable_reproducible_agent(tmp_path: Path, capsys,
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """The toy recipe run once for the module (base training, then the done stage): its
+    directory and what it printed.  Read-only to the tests but for the rerun, which must
+    leave its bytes as they were."""
+    out = tmp_path_factory.mktemp("staged")
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("XLA_FLAGS", raising=False)  # the command pins XLA; undone after
+        with contextlib.redirect_stdout(printed):
+            assert main([*ARGS, "--out", str(out)]) == 0
+    yield out, printed.getvalue()
+
+
+def test_train_writes_loadable_reproducible_agent(staged: tuple[Path, str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("XLA_FLAGS", raising=False)  # the command pins XLA; undone after
-    out = tmp_path / "agents"
-    assert main([*ARGS, "--out", str(out)]) == 0
+    out, printed = staged
     record = json.loads((out / "recipe.json").read_text())
     model = out / "agent-qwen35.gguf"
     digest = hashlib.sha256(model.read_bytes()).hexdigest()
@@ -38,7 +54,6 @@ def test_train_writes_loadable_reproducible_agent(tmp_path: Path, capsys,
     env = record["environment"]  # what the bytes depend on besides the seed
     assert env["jax"] == jax.__version__ and env["xla_flags"] == ONE_THREAD_XLA_FLAGS
     assert env["cpus"] >= 1 and env["machine"] and env["cpu"]
-    printed = capsys.readouterr().out
     assert "qwen35: training 1 steps" in printed and "kvagent bench-eval" in printed
 
     with Engine(model, out / "mmproj.gguf", EngineConfig(n_seq_max=1, n_threads=2)) as engine:
@@ -57,11 +72,11 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_done_stage_from_base_files_is_the_whole_recipe(tmp_path: Path, capsys,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_done_stage_from_base_files_is_the_whole_recipe(
+        tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, staged: tuple[Path, str],
+) -> None:
     monkeypatch.delenv("XLA_FLAGS", raising=False)
-    staged, base, resumed = tmp_path / "staged", tmp_path / "base", tmp_path / "resumed"
-    assert main([*ARGS, "--out", str(staged)]) == 0
+    staged, base, resumed = staged[0], tmp_path / "base", tmp_path / "resumed"
     # an arch outside --done-arch ships its base file: the recipe without its done stage
     assert main([*ARGS, "--done-arch", "llama", "--out", str(base)]) == 0
     assert not (base / "base").exists() and not (base / "data-done").exists()
