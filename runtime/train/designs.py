@@ -91,7 +91,8 @@ def agent_designs(tokens: Sequence[str], classes: Sequence[str], n_embd: int, *,
     """The designs for a vocabulary's ``tokens`` and the recogniser's ``classes`` (in its
     order), for agents ``n_embd`` wide; ``menu_flag``: with the menu flag; ``flags_in_base``:
     ``apply`` designs the instruction flags too; ``key_row``: the key row carries the text
-    flag (``typed_flag.KEY_PIECES``)."""
+    flag (``typed_flag.KEY_PIECES``) and the key pieces read the flags
+    (``instruction_flags.KEY_READS``)."""
     codes = spread_codes(len(classes), KEY_DIMS, seed)
     grounding = Grounding(row_layout(n_embd), {c: codes[i] for i, c in enumerate(classes)},
                           piece_ids(tokens, X_PIECES), piece_ids(tokens, Y_PIECES),
@@ -101,7 +102,7 @@ def agent_designs(tokens: Sequence[str], classes: Sequence[str], n_embd: int, *,
     typed = typed_flag(tokens, words, seed=seed, key_row=key_row)
     labels = label_copy(tokens, grounding.layout, grounding.codes, typed.text_flag, seed=seed)
     menu = MenuFlag(grounding.layout) if menu_flag else None
-    flags = instruction_flags(tokens, labels)
+    flags = instruction_flags(tokens, labels, key_row=key_row)
     readout = Readout(grounding.layout, grounding.x_ids, grounding.y_ids)
     taken = {*flags.dims, typed.typed, typed.text_flag, labels.label_flag, readout.kind_x,
              readout.kind_y, *range(words.code_dims.start, words.code_dims.stop)}

@@ -25,7 +25,14 @@ Designed on top of the label copy (``label_copy``; ordinary weights, kept fixed 
 
 Nothing reads the flags by design: the layers after the copy layer learn to (the done stage
 trains them), as the verb after a flag depends on the history too (after Save is asked, the
-step after typing clicks, the step after the Save click says ``done()``).
+step after typing clicks, the step after the Save click says ``done()``) — but for the key
+read-outs (``KEY_READS``, with ``key_row``): the tied head cannot read a flag dim itself (the
+whole column is kept fixed at 0 but for the flag pieces), so the ``enter`` piece's embedding
+starts at ``KEY_READ`` in the ` Enter` flag's dim and is trained, as the typed flag's verb
+read-out is: at the row that chooses a key (``typed_flag.KEY_PIECES``) ``press("enter")`` is
+then favoured where Enter is asked and nowhere else.  Measured: with the flag at that row but
+no read-out, 2000 updates on 27 Enter demonstrations left the two logits apart by 0.4 and
+every Terminal word was followed by backspace (docs/training.md, "The key row").
 
 Applied by the done stage to a trained base agent (``DoneStage.instruction_flags``): the flag
 dims' trained embedding columns and writers' rows are overwritten, which the stage's updates
@@ -45,20 +52,25 @@ from runtime.train.grounding import piece_ids
 from runtime.train.label_copy import CODE, COPY_GAIN, LabelCopy, label_head, writers_before_copy
 from runtime.train.word_copy import copy_layer
 
-__all__ = ["FLAG_PIECES", "InstructionFlags", "design_flags", "frozen_flags",
+__all__ = ["FLAG_PIECES", "KEY_READS", "InstructionFlags", "design_flags", "frozen_flags",
            "instruction_flags"]
 
 #: the instruction words flagged, each a piece of the agents' vocabulary, in flag-dim order
 FLAG_PIECES = (" Save", " menu", " Enter")
 FLAG_GAIN = 2.0  # value -> output, against the label copy's COPY_GAIN: a flag is one dim
+#: (key piece, the flag it reads): the key read-outs ``key_row`` designs
+KEY_READS = (("enter", " Enter"),)
+KEY_READ = 1.5  # the key piece's embedding at its flag's dim (the typed flag's VERB_READ)
 
 
 @attrs.frozen(eq=False)
 class InstructionFlags:
-    """The design's inputs: the label copy it extends and the flag pieces' token ids."""
+    """The design's inputs: the label copy it extends, the flag pieces' token ids and the key
+    read-outs, ``(key piece id, index of the flag it reads)`` (empty without ``key_row``)."""
 
     labels: LabelCopy
     flag_ids: tuple[int, ...]
+    key_reads: tuple[tuple[int, int], ...] = ()
 
     @property
     def dims(self) -> tuple[int, ...]:
@@ -77,10 +89,13 @@ class InstructionFlags:
         return range(start, start + len(self.flag_ids))
 
 
-def instruction_flags(tokens: Sequence[str], labels: LabelCopy) -> InstructionFlags:
-    """The agents' instruction flags for a vocabulary's ``tokens``; ValueError if a flag word
-    is not one piece."""
-    return InstructionFlags(labels, piece_ids(tokens, FLAG_PIECES))
+def instruction_flags(tokens: Sequence[str], labels: LabelCopy, *,
+                      key_row: bool = False) -> InstructionFlags:
+    """The agents' instruction flags for a vocabulary's ``tokens`` (``key_row``: with the key
+    read-outs); ValueError if a flag word or a key is not one piece."""
+    reads = tuple((piece_ids(tokens, [key])[0], FLAG_PIECES.index(flag))
+                  for key, flag in KEY_READS) if key_row else ()
+    return InstructionFlags(labels, piece_ids(tokens, FLAG_PIECES), reads)
 
 
 def design_flags(params: Mapping[str, np.ndarray], spec: TextSpec, f: InstructionFlags,
@@ -98,6 +113,8 @@ def design_flags(params: Mapping[str, np.ndarray], spec: TextSpec, f: Instructio
     for tok, dim in zip(f.flag_ids, dims):
         e[tok, dim] = POS_SCALE
         e[tok, f.labels.label_flag] = POS_SCALE
+    for tok, flag in f.key_reads:
+        e[tok, dims[flag]] = KEY_READ
     for name in writers_before_copy(spec):
         p[name][dims] = 0.0
     p[f"{pre}.attn_norm.weight"][dims] = 1.0
@@ -113,10 +130,12 @@ def frozen_flags(params: Mapping[str, np.ndarray], spec: TextSpec, f: Instructio
     """Masks (1 = kept fixed) of the designed slices: every piece's flag dims (and the flag
     pieces' label flag, which ``frozen_label`` keeps for every piece), the earlier layers'
     writes there, the copy layer's input norm there; the label head's value rows and output
-    columns are ``frozen_label``'s."""
+    columns are ``frozen_label``'s.  The key read-outs are trained (a start, not a rule)."""
     masks = {name: np.zeros(np.shape(a), np.float32) for name, a in params.items()}
     dims = list(f.dims)
     masks["token_embd.weight"][:, dims] = 1.0
+    for tok, flag in f.key_reads:
+        masks["token_embd.weight"][tok, dims[flag]] = 0.0
     for name in writers_before_copy(spec):
         masks[name][dims] = 1.0
     masks[f"blk.{copy_layer(spec)}.attn_norm.weight"][dims] = 1.0
