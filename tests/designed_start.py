@@ -30,16 +30,17 @@ CLASSES = [f"dialog.{w.lower()}" for w in BUTTON_WORDS] + ["dialog.ok", "other"]
 CODES = dict(zip(CLASSES, spread_codes(len(CLASSES), 36, seed=0)))
 
 
-def designed_start(arch: str, *, labelled: bool = True,
+def designed_start(arch: str, *, labelled: bool = True, key_row: bool = False,
                    ) -> tuple[dict[str, np.ndarray], LabelCopy]:
     """Fresh weights of ``arch``'s agent with the lookup, read-out, word copy and typed flag
-    designed in, and the label copy too when ``labelled``; and the label copy's inputs."""
+    (``key_row``: on the key row too) designed in, and the label copy too when ``labelled``;
+    and the label copy's inputs."""
     spec = agent_shape(arch).spec
     g = Grounding(LAYOUT, CODES, piece_ids(VOCAB.tokens, X_PIECES),
                   piece_ids(VOCAB.tokens, Y_PIECES))
     words = WordCopy(LAYOUT, piece_ids(VOCAB.tokens, TYPED_WORDS),
                      piece_ids(VOCAB.tokens, ASK_PIECES))
-    typed = typed_flag(VOCAB.tokens, words)
+    typed = typed_flag(VOCAB.tokens, words, key_row=key_row)
     p = design(init_params(spec, seed=0), spec, g)
     p = design_readout(p, spec, Readout(LAYOUT, g.x_ids, g.y_ids))
     p = design_typed(design_copy(p, spec, words), spec, typed)
@@ -60,17 +61,20 @@ def _line_positions(spec: TextSpec, n: int) -> jnp.ndarray:
     return jnp.asarray(pos)
 
 
-def last_residual(params: Mapping[str, np.ndarray], arch: str, tokens: Sequence[int],
-                  layer: int) -> np.ndarray:
-    """The residual stream entering ``layer`` at the prompt's last row (text rows at
-    positions 0..T-1, as the engine lays a text prompt out)."""
-    spec = agent_shape(arch).spec
-    p = {k: jnp.asarray(v) for k, v in params.items()}
+def line_rows(spec: TextSpec, tokens: Sequence[int]) -> Rows:
+    """A text prompt's rows at positions 0..T-1, as the engine lays a text prompt out."""
     toks = np.asarray(tokens, np.int32)
     n = len(toks)
-    rows = Rows(jnp.asarray(toks), jnp.zeros((n, spec.n_embd)), jnp.zeros(n, bool),
+    return Rows(jnp.asarray(toks), jnp.zeros((n, spec.n_embd)), jnp.zeros(n, bool),
                 _line_positions(spec, n), jnp.ones(n, bool))
-    _, res = hidden_and_residual(p, spec, rows, ForwardOptions(), layer)
+
+
+def last_residual(params: Mapping[str, np.ndarray], arch: str, tokens: Sequence[int],
+                  layer: int) -> np.ndarray:
+    """The residual stream entering ``layer`` at the prompt's last row (``line_rows``)."""
+    spec = agent_shape(arch).spec
+    p = {k: jnp.asarray(v) for k, v in params.items()}
+    _, res = hidden_and_residual(p, spec, line_rows(spec, tokens), ForwardOptions(), layer)
     return np.asarray(res[-1])
 
 

@@ -6,6 +6,10 @@
 - With the whole designed start, the row that chooses the verb carries the named flag after
   the copy layer — and the other flags not — on both arches; without a flag word in the
   prompt the flags' output columns add exactly nothing.
+- With ``key_row`` (the text flag on ``press("`` and the ``enter`` piece reading the Enter flag)
+  the designed start already prefers ``enter`` over ``backspace`` at the row that chooses a key
+  when the instruction asks for Enter, by more than it does without the read-out; the read-out
+  is the one flag-dim entry training may move.
 - The shipped agents carry the flags exactly as designed (kept fixed through the done stage
   and the f16 export), and the masks keep the flag dims fixed.
 """
@@ -19,7 +23,8 @@ import numpy as np
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
-from designed_start import CODES, LAYOUT, VOCAB, designed_start, last_residual, token_ids
+from designed_start import (CODES, LAYOUT, VOCAB, designed_start, last_residual, line_rows,
+                            token_ids)
 from runtime.agent_models import AGENT_DIR
 from runtime.train.agents import agent_shape
 from runtime.train.gguf_io import export_gguf, load_gguf
@@ -28,6 +33,7 @@ from runtime.train.instruction_flags import (
     FLAG_PIECES, InstructionFlags, design_flags, frozen_flags, instruction_flags,
 )
 from runtime.train.label_copy import label_copy
+from runtime.train.model import ForwardOptions, Rows, hidden_and_residual, project
 from runtime.train.params import init_params
 from runtime.train.word_copy import copy_layer
 from vmenv.simdesk.drafts import KINDS
@@ -92,6 +98,46 @@ def test_the_verb_row_carries_the_asked_flag(arch: str) -> None:
         added = _verb_row(params, arch, word)[dims] - _verb_row(silent, arch, word)[dims]
         assert added[i] > 0.5, (word, added)
         assert np.abs(np.delete(added, i)).max() < 0.05 * added[i], (word, added)
+
+
+def _key_row_start(arch: str, key_row: bool) -> dict[str, np.ndarray]:
+    """The designed start with the flags; ``key_row``: the text flag on ``press("`` too and
+    the key read-outs."""
+    spec = agent_shape(arch).spec
+    params, labels = designed_start(arch, key_row=key_row)
+    return design_flags(params, spec, instruction_flags(VOCAB.tokens, labels, key_row=key_row))
+
+
+def _enter_over_backspace(params: dict[str, np.ndarray], arch: str, enter: bool) -> float:
+    """The logit of ``enter`` minus ``backspace`` at the key row, after a typed line, with the
+    instruction asking for Enter or not."""
+    spec = agent_shape(arch).spec
+    asked = ["▁and", "▁press", "▁Enter"] if enter else ["▁and", "▁wait"]
+    pieces = ["<|im_start|>", "user", "<0x0A>", "Task", ":", "▁Open", "▁Notes", "▁then",
+              "▁type", *asked, ".", "<0x0A>", "Step", "▁", "1", ":", "▁type(\"", "hello",
+              "\"", ")", "<0x0A>", "<|im_end|>", "<0x0A>", "<|im_start|>", "assistant",
+              "<0x0A>", 'press("']
+    p = {k: np.asarray(v) for k, v in params.items()}
+    hidden, _ = hidden_and_residual(p, spec, line_rows(spec, token_ids(pieces)),
+                                    ForwardOptions(), 0)
+    logits = np.asarray(project(p, hidden[-1]))
+    return float(logits[VOCAB.tokens.index("enter")] - logits[VOCAB.tokens.index("backspace")])
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "llama"])
+def test_the_key_row_reads_enter_where_it_is_asked(arch: str) -> None:
+    with_row, without = _key_row_start(arch, True), _key_row_start(arch, False)
+    gain = _enter_over_backspace(with_row, arch, True) - _enter_over_backspace(with_row, arch,
+                                                                               False)
+    plain = _enter_over_backspace(without, arch, True) - _enter_over_backspace(without, arch,
+                                                                               False)
+    assert gain > 0.5 and gain > plain + 0.5, (gain, plain)
+    spec = agent_shape(arch).spec
+    flags = instruction_flags(VOCAB.tokens, _start(arch)[1].labels, key_row=True)
+    masks = frozen_flags(with_row, spec, flags)["token_embd.weight"][:, list(flags.dims)]
+    assert masks.size - masks.sum() == 1  # the read-out, and only it, is trained
+    e = with_row["token_embd.weight"][:, list(flags.dims)]
+    assert e[VOCAB.tokens.index("enter"), FLAG_PIECES.index(" Enter")] > 0
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "llama"])

@@ -140,7 +140,8 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     ``--flags-in-base`` beside it: the fresh agent carries the instruction flags, the base
     training keeps them fixed, and the done stage finds them designed (it would refuse to
     design them twice: ``design_flags`` needs the label head's rows free) and keeps them;
-    ``--key-row`` too: the key row's text flag is in both files, unmoved by training."""
+    ``--key-row`` too: the key row's text flag is in both files, unmoved by training, and the
+    enter piece's read-out of the Enter flag is there."""
     import numpy as np
 
     from runtime.train.cell_vision import POS_SCALE
@@ -173,7 +174,11 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         want = np.zeros((embd.shape[0], len(flags.dims)), np.float32)
         for i, tok in enumerate(flags.flag_ids):
             want[tok, i] = POS_SCALE
-        assert np.array_equal(embd[:, list(flags.dims)], want), path
+        got = embd[:, list(flags.dims)].copy()
+        for tok, i in flags.key_reads:  # the key read-outs: designed, then trained
+            assert got[tok, i] > 0, path
+            got[tok, i] = 0.0
+        assert flags.key_reads and np.array_equal(got, want), path
         text_rows = set(np.flatnonzero(embd[:, typed.text_flag]))
         assert text_rows == set(typed.query_ids) and loaded.vocab.tokens.index('press("') \
             in text_rows, path
