@@ -33,8 +33,10 @@ The response's own ``type("`` row sees itself, but that is after its verb was ch
 
 With ``key_row`` the response's ``press("`` (``KEY_PIECES``: the row that chooses the key)
 carries the text flag too, so it reads what the verb rows read — the typed flag and, through
-the label head, the instruction flags (`` Enter`` asked).  Measured: without it the agents
-pressed backspace after typing menu-launch's Terminal word (docs/training.md, "The key row").
+the label head, the instruction flags (`` Enter`` asked).  Measured: with the flag there alone
+the agents still pressed backspace after menu-launch's Terminal word; with the ``enter``
+piece's read-out of the Enter flag beside it (``instruction_flags.KEY_READS``) they press
+enter (docs/training.md, "The key row").
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ from runtime.train.cell_vision import POS_SCALE, RowLayout
 from runtime.train.grounding import first_head_of, piece_ids
 from runtime.train.word_copy import ASK_PIECES, WordCopy, copy_layer, match_flags
 
-__all__ = ["CLICK_PIECES", "KEY_PIECES", "QUERY_PIECES", "TypedFlag", "design_typed", "frozen_typed",
-           "typed_flag"]
+__all__ = ["CLICK_PIECES", "KEY_PIECES", "QUERY_PIECES", "TypedFlag", "design_typed",
+           "frozen_typed", "typed_flag"]
 
 #: the pieces the flag reads as "click next" (``ASK_PIECES``, ``type("``, as "not type")
 CLICK_PIECES = ("click(", " click(")
