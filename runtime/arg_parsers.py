@@ -1,6 +1,6 @@
 """Values of the command line, parsed and bounded in one place: screen sizes (WxH: the one
 parser lives with ``Screen`` in ``vmenv.actions.coords``, below every layer), memory
-budgets, thread counts, decode lanes.
+budgets, thread counts, decode lanes, comma-separated names from a fixed set.
 
 Each parser takes the option's text (or number) and returns the value, or raises
 ``ValueError`` with a message that names the option and what it accepts — every command
@@ -11,12 +11,14 @@ values of their own (``runtime/bench/study.py``'s grid) call them directly.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from cachepolicy.engine.records import MAX_DECODE_ROWS, MAX_THREADS, default_threads
 from scheduler.sizes import Budget, parse_budget
 from vmenv.actions.coords import parse_wxh
 
 __all__ = ["check_decode_rows", "check_range", "check_threads", "parse_memory_budget",
-           "parse_wxh"]
+           "parse_names", "parse_wxh"]
 
 
 def parse_memory_budget(text: str | None, *, option: str = "--memory-budget",
@@ -51,3 +53,15 @@ def check_range(value: float, *, option: str, low: float, high: float,
         return value
     bracket = "(" if low_open else "["
     raise ValueError(f"{option} must be in {bracket}{low:g}, {high:g}], got {value:g}")
+
+
+def parse_names(text: str, allowed: Collection[str], *, option: str, what: str,
+                ) -> tuple[str, ...]:
+    """``"a,b"`` -> ``("a", "b")``, each one of ``allowed`` (named ``what`` in the error, e.g.
+    ``arch(es)``); ValueError for an unknown name or none at all."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        raise ValueError(f"{option}: unknown {what} {unknown or text!r}; choose from "
+                         f"{', '.join(allowed)}")
+    return names

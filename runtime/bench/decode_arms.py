@@ -32,6 +32,7 @@ import attrs
 from cachepolicy.engine import Engine
 from cachepolicy.engine.drafts import PLAIN, Drafting
 from cachepolicy.engine.row_classes import DecodeMode, DecodeShape
+from runtime.arg_parsers import parse_names
 from runtime.bench.arms import ArmResult, run_arm
 from runtime.config import AgentConfig
 from runtime.run.agents import EpisodeEvent
@@ -61,12 +62,7 @@ DEFAULT = tuple(VARIANTS)
 
 
 def parse_variants(text: str) -> tuple[str, ...]:
-    names = tuple(v.strip() for v in text.split(",") if v.strip())
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown or not names:
-        raise ValueError(f"--decode-arms: unknown variant(s) {unknown or text!r}; choose from "
-                         f"{', '.join(VARIANTS)}")
-    return names
+    return parse_names(text, VARIANTS, option="--decode-arms", what="variant(s)")
 
 
 def shape_of(engine: Engine, variant: DecodeVariant) -> DecodeShape:

@@ -55,13 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace) -> tuple[list[str], tuple[int, int]]:
-    from runtime.arg_parsers import check_threads, parse_wxh
+    from runtime.arg_parsers import check_threads, parse_names, parse_wxh
     from runtime.engine_setup import check_model_choice
 
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown or not arms:
-        raise ValueError(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
+    arms = list(parse_names(args.arms, ARMS, option="--arms", what="arm(s)"))
     if not 2 <= args.steps <= 200:
         raise ValueError("--steps must be 2..200")
     if not 1 <= args.screenshots <= 16:

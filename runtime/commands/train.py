@@ -182,7 +182,8 @@ def run(args: argparse.Namespace) -> int:
                               key_row=args.key_row,
                               done=DoneStage(updates=args.done_updates,
                                              learning_rate=args.done_learning_rate,
-                                             arches=parse_arches(args.done_arch),
+                                             arches=parse_arches(args.done_arch,
+                                                                 option="--done-arch"),
                                              clicked_weights=done_clicks,
                                              instruction_flags=args.done_flags))
         try:

@@ -5,10 +5,10 @@ and the parsers of its listed options."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import attrs
 
+from runtime.arg_parsers import parse_names
 from runtime.train.agents import AGENT_ARCHES
 from runtime.train.cell_labels import MenuEntries
 from runtime.train.dataset import DatasetConfig
@@ -27,7 +27,6 @@ DONE_DATA = "data-done"  # the done stage's dataset
 def model_name(arch: str) -> str:
     """The file name of ``arch``'s trained agent."""
     return f"agent-{arch}.gguf"
-
 
 
 _DATA = attrs.fields(DatasetConfig)
@@ -110,14 +109,9 @@ class RecipeConfig:
         return attrs.evolve(self.dataset(), with_done=True)
 
 
-def parse_arches(text: str) -> Sequence[str]:
+def parse_arches(text: str, *, option: str = "--arch") -> tuple[str, ...]:
     """``"qwen35,llama"`` -> the arches (ValueError for an unknown one)."""
-    arches = tuple(a.strip() for a in text.split(",") if a.strip())
-    bad = [a for a in arches if a not in AGENT_ARCHES]
-    if bad or not arches:
-        raise ValueError(f"unknown arch(es) {bad or text!r}; choose from "
-                         f"{', '.join(AGENT_ARCHES)}")
-    return arches
+    return parse_names(text, AGENT_ARCHES, option=option, what="arch(es)")
 
 
 def parse_click_weights(text: str) -> tuple[tuple[str, float], ...]:
