@@ -33,7 +33,7 @@ from runtime.train.instruction_flags import (
     FLAG_PIECES, InstructionFlags, design_flags, frozen_flags, instruction_flags,
 )
 from runtime.train.label_copy import label_copy
-from runtime.train.model import ForwardOptions, Rows, hidden_and_residual, project
+from runtime.train.model import ForwardOptions, hidden_and_residual, project
 from runtime.train.params import init_params
 from runtime.train.word_copy import copy_layer
 from vmenv.simdesk.drafts import KINDS
@@ -61,9 +61,12 @@ def test_flag_words_are_pieces_in_exactly_the_asking_instructions(tmp_path: Path
     assert seen == ASKING
 
 
-def _start(arch: str) -> tuple[dict[str, np.ndarray], InstructionFlags]:
-    params, labels = designed_start(arch)
-    flags = instruction_flags(VOCAB.tokens, labels)
+def _start(arch: str, *, key_row: bool = False,
+           ) -> tuple[dict[str, np.ndarray], InstructionFlags]:
+    """The designed start with the flags (``key_row``: the text flag on ``press("`` too and
+    the key read-outs)."""
+    params, labels = designed_start(arch, key_row=key_row)
+    flags = instruction_flags(VOCAB.tokens, labels, key_row=key_row)
     return design_flags(params, agent_shape(arch).spec, flags), flags
 
 
@@ -100,14 +103,6 @@ def test_the_verb_row_carries_the_asked_flag(arch: str) -> None:
         assert np.abs(np.delete(added, i)).max() < 0.05 * added[i], (word, added)
 
 
-def _key_row_start(arch: str, key_row: bool) -> dict[str, np.ndarray]:
-    """The designed start with the flags; ``key_row``: the text flag on ``press("`` too and
-    the key read-outs."""
-    spec = agent_shape(arch).spec
-    params, labels = designed_start(arch, key_row=key_row)
-    return design_flags(params, spec, instruction_flags(VOCAB.tokens, labels, key_row=key_row))
-
-
 def _enter_over_backspace(params: dict[str, np.ndarray], arch: str, enter: bool) -> float:
     """The logit of ``enter`` minus ``backspace`` at the key row, after a typed line, with the
     instruction asking for Enter or not."""
@@ -126,15 +121,14 @@ def _enter_over_backspace(params: dict[str, np.ndarray], arch: str, enter: bool)
 
 @pytest.mark.parametrize("arch", ["qwen35", "llama"])
 def test_the_key_row_reads_enter_where_it_is_asked(arch: str) -> None:
-    with_row, without = _key_row_start(arch, True), _key_row_start(arch, False)
+    (with_row, flags), (without, _) = _start(arch, key_row=True), _start(arch)
     gain = _enter_over_backspace(with_row, arch, True) - _enter_over_backspace(with_row, arch,
                                                                                False)
     plain = _enter_over_backspace(without, arch, True) - _enter_over_backspace(without, arch,
                                                                                False)
     assert gain > 0.5 and gain > plain + 0.5, (gain, plain)
-    spec = agent_shape(arch).spec
-    flags = instruction_flags(VOCAB.tokens, _start(arch)[1].labels, key_row=True)
-    masks = frozen_flags(with_row, spec, flags)["token_embd.weight"][:, list(flags.dims)]
+    masks = frozen_flags(with_row, agent_shape(arch).spec, flags)["token_embd.weight"]
+    masks = masks[:, list(flags.dims)]
     assert masks.size - masks.sum() == 1  # the read-out, and only it, is trained
     e = with_row["token_embd.weight"][:, list(flags.dims)]
     assert e[VOCAB.tokens.index("enter"), FLAG_PIECES.index(" Enter")] > 0
