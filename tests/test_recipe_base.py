@@ -18,7 +18,8 @@ CASES = [("menu_entries", "launch", {"menu_entries": "launch"}),
          ("menu_flag", True, {"menu_flag": True}),
          ("flags_in_base", True, {"flags_in_base": True}),
          ("enter_key", True, {"enter_key": True}),
-         ("key_row", True, {"key_row": True})]
+         ("key_row", True, {"key_row": True}),
+         ("word_slips", False, {"word_slips": False})]
 
 
 @pytest.mark.parametrize("option, value, matching", CASES, ids=[c[0] for c in CASES])

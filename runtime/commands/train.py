@@ -80,6 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-row", action="store_true",
                    help="the row that chooses a pressed key (press(\") carries the text flag, "
                         "so it reads the typed and instruction flags (default off)")
+    p.add_argument("--word-slips", action=argparse.BooleanOptionalAction,
+                   default=d.word_slips,
+                   help="a slipped typing step may type a wrong word, which the expert then "
+                        "backspaces (default on); --no-word-slips: its mistake is a click "
+                        "elsewhere, and no demonstration presses backspace after typing")
     p.add_argument("--click-weights", default="", metavar="[KIND/]CLASS=W,...",
                    help="draw the examples whose click names CLASS (a recogniser class; "
                         "marked: marked-launch's look-back click), of KIND if named, as a "
@@ -179,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
                               kinds=resolve_kinds(args.kinds), pin_share=args.pin_share,
                               menu_entries=args.menu_entries, menu_flag=args.menu_flag,
                               flags_in_base=args.flags_in_base, enter_key=args.enter_key,
-                              key_row=args.key_row,
+                              key_row=args.key_row, word_slips=args.word_slips,
                               done=DoneStage(updates=args.done_updates,
                                              learning_rate=args.done_learning_rate,
                                              arches=parse_arches(args.done_arch,

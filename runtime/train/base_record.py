@@ -22,6 +22,7 @@ _BASE_OPTIONS = (
     ("flags_in_base", "its agents carry the instruction flags or lack them"),
     ("enter_key", "its demonstrations press Enter as a step of its own or type it"),
     ("key_row", "its key row carries the text flag or lacks it"),
+    ("word_slips", "its demonstrations type wrong words as slips or never do"),
 )
 
 

@@ -122,6 +122,9 @@ class DatasetConfig:
     #: the expert types a submitting text without its "\n" and presses Enter as a step of
     #: its own (``demos.demonstration``'s ``enter_key``); off: the data of the shipped recipe
     enter_key: bool = False
+    #: a slipped typing step may type a wrong word (``slips.wrong_action``); off: its mistake
+    #: is a click elsewhere, and no demonstration presses backspace after typing
+    word_slips: bool = True
     profile: str = "kvagent"
     shard_episodes: int = attrs.field(default=64, validator=attrs.validators.ge(1))
 
@@ -184,7 +187,8 @@ def rollout(config: DatasetConfig, e: int) -> Episode:
     steps = demonstration(task, w, h, rng=rng, with_done=config.with_done,
                           perturb_at=at if mode == PERTURBED else None,
                           slip_at=at if mode == SLIPPED else None, slip_run=run,
-                          early_text=early, click_grid=CELL, enter_key=config.enter_key)
+                          early_text=early, click_grid=CELL, enter_key=config.enter_key,
+                          word_slips=config.word_slips)
     return Episode(e, kind, seed, task.instruction, steps, mode, at,
                    code=task.goal is not None and task.goal.code, goal=task.goal)
 

@@ -90,6 +90,9 @@ class RecipeConfig:
     #: the key row (the response's ``press("``) carries the text flag, so it reads the
     #: typed and instruction flags (``typed_flag.KEY_PIECES``)
     key_row: bool = False
+    #: a slipped typing step may type a wrong word (``DatasetConfig.word_slips``); off, no
+    #: demonstration presses backspace after typing, the habit that undid correct words
+    word_slips: bool = True
     #: the done stage (``done_stage``): after the base training, each agent continues from
     #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
     #: agents (they never say done())
@@ -102,7 +105,8 @@ class RecipeConfig:
                              early_typing=self.early_typing, max_slip_run=self.max_slip_run,
                              with_done=self.with_done, kinds=self.kinds,
                              pin_share=self.pin_share, pin_look_back=self.pin_share > 0,
-                             menu_entries=self.menu_entries, enter_key=self.enter_key)
+                             menu_entries=self.menu_entries, enter_key=self.enter_key,
+                             word_slips=self.word_slips)
 
     def done_dataset(self) -> DatasetConfig:
         """The done stage's dataset: the same demonstrations, each ending in ``done()``."""

@@ -9,7 +9,8 @@ that follow are the expert's recovery.  With ``slip_at=k`` the action at step k 
 (``slips.wrong_action``), executed like any other and marked ``slip``: it is what an agent
 did, not a label; the expert's recovery follows.  ``slip_run`` makes steps k..k+run-1 all
 mistakes (an agent stuck repeating one), ``early_text`` makes each a premature typing of the
-task's text where the expert would click (``wrong_action``).  With ``enter_key`` the expert
+task's text where the expert would click (``wrong_action``), ``word_slips`` off keeps a
+typing step's mistake from being a wrong word.  With ``enter_key`` the expert
 never types a submitting ``"\\n"``: it types the text, then presses Enter as a step of its
 own (the expert's rule once the field holds the whole text), so the choice to submit is a
 verb of its own rather than one more character of the typed text.
@@ -48,7 +49,7 @@ def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None
                   rng: random.Random | None = None, with_done: bool = False,
                   max_steps: int = 64, slip_at: int | None = None, slip_run: int = 1,
                   early_text: str | None = None, click_grid: int | None = None,
-                  enter_key: bool = False) -> tuple[DemoStep, ...]:
+                  enter_key: bool = False, word_slips: bool = True) -> tuple[DemoStep, ...]:
     """The expert's episode on ``task`` at this screen size (see the module docstring).
 
     ``with_done`` appends the solved state labelled ``Done()`` (for agents that must say so;
@@ -79,6 +80,7 @@ def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None
                                      f"{len(out)} steps")
         slip = slip_at is not None and slip_at <= len(out) < slip_at + slip_run
         if slip:
-            action = wrong_action(state, action, rng, early_text=early_text)
+            action = wrong_action(state, action, rng, early_text=early_text,
+                                  word_slips=word_slips)
         out.append(DemoStep(state, action, perturbed, slip))
         state = attrs.evolve(apply_action(state, action), step=state.step + 1)

@@ -8,7 +8,8 @@ expert recover from what it did.
 
 ``wrong_action(state, expert, rng)``: for a click, a click on the centre of another widget
 on screen (a decoy icon, another button, a title bar, the bare desktop...); for typing, a
-wrong word (a truncated or junk one); otherwise a click somewhere else.  With
+wrong word (a truncated or junk one) — unless ``word_slips`` is off; otherwise a click
+somewhere else.  With
 ``early_text`` (the task's own text) and a click expected, the mistake is typing that text
 before its field is ready — the trained agents' commonest error, which they then repeat.
 Never the expert's own action.  Randomized kinds have no dead end (any action can be
@@ -31,12 +32,15 @@ def _junk(rng: random.Random) -> str:
 
 
 def wrong_action(state: DeskState, expert: Action, rng: random.Random, *,
-                 early_text: str | None = None) -> Action:
+                 early_text: str | None = None, word_slips: bool = True) -> Action:
     """A plausible mistake in ``state`` where the expert would do ``expert`` (typing
-    ``early_text`` when given and the expert clicks)."""
+    ``early_text`` when given and the expert clicks).  ``word_slips`` off: a typing step's
+    mistake is always a click elsewhere, never a wrong word (``kvagent train
+    --no-word-slips``: an agent that cannot tell a wrong word from the right one learns from a
+    wrong word only to press backspace after typing)."""
     if early_text and isinstance(expert, Click):
         return TypeText(early_text)
-    if isinstance(expert, TypeText) and rng.random() < 0.7:
+    if isinstance(expert, TypeText) and word_slips and rng.random() < 0.7:
         text = expert.text.rstrip("\n")
         wrong = text[: rng.randrange(len(text))] + _junk(rng) if text else _junk(rng)
         if wrong != text:
