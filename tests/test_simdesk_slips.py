@@ -84,3 +84,31 @@ def test_early_typing_runs_are_recovered_from(kind: str) -> None:
             assert not any(s.slip for s in demo[k + 2:])
             last = demo[-1]
             assert task.check(apply_action(last.state, last.action))
+
+
+@pytest.mark.parametrize("kind", ["type-in-field", "save-note", "menu-launch"])
+def test_without_word_slips_no_demonstration_backspaces_after_typing(kind: str) -> None:
+    """``word_slips=False`` (``kvagent train --no-word-slips``): a slip at a typing step is a
+    click, and nothing after a typed word presses backspace — where with word slips the same
+    rollouts do both (the check reads real wrong words)."""
+    from vmenv.actions import Press
+
+    def after_typing(demo) -> list:
+        return [b.action for a, b in zip(demo, demo[1:]) if isinstance(a.action, TypeText)]
+
+    wrong_words = backspaced = 0
+    for seed in itertools.islice(train_seeds(), 12):
+        task = sample_task(kind, seed)
+        plain = demonstration(task, *SCREEN)
+        for k in [i for i, s in enumerate(plain) if isinstance(s.action, TypeText)]:
+            rng_seed = seed * 7 + k
+            with_words = demonstration(task, *SCREEN, slip_at=k, rng=random.Random(rng_seed))
+            without = demonstration(task, *SCREEN, slip_at=k, rng=random.Random(rng_seed),
+                                    word_slips=False)
+            wrong_words += isinstance(with_words[k].action, TypeText)
+            backspaced += Press("backspace") in after_typing(with_words)
+            assert isinstance(without[k].action, Click) and without[k].slip
+            assert Press("backspace") not in after_typing(without)
+            last = without[-1]
+            assert task.check(apply_action(last.state, last.action))
+    assert wrong_words >= 4 and backspaced >= 4
