@@ -8,21 +8,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from runtime.train.recipe_config import MMPROJ_NAME, RecipeConfig, model_name
 
 __all__ = ["base_record"]
 
-#: the options a base agent's files depend on beyond the seed, and how: ``--from`` refuses
-#: base agents made with another value than the one asked now
+#: the options a base agent's files depend on beyond the seed, what a recipe.json written
+#: before the option existed made (the recipe then had no other way), and how: ``--from``
+#: refuses base agents made with another value than the one asked now
 _BASE_OPTIONS = (
-    ("menu_entries", "its projector classes menu entries so"),
-    ("menu_flag", "its projector and designs carry the menu flag or lack it"),
-    ("flags_in_base", "its agents carry the instruction flags or lack them"),
-    ("enter_key", "its demonstrations press Enter as a step of its own or type it"),
-    ("key_row", "its key row carries the text flag or lacks it"),
-    ("word_slips", "its demonstrations type wrong words as slips or never do"),
+    ("menu_entries", "menu", "its projector classes menu entries so"),
+    ("menu_flag", False, "its projector and designs carry the menu flag or lack it"),
+    ("flags_in_base", False, "its agents carry the instruction flags or lack them"),
+    ("enter_key", False, "its demonstrations press Enter as a step of its own or type it"),
+    ("key_row", False, "its key row carries the text flag or lacks it"),
+    ("word_slips", True, "its demonstrations type wrong words as slips or never do"),
 )
 
 
@@ -35,10 +34,10 @@ def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
     if made.get("config", {}).get("seed") != config.seed:
         raise ValueError(f"{base} was made with seed {made.get('config', {}).get('seed')}, "
                          f"not {config.seed}: its designs would differ")
-    for key, what in _BASE_OPTIONS:
-        was = made["config"].get(key, attrs.fields_dict(RecipeConfig)[key].default)
+    for key, before, what in _BASE_OPTIONS:
+        was = made["config"].get(key, before)
         now = getattr(config, key)
-        if was != now:  # (a recipe.json written before the option: its default)
+        if was != now:
             flag = "--" + key.replace("_", "-")
             made_with = f"{flag} {was}" if isinstance(was, str) else \
                 f"{'with' if was else 'without'} {flag}"
