@@ -21,9 +21,13 @@ from cachepolicy.engine import Engine, EngineConfig
 from runtime.cli import main
 from runtime.train.environment import ONE_THREAD_XLA_FLAGS, pin_xla_threads
 
+#: the recipe's defaults on a toy budget; its draw groups are left out (8 episodes hold one
+#: menu-launch, so one of its menu classes is never clicked: a group that matches nothing is
+#: refused)
 ARGS = ["train", "--arch", "qwen35", "--episodes", "8", "--steps", "1", "--threads", "2",
         "--recogniser-episodes", "8", "--recogniser-dialog-episodes", "4",
-        "--recogniser-updates", "5", "--done-updates", "2"]
+        "--recogniser-updates", "5", "--done-updates", "2", "--click-weights", "",
+        "--done-click-weights", ""]
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +107,29 @@ def test_done_stage_from_base_files_is_the_whole_recipe(
         extra = ["--seed", "1"] if why == "seed" else []
         assert main([*ARGS, *extra, "--from", str(bad), "--out", str(tmp_path / "x")]) == 2
         assert why in capsys.readouterr().err
+    # ... and base agents made otherwise than asked now (the recipe's defaults here)
+    for other, why in ((["--no-menu-flag"], "--menu-flag"), (["--word-slips"], "--word-slips")):
+        assert main([*ARGS, *other, "--from", str(base), "--out", str(tmp_path / "x")]) == 2
+        assert why in capsys.readouterr().err
     assert main([*ARGS, "--done-updates", "0", "--from", str(base),
                  "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_the_command_with_no_options_asks_for_the_shipped_recipe() -> None:
+    """``kvagent train`` alone is ``RecipeConfig()`` — the recipe whose defaults make the
+    shipped files — option for option (the draw groups printed and read back included)."""
+    from runtime.cli import build_parser, command_of
+    from runtime.commands.train import recipe_config
+    from runtime.train.recipe_config import RecipeConfig
+
+    args = build_parser(command_of(["train"])).parse_args(["train"])
+    assert recipe_config(args) == RecipeConfig()
+    assert RecipeConfig().fit.clicked_weights and RecipeConfig().done.clicked_weights
+    off = build_parser(command_of(["train"])).parse_args(
+        ["train", "--click-weights", "", "--no-key-row", "--word-slips"])
+    config = recipe_config(off)
+    assert config.fit.clicked_weights == () and not config.key_row and config.word_slips
 
 
 def test_train_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
@@ -133,15 +157,16 @@ def test_xla_is_pinned_to_one_thread_unless_the_user_chose(monkeypatch: pytest.M
     assert not pin_xla_threads() and os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
 
 
-def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--menu-flag``: the recipe trains the read-out with the recogniser, records its
-    held-out errors, designs the flag into the agent (through the done stage) and the files
-    load together; ``--from`` on those base agents needs the flag asked again.
-    ``--flags-in-base`` beside it: the fresh agent carries the instruction flags, the base
-    training keeps them fixed, and the done stage finds them designed (it would refuse to
-    design them twice: ``design_flags`` needs the label head's rows free) and keeps them;
-    ``--key-row`` too: the key row's text flag is in both files, unmoved by training, and the
-    enter piece's read-out of the Enter flag is there."""
+def test_the_recipe_designs_the_menu_flag_instruction_flags_and_key_row(
+        staged: tuple[Path, str]) -> None:
+    """The recipe's defaults (``--menu-flag --flags-in-base --key-row``): it trains the menu
+    read-out with the recogniser, records its held-out errors, designs the flag into the
+    agent and the files load together; the fresh agent carries the instruction flags, the
+    base training keeps them fixed, and the done stage finds them designed (it would refuse
+    to design them twice: ``design_flags`` needs the label head's rows free) and keeps them;
+    the key row's text flag is in both files, unmoved by training, and the enter piece's
+    read-out of the Enter flag is there.  (``--from`` needs each asked as the base was made:
+    ``test_recipe_base``, and the done-stage test above.)"""
     import numpy as np
 
     from runtime.train.cell_vision import POS_SCALE
@@ -151,12 +176,11 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     from runtime.train.menu_flag import KEY_GAIN
     from runtime.train.word_copy import copy_layer, match_dim
 
-    monkeypatch.delenv("XLA_FLAGS", raising=False)
-    out, base = tmp_path / "menu", tmp_path / "base"
-    assert main([*ARGS, "--menu-flag", "--flags-in-base", "--key-row", "--out", str(out)]) == 0
+    out = staged[0]
     record = json.loads((out / "recipe.json").read_text())
     assert record["config"]["menu_flag"] is True and record["config"]["flags_in_base"] is True
-    assert record["config"]["key_row"] is True
+    assert record["config"]["key_row"] is True and record["config"]["enter_key"] is True
+    assert record["config"]["word_slips"] is False
     assert set(record["mmproj"]["recogniser"]["menu_readout"]) == {"menu_cells_missed",
                                                                   "other_cells_forged"}
     model = out / "agent-qwen35.gguf"
@@ -185,8 +209,3 @@ def test_menu_flag_runs_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     key = params[f"blk.{copy_layer(spec)}.attn_k.weight"]
     assert key[first_head_of(spec, 1).kv.start + match_dim(spec), menu.dim] == \
         pytest.approx(KEY_GAIN, rel=1e-3)  # f16
-    assert main([*ARGS, "--menu-flag", "--done-arch", "llama", "--out", str(base)]) == 0
-    assert main([*ARGS, "--from", str(base), "--out", str(tmp_path / "x")]) == 2
-    assert main([*ARGS, "--menu-flag", "--from", str(base), "--out",
-                 str(tmp_path / "resumed")]) == 0
-

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 HELP = ("train the tiny simdesk agents (hybrid qwen35 and llama) that kvagent ships; on one "
         "core about 4-6 min for the projector's recogniser, 1.5-7 for each of the two datasets, "
@@ -14,15 +15,18 @@ HELP = ("train the tiny simdesk agents (hybrid qwen35 and llama) that kvagent sh
         "for the done stage; "
         "needs pip install 'kvagent[train]')")
 
+if TYPE_CHECKING:  # the train extra's modules load only when the command runs
+    from runtime.train.recipe_config import RecipeConfig
+
 DEFAULT_OUT = Path("kvagent-agents")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from runtime.train.cell_labels import MENU_ENTRIES
-    from runtime.train.fit import FitConfig
-    from runtime.train.recipe_config import RecipeConfig
+    from runtime.train.recipe_config import RecipeConfig, format_click_weights
 
-    d, f = RecipeConfig(), FitConfig()
+    d = RecipeConfig()
+    f = d.fit
     p.add_argument("--out", type=Path, default=DEFAULT_OUT,
                    help=f"output directory (default ./{DEFAULT_OUT}): agent-<arch>.gguf, "
                         "mmproj.gguf, data/ (kept: a rerun reuses finished shards), "
@@ -65,31 +69,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(menu.<app>, the shipped agents) or launch (its launcher's "
                         f"launch.<app>: it opens the app; docs/training.md) (default "
                         f"{d.menu_entries})")
-    p.add_argument("--menu-flag", action="store_true",
+    on_off = lambda on: "on" if on else "off"  # noqa: E731 - a default, as the help says it
+    p.add_argument("--menu-flag", action=argparse.BooleanOptionalAction, default=d.menu_flag,
                    help="the projector reads 'part of the open menu' off each cell and a "
                         "designed head tells the rows that choose an action whether a "
                         "screenshot in the window shows the menu open (docs/training.md, "
-                        "'The menu flag'; default off: the shipped agents' projector)")
-    p.add_argument("--flags-in-base", action="store_true",
+                        f"'The menu flag'; default {on_off(d.menu_flag)})")
+    p.add_argument("--flags-in-base", action=argparse.BooleanOptionalAction,
+                   default=d.flags_in_base,
                    help="design the instruction flags (Save / menu / Enter asked) into the "
                         "fresh agents, so the base training learns to read them (default "
-                        "off: the done stage designs them into the trained base agents)")
-    p.add_argument("--enter-key", action="store_true",
+                        f"{on_off(d.flags_in_base)}; off: the done stage designs them into "
+                        "the trained base agents)")
+    p.add_argument("--enter-key", action=argparse.BooleanOptionalAction, default=d.enter_key,
                    help="the demonstrations type a text that submits without its \\n and "
-                        "press Enter as a step of their own (default off: type(\"word\\n\"))")
-    p.add_argument("--key-row", action="store_true",
+                        "press Enter as a step of their own (default "
+                        f"{on_off(d.enter_key)}; off: type(\"word\\n\"))")
+    p.add_argument("--key-row", action=argparse.BooleanOptionalAction, default=d.key_row,
                    help="the row that chooses a pressed key (press(\") carries the text flag, "
-                        "so it reads the typed and instruction flags (default off)")
+                        "so it reads the typed and instruction flags (default "
+                        f"{on_off(d.key_row)})")
     p.add_argument("--word-slips", action=argparse.BooleanOptionalAction,
                    default=d.word_slips,
                    help="a slipped typing step may type a wrong word, which the expert then "
-                        "backspaces (default on); --no-word-slips: its mistake is a click "
-                        "elsewhere, and no demonstration presses backspace after typing")
-    p.add_argument("--click-weights", default="", metavar="[KIND/]CLASS=W,...",
+                        "backspaces; off: its mistake is a click elsewhere, and no "
+                        "demonstration presses backspace after typing (default "
+                        f"{on_off(d.word_slips)})")
+    p.add_argument("--click-weights", default=format_click_weights(f.clicked_weights),
+                   metavar="[KIND/]CLASS=W,...",
                    help="draw the examples whose click names CLASS (a recogniser class; "
                         "marked: marked-launch's look-back click), of KIND if named, as a "
-                        "group of their own, W against 1 for each kind (default: none, the "
-                        "kinds alone; the look-back recipe: marked=1,marked-launch/notes.save=1)")
+                        "group of their own, W against 1 for each kind; \"\": the kinds alone "
+                        "(default %(default)s; the look-back recipe: "
+                        "marked=1,marked-launch/notes.save=1)")
     p.add_argument("--perturbed", type=float, default=d.perturbed,
                    help="share of episodes knocked off-track once (default "
                         f"{d.perturbed:g})")
@@ -111,8 +123,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {d.done.updates}, ~{d.done.updates // 120} min a model on "
                         "one core; 0: the base agents, which never say done())")
     p.add_argument("--done-learning-rate", type=float, default=d.done.learning_rate)
-    p.add_argument("--done-click-weights", default="", metavar="[KIND/]CLASS=W,...",
-                   help="--click-weights for the done stage (default: none)")
+    p.add_argument("--done-click-weights", default=format_click_weights(d.done.clicked_weights),
+                   metavar="[KIND/]CLASS=W,...",
+                   help="--click-weights for the done stage (default %(default)s)")
     p.add_argument("--done-arch", default=",".join(d.done.arches),
                    help="comma-separated arches that go through the done stage (default "
                         f"{','.join(d.done.arches)}; the others ship their base file)")
@@ -136,6 +149,58 @@ def _click_weights(flag: str, text: str) -> tuple[tuple[str, float], ...]:
         raise ValueError(f"{flag}: {exc}") from exc
 
 
+def recipe_config(args: argparse.Namespace) -> RecipeConfig:
+    """The recipe ``args`` ask for (with no options: ``RecipeConfig()``, the shipped files'
+    recipe); ValueError naming the option for a bad value."""
+    import attrs
+
+    from runtime.train.done_stage import DoneStage
+    from runtime.train.recipe_config import RecipeConfig, parse_arches
+    from vmenv.simdesk.kinds import resolve_kinds
+
+    arches = tuple(parse_arches(args.arch))
+    if args.episodes < 8 or args.steps < 1 or args.learning_rate <= 0:
+        raise ValueError("--episodes must be >= 8, --steps >= 1, --learning-rate > 0")
+    if args.done_updates < 0 or args.done_learning_rate <= 0:
+        raise ValueError("--done-updates must be >= 0, --done-learning-rate > 0")
+    if args.base is not None and args.done_updates == 0:
+        raise ValueError("--from runs the done stage: --done-updates must be > 0")
+    if args.recogniser_episodes < 8 or args.recogniser_updates < 1 \
+            or args.recogniser_dialog_episodes < 0:
+        raise ValueError("--recogniser-episodes must be >= 8, --recogniser-updates >= 1, "
+                         "--recogniser-dialog-episodes >= 0")
+    clicks, done_clicks = (_click_weights(flag, text) for flag, text in (
+        ("--click-weights", args.click_weights),
+        ("--done-click-weights", args.done_click_weights)))
+    config = RecipeConfig(arches=arches, seed=args.seed, episodes=args.episodes,
+                          fit=attrs.evolve(RecipeConfig().fit, steps=args.steps,
+                                           learning_rate=args.learning_rate, seed=args.seed,
+                                           clicked_weights=clicks),
+                          threads=args.threads,
+                          recogniser_episodes=args.recogniser_episodes,
+                          recogniser_dialog_episodes=args.recogniser_dialog_episodes,
+                          recogniser_updates=args.recogniser_updates,
+                          perturbed=args.perturbed, slipped=args.slipped,
+                          early_typing=args.early_typing, max_slip_run=args.max_slip_run,
+                          with_done=args.with_done,
+                          kinds=resolve_kinds(args.kinds), pin_share=args.pin_share,
+                          menu_entries=args.menu_entries, menu_flag=args.menu_flag,
+                          flags_in_base=args.flags_in_base, enter_key=args.enter_key,
+                          key_row=args.key_row, word_slips=args.word_slips,
+                          done=DoneStage(updates=args.done_updates,
+                                         learning_rate=args.done_learning_rate,
+                                         arches=parse_arches(args.done_arch,
+                                                             option="--done-arch"),
+                                         clicked_weights=done_clicks,
+                                         instruction_flags=args.done_flags))
+    try:
+        config.dataset()  # the dataset's own checks, before any work
+    except ValueError as exc:
+        raise ValueError(f"--perturbed / --slipped / --early-typing / --max-slip-run / "
+                         f"--pin-share: {exc}") from exc
+    return config
+
+
 def run(args: argparse.Namespace) -> int:
     from runtime.train.environment import pin_xla_threads
 
@@ -145,58 +210,11 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         print("kvagent train: error: needs JAX: pip install 'kvagent[train]'", file=sys.stderr)
         return 2
-    import attrs
-
-    from runtime.train.fit import FitConfig
-    from runtime.train.done_stage import DoneStage
     from runtime.train.base_record import base_record
     from runtime.train.recipe import train_agents, train_done_from
-    from runtime.train.recipe_config import RecipeConfig, parse_arches
-    from vmenv.simdesk.kinds import resolve_kinds
 
     try:
-        arches = tuple(parse_arches(args.arch))
-        if args.episodes < 8 or args.steps < 1 or args.learning_rate <= 0:
-            raise ValueError("--episodes must be >= 8, --steps >= 1, --learning-rate > 0")
-        if args.done_updates < 0 or args.done_learning_rate <= 0:
-            raise ValueError("--done-updates must be >= 0, --done-learning-rate > 0")
-        if args.base is not None and args.done_updates == 0:
-            raise ValueError("--from runs the done stage: --done-updates must be > 0")
-        if args.recogniser_episodes < 8 or args.recogniser_updates < 1 \
-                or args.recogniser_dialog_episodes < 0:
-            raise ValueError("--recogniser-episodes must be >= 8, --recogniser-updates >= 1, "
-                             "--recogniser-dialog-episodes >= 0")
-        clicks, done_clicks = (_click_weights(flag, text) for flag, text in (
-            ("--click-weights", args.click_weights),
-            ("--done-click-weights", args.done_click_weights)))
-        config = RecipeConfig(arches=arches, seed=args.seed, episodes=args.episodes,
-                              fit=attrs.evolve(FitConfig(), steps=args.steps,
-                                               learning_rate=args.learning_rate,
-                                               seed=args.seed,
-                                               clicked_weights=clicks),
-                              threads=args.threads,
-                              recogniser_episodes=args.recogniser_episodes,
-                              recogniser_dialog_episodes=args.recogniser_dialog_episodes,
-                              recogniser_updates=args.recogniser_updates,
-                              perturbed=args.perturbed, slipped=args.slipped,
-                              early_typing=args.early_typing, max_slip_run=args.max_slip_run,
-                              with_done=args.with_done,
-                              kinds=resolve_kinds(args.kinds), pin_share=args.pin_share,
-                              menu_entries=args.menu_entries, menu_flag=args.menu_flag,
-                              flags_in_base=args.flags_in_base, enter_key=args.enter_key,
-                              key_row=args.key_row, word_slips=args.word_slips,
-                              done=DoneStage(updates=args.done_updates,
-                                             learning_rate=args.done_learning_rate,
-                                             arches=parse_arches(args.done_arch,
-                                                                 option="--done-arch"),
-                                             clicked_weights=done_clicks,
-                                             instruction_flags=args.done_flags))
-        try:
-            config.dataset()  # the dataset's own checks, before any work
-        except ValueError as exc:
-            raise ValueError(f"--perturbed / --slipped / --early-typing / --max-slip-run / "
-                             f"--pin-share: "
-                             f"{exc}") from exc
+        config = recipe_config(args)
         if args.base is not None:
             base_record(args.base, config)  # --from holds base agents of this seed
     except ValueError as exc:
@@ -208,6 +226,6 @@ def run(args: argparse.Namespace) -> int:
     for arch, m in record["models"].items():
         print(f"{arch}: {args.out / m['file']} sha256 {m['sha256'][:16]}")
     print(f"projector: {args.out / record['mmproj']['file']}; evaluate with kvagent bench-eval "
-          f"--model {args.out / record['models'][arches[0]]['file']} --mmproj "
+          f"--model {args.out / record['models'][config.arches[0]]['file']} --mmproj "
           f"{args.out / record['mmproj']['file']}")
     return 0

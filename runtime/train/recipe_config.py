@@ -16,8 +16,9 @@ from runtime.train.done_stage import DoneStage
 from runtime.train.fit import FitConfig
 from vmenv.simdesk.kinds import task_kinds
 
-__all__ = ["BASE_DIR", "DONE_DATA", "MMPROJ_NAME", "RecipeConfig", "model_name",
-           "parse_arches", "parse_click_weights"]
+__all__ = ["BASE_DIR", "CLICK_WEIGHTS", "DONE_CLICK_WEIGHTS", "DONE_DATA", "MMPROJ_NAME",
+           "RecipeConfig", "format_click_weights", "model_name", "parse_arches",
+           "parse_click_weights"]
 
 MMPROJ_NAME = "mmproj.gguf"
 BASE_DIR = "base"  # the base agents of a recipe with a done stage
@@ -31,6 +32,17 @@ def model_name(arch: str) -> str:
 
 _DATA = attrs.fields(DatasetConfig)
 
+#: the shipped agents' draw groups (``FitConfig.clicked_weights``), base training: menu-launch's
+#: menu clicks and its other steps, and the Save click after typing, each drawn as a group of
+#: its own beside the kinds (docs/training.md, "The key row" and after)
+CLICK_WEIGHTS: tuple[tuple[str, float], ...] = (
+    ("menu-launch/menu.notes", 0.5), ("menu-launch/menu.terminal", 0.5),
+    ("menu-launch/menu.button", 0.5), ("menu-launch/", 1.0),
+    ("save-note/notes.save", 0.5), ("switch-window/notes.save", 0.5))
+#: and the done stage's: the same, and type-in-field's steps after its click (the typed word,
+#: then ``done()``)
+DONE_CLICK_WEIGHTS = (*CLICK_WEIGHTS, ("type-in-field/", 1.0))
+
 
 @attrs.frozen
 class RecipeConfig:
@@ -39,7 +51,7 @@ class RecipeConfig:
     arches: tuple[str, ...] = AGENT_ARCHES
     seed: int = 0
     episodes: int = 512
-    fit: FitConfig = FitConfig()
+    fit: FitConfig = FitConfig(clicked_weights=CLICK_WEIGHTS)
     threads: int = 2
     #: the projector's recogniser: expert episodes it learns from (every kind in turn, then
     #: the dialog kinds again: their button labels are the classes with the fewest screens,
@@ -79,24 +91,24 @@ class RecipeConfig:
     #: the menu flag (``menu_flag``): the projector reads "part of the open menu" off the
     #: recogniser's units into a dim of its own, and a designed head carries "a screenshot
     #: in the window shows the menu open" to the rows that choose a verb or a coordinate
-    menu_flag: bool = False
+    menu_flag: bool = True
     #: the instruction flags (``instruction_flags``) designed into the fresh agents, so the
     #: base training learns to read them (the done stage otherwise designs them into the
     #: trained base agents)
-    flags_in_base: bool = False
+    flags_in_base: bool = True
     #: the demonstrations press Enter as a step of their own after typing a text that
     #: submits (``DatasetConfig.enter_key``), instead of typing ``"\n"``
-    enter_key: bool = False
+    enter_key: bool = True
     #: the key row (the response's ``press("``) carries the text flag, so it reads the
     #: typed and instruction flags (``typed_flag.KEY_PIECES``)
-    key_row: bool = False
+    key_row: bool = True
     #: a slipped typing step may type a wrong word (``DatasetConfig.word_slips``); off, no
     #: demonstration presses backspace after typing, the habit that undid correct words
-    word_slips: bool = True
+    word_slips: bool = False
     #: the done stage (``done_stage``): after the base training, each agent continues from
     #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
     #: agents (they never say done())
-    done: DoneStage = DoneStage()
+    done: DoneStage = DoneStage(clicked_weights=DONE_CLICK_WEIGHTS)
 
     def dataset(self) -> DatasetConfig:
         """The dataset this recipe trains on; ValueError if its settings are not valid."""
@@ -116,6 +128,11 @@ class RecipeConfig:
 def parse_arches(text: str, *, option: str = "--arch") -> tuple[str, ...]:
     """``"qwen35,llama"`` -> the arches (ValueError for an unknown one)."""
     return parse_names(text, AGENT_ARCHES, option=option, what="arch(es)")
+
+
+def format_click_weights(pairs: tuple[tuple[str, float], ...]) -> str:
+    """``parse_click_weights``'s inverse: (("marked", 1.0),) -> ``"marked=1"``."""
+    return ",".join(f"{name}={w:g}" for name, w in pairs)
 
 
 def parse_click_weights(text: str) -> tuple[tuple[str, float], ...]:
