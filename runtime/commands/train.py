@@ -20,6 +20,23 @@ if TYPE_CHECKING:  # the train extra's modules load only when the command runs
 
 DEFAULT_OUT = Path("kvagent-agents")
 
+#: the recipe's on/off options (``RecipeConfig`` fields), each ``--X`` / ``--no-X``
+_SWITCHES = (
+    ("menu_flag", "the projector reads 'part of the open menu' off each cell and a designed "
+                  "head tells the rows that choose an action whether a screenshot in the "
+                  "window shows the menu open (docs/training.md, 'The menu flag')"),
+    ("flags_in_base", "design the instruction flags (Save / menu / Enter asked) into the fresh "
+                      "agents, so the base training learns to read them; off: the done stage "
+                      "designs them into the trained base agents"),
+    ("enter_key", "the demonstrations type a text that submits without its \\n and press "
+                  "Enter as a step of their own; off: type(\"word\\n\")"),
+    ("key_row", "the row that chooses a pressed key (press(\") carries the text flag, so it "
+                "reads the typed and instruction flags"),
+    ("word_slips", "a slipped typing step may type a wrong word, which the expert then "
+                   "backspaces; off: its mistake is a click elsewhere, and no demonstration "
+                   "presses backspace after typing"),
+)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from runtime.train.cell_labels import MENU_ENTRIES
@@ -69,32 +86,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(menu.<app>, the shipped agents) or launch (its launcher's "
                         f"launch.<app>: it opens the app; docs/training.md) (default "
                         f"{d.menu_entries})")
-    on_off = lambda on: "on" if on else "off"  # noqa: E731 - a default, as the help says it
-    p.add_argument("--menu-flag", action=argparse.BooleanOptionalAction, default=d.menu_flag,
-                   help="the projector reads 'part of the open menu' off each cell and a "
-                        "designed head tells the rows that choose an action whether a "
-                        "screenshot in the window shows the menu open (docs/training.md, "
-                        f"'The menu flag'; default {on_off(d.menu_flag)})")
-    p.add_argument("--flags-in-base", action=argparse.BooleanOptionalAction,
-                   default=d.flags_in_base,
-                   help="design the instruction flags (Save / menu / Enter asked) into the "
-                        "fresh agents, so the base training learns to read them (default "
-                        f"{on_off(d.flags_in_base)}; off: the done stage designs them into "
-                        "the trained base agents)")
-    p.add_argument("--enter-key", action=argparse.BooleanOptionalAction, default=d.enter_key,
-                   help="the demonstrations type a text that submits without its \\n and "
-                        "press Enter as a step of their own (default "
-                        f"{on_off(d.enter_key)}; off: type(\"word\\n\"))")
-    p.add_argument("--key-row", action=argparse.BooleanOptionalAction, default=d.key_row,
-                   help="the row that chooses a pressed key (press(\") carries the text flag, "
-                        "so it reads the typed and instruction flags (default "
-                        f"{on_off(d.key_row)})")
-    p.add_argument("--word-slips", action=argparse.BooleanOptionalAction,
-                   default=d.word_slips,
-                   help="a slipped typing step may type a wrong word, which the expert then "
-                        "backspaces; off: its mistake is a click elsewhere, and no "
-                        "demonstration presses backspace after typing (default "
-                        f"{on_off(d.word_slips)})")
+    for name, help_text in _SWITCHES:  # --X / --no-X, each defaulting to the recipe's
+        p.add_argument(f"--{name.replace('_', '-')}", action=argparse.BooleanOptionalAction,
+                       default=getattr(d, name),
+                       help=f"{help_text} (default {'on' if getattr(d, name) else 'off'})")
     p.add_argument("--click-weights", default=format_click_weights(f.clicked_weights),
                    metavar="[KIND/]CLASS=W,...",
                    help="draw the examples whose click names CLASS (a recogniser class; "
