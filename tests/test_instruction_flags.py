@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -142,9 +143,13 @@ def test_the_shipped_agents_carry_the_flags_as_designed(arch: str) -> None:
     loaded = load_gguf(AGENT_DIR / f"agent-{arch}.gguf")
     spec = loaded.spec
     labels = label_copy(VOCAB.tokens, LAYOUT, CODES, LAYOUT.content.stop - 1)
-    flags = instruction_flags(VOCAB.tokens, labels)
+    recipe = json.loads((AGENT_DIR / "recipe.json").read_text())["config"]
+    flags = instruction_flags(VOCAB.tokens, labels, key_row=recipe.get("key_row", False))
     shipped = {k: np.asarray(v) for k, v in loaded.params.items()}
-    e = shipped["token_embd.weight"][:, list(flags.dims)]
+    e = shipped["token_embd.weight"][:, list(flags.dims)].copy()
+    for tok, flag in flags.key_reads:  # the key read-outs: designed, then trained
+        assert e[tok, flag] > 0
+        e[tok, flag] = 0.0
     assert np.count_nonzero(e) == len(FLAG_PIECES)
     assert np.array_equal(e[list(flags.flag_ids)], np.diag([3.0] * len(FLAG_PIECES)))
     v = shipped[f"blk.{copy_layer(spec)}.attn_v.weight"]

@@ -39,9 +39,11 @@ CLICK_WEIGHTS: tuple[tuple[str, float], ...] = (
     ("menu-launch/menu.notes", 0.5), ("menu-launch/menu.terminal", 0.5),
     ("menu-launch/menu.button", 0.5), ("menu-launch/", 1.0),
     ("save-note/notes.save", 0.5), ("switch-window/notes.save", 0.5))
-#: and the done stage's: the same, and type-in-field's steps after its click (the typed word,
-#: then ``done()``)
-DONE_CLICK_WEIGHTS = (*CLICK_WEIGHTS, ("type-in-field/", 1.0))
+#: and the done stage's: the same, type-in-field's steps after its click (the typed word, then
+#: ``done()``), and the field click before typing in the kinds that then Save (without it the
+#: hybrid's done stage taught it to type into the unfocused window: save-note 15/30)
+DONE_CLICK_WEIGHTS = (*CLICK_WEIGHTS, ("type-in-field/", 1.0),
+                      ("save-note/notes.field", 0.5), ("switch-window/notes.field", 0.5))
 
 
 @attrs.frozen
