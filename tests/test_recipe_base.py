@@ -23,6 +23,12 @@ CASES = [("menu_entries", "menu", "launch"),
          ("word_slips", True, False)]
 
 
+def test_every_checked_option_has_a_case() -> None:
+    from runtime.train.base_record import _BASE_OPTIONS
+
+    assert [c[:2] for c in CASES] == [(key, before) for key, before, _ in _BASE_OPTIONS]
+
+
 @pytest.mark.parametrize("option, before, other", CASES, ids=[c[0] for c in CASES])
 def test_the_done_stage_refuses_base_agents_made_the_other_way(
         tmp_path: Path, option: str, before: object, other: object) -> None:

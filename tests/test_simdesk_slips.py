@@ -112,3 +112,24 @@ def test_without_word_slips_no_demonstration_backspaces_after_typing(kind: str) 
             last = without[-1]
             assert task.check(apply_action(last.state, last.action))
     assert wrong_words >= 4 and backspaced >= 4
+
+
+def test_the_recipe_passes_word_slips_to_every_rollout() -> None:
+    """``RecipeConfig.word_slips`` reaches the dataset's rollouts: with it off no slipped
+    episode types a wrong word, where the same episodes with it on do."""
+    import attrs
+
+    from runtime.train.dataset import SLIPPED, rollout
+    from runtime.train.recipe_config import RecipeConfig
+
+    config = attrs.evolve(RecipeConfig(kinds=("type-in-field", "save-note"), episodes=48,
+                                       slipped=0.7, perturbed=0.0), word_slips=True)
+    wrong = {True: 0, False: 0}
+    for word_slips in (True, False):
+        data = attrs.evolve(config, word_slips=word_slips).dataset()
+        assert data.word_slips is word_slips
+        for e in range(data.episodes):
+            ep = rollout(data, e)
+            wrong[word_slips] += ep.mode == SLIPPED and any(
+                s.slip and isinstance(s.action, TypeText) for s in ep.steps)
+    assert wrong[True] >= 3 and wrong[False] == 0

@@ -116,20 +116,48 @@ def test_done_stage_from_base_files_is_the_whole_recipe(
     assert not (tmp_path / "x").exists()
 
 
-def test_the_command_with_no_options_asks_for_the_shipped_recipe() -> None:
-    """``kvagent train`` alone is ``RecipeConfig()`` — the recipe whose defaults make the
-    shipped files — option for option (the draw groups printed and read back included)."""
+def _recipe(*argv: str):
     from runtime.cli import build_parser, command_of
     from runtime.commands.train import recipe_config
+
+    return recipe_config(build_parser(command_of(["train"])).parse_args(["train", *argv]))
+
+
+def test_the_command_with_no_options_asks_for_the_shipped_recipe() -> None:
+    """``kvagent train`` alone is ``RecipeConfig()``, and that is the recipe the shipped files'
+    recipe.json records — but for ``threads`` (llama.cpp's while writing the datasets: the
+    shipped files were made one arch per core, docs/training.md)."""
+    import attrs
+
+    from runtime.agent_models import AGENT_DIR
     from runtime.train.recipe_config import RecipeConfig
 
-    args = build_parser(command_of(["train"])).parse_args(["train"])
-    assert recipe_config(args) == RecipeConfig()
-    assert RecipeConfig().fit.clicked_weights and RecipeConfig().done.clicked_weights
-    off = build_parser(command_of(["train"])).parse_args(
-        ["train", "--click-weights", "", "--no-key-row", "--word-slips"])
-    config = recipe_config(off)
-    assert config.fit.clicked_weights == () and not config.key_row and config.word_slips
+    assert _recipe() == RecipeConfig()
+    shipped = json.loads((AGENT_DIR / "recipe.json").read_text())["config"]
+    ours = json.loads(json.dumps(attrs.asdict(RecipeConfig())))
+    assert {k: v for k, v in ours.items() if k != "threads"} == \
+        {k: v for k, v in shipped.items() if k != "threads"}
+
+
+def test_each_switch_and_draw_group_option_reaches_the_recipe() -> None:
+    """Every ``--X`` / ``--no-X`` turns its own field of the recipe the other way and nothing
+    else; ``""`` leaves a stage's draw groups out."""
+    import attrs
+
+    from runtime.commands.train import _SWITCHES
+    from runtime.train.recipe_config import RecipeConfig
+
+    d = RecipeConfig()
+    for name, _ in _SWITCHES:
+        flag = f"--{'no-' if getattr(d, name) else ''}{name.replace('_', '-')}"
+        got = _recipe(flag)
+        assert got == attrs.evolve(d, **{name: not getattr(d, name)}), flag
+    got = _recipe("--click-weights", "", "--done-click-weights", "")
+    assert got.fit.clicked_weights == () and got.done.clicked_weights == ()
+    assert got == attrs.evolve(d, fit=attrs.evolve(d.fit, clicked_weights=()),
+                               done=attrs.evolve(d.done, clicked_weights=()))
+    off = _recipe("--no-flags-in-base", "--no-done-flags")
+    assert not off.flags_in_base and not off.done.instruction_flags
 
 
 def test_train_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
@@ -143,7 +171,9 @@ def test_train_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
     assert "--pin-share" in capsys.readouterr().err
     for bad in (["--slipped", "0.8", "--perturbed", "0.3"], ["--early-typing", "1.5"],
                 ["--max-slip-run", "0"], ["--click-weights", "marked=0"],
-                ["--done-click-weights", "marked"], ["--click-weights", "a=1,a=2"]):
+                ["--done-click-weights", "marked"], ["--click-weights", "a=1,a=2"],
+                ["--kinds", "open-terminal,click-ok"], ["--menu-entries", "launch"],
+                ["--no-done-flags"]):
         assert main(["train", *bad, "--out", str(tmp_path)]) == 2
         assert "--" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 HELP = ("train the tiny simdesk agents (hybrid qwen35 and llama) that kvagent ships; on one "
-        "core about 4-6 min for the projector's recogniser, 1.5-7 for each of the two datasets, "
-        "25-30 per model at the default 4000 updates (the hybrid 25, llama 30: measured with "
-        "the two side by side on 2 cores, quiet; more on a loaded machine) and 9-15 per model "
+        "core about 5 min for the projector's recogniser, 2-7 for each of the two datasets, "
+        "34-38 per model at the default 4000 updates (the hybrid 34, llama 38: measured with "
+        "the two side by side on 2 cores, quiet; more on a loaded machine) and 7-15 per model "
         "for the done stage; "
         "needs pip install 'kvagent[train]')")
 
@@ -35,6 +35,9 @@ _SWITCHES = (
     ("word_slips", "a slipped typing step may type a wrong word, which the expert then "
                    "backspaces; off: its mistake is a click elsewhere, and no demonstration "
                    "presses backspace after typing"),
+    ("with_done", "end every demonstration of the base training with the solved state "
+                  "labelled done() too (docs/training.md has what it did to the multi-step "
+                  "kinds)"),
 )
 
 
@@ -108,10 +111,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"field is ready (default {d.early_typing:g})")
     p.add_argument("--max-slip-run", type=int, default=d.max_slip_run,
                    help=f"mistakes in a row, 1..N (default {d.max_slip_run})")
-    p.add_argument("--with-done", action="store_true", default=d.with_done,
-                   help="end every demonstration of the base training with the solved state "
-                        "labelled done() too (docs/training.md has what it did to the "
-                        "multi-step kinds)")
     p.add_argument("--done-updates", type=int, default=d.done.updates,
                    help="the done stage: updates each agent trains on from its base file, on "
                         "the demonstrations ending in done(), so it ends its own episodes "
@@ -126,22 +125,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{','.join(d.done.arches)}; the others ship their base file)")
     p.add_argument("--done-flags", dest="done_flags", action=argparse.BooleanOptionalAction,
                    default=d.done.instruction_flags,
-                   help="design the instruction flags (a Save, a menu, an Enter asked) into "
-                        "each base agent before its done stage (default: on; without them "
-                        "the llama agent says done() before Save, docs/training.md)")
+                   help="with --no-flags-in-base: design the instruction flags (a Save, a "
+                        "menu, an Enter asked) into each base agent before its done stage "
+                        "(default on; without them the llama agent says done() before Save, "
+                        "docs/training.md); with --flags-in-base the agents carry them from "
+                        "the start and --no-done-flags is refused")
     p.add_argument("--from", dest="base", type=Path, default=None, metavar="DIR",
                    help="run only the done stage, from the base agents in DIR (agent-<arch>."
                         "gguf, mmproj.gguf and their recipe.json; e.g. a run with "
                         "--done-updates 0): what the whole recipe makes from those files")
 
 
-def _click_weights(flag: str, text: str) -> tuple[tuple[str, float], ...]:
-    from runtime.train.recipe_config import parse_click_weights  # as run's: JAX loads only here
+def _click_weights(flag: str, text: str, kinds: tuple[str, ...], menu_entries: str,
+                   ) -> tuple[tuple[str, float], ...]:
+    """``flag``'s draw groups, refused before any work where they cannot match an example:
+    a KIND not trained, a menu entry class (``menu.<app>``) the recogniser does not have
+    (``--menu-entries launch`` classes them ``launch.<app>``).  A group that still matches
+    nothing (a toy budget) is refused by the training itself."""
+    from runtime.train.cell_labels import widget_class  # as run's: JAX loads only here
+    from runtime.train.recipe_config import parse_click_weights
 
     try:
-        return parse_click_weights(text)
+        pairs = parse_click_weights(text)
+        for name, _ in pairs:
+            kind, _, cls = name.rpartition("/")
+            if kind and kind not in kinds:
+                raise ValueError(f"{name!r} names kind {kind!r}, which --kinds leaves out")
+            if cls.startswith("menu.") and widget_class(cls, menu_entries) != cls:
+                raise ValueError(f"{name!r} names a menu entry class, which --menu-entries "
+                                 f"{menu_entries} does not have")
     except ValueError as exc:
-        raise ValueError(f"{flag}: {exc}") from exc
+        raise ValueError(f"{flag}: {exc} (\"\" draws the kinds alone)") from exc
+    return pairs
 
 
 def recipe_config(args: argparse.Namespace) -> RecipeConfig:
@@ -164,9 +179,13 @@ def recipe_config(args: argparse.Namespace) -> RecipeConfig:
             or args.recogniser_dialog_episodes < 0:
         raise ValueError("--recogniser-episodes must be >= 8, --recogniser-updates >= 1, "
                          "--recogniser-dialog-episodes >= 0")
-    clicks, done_clicks = (_click_weights(flag, text) for flag, text in (
-        ("--click-weights", args.click_weights),
-        ("--done-click-weights", args.done_click_weights)))
+    if args.flags_in_base and not args.done_flags:
+        raise ValueError("--no-done-flags needs --no-flags-in-base: with --flags-in-base the "
+                         "agents carry the instruction flags from the start")
+    kinds = resolve_kinds(args.kinds)
+    clicks, done_clicks = (_click_weights(flag, text, kinds, args.menu_entries)
+                           for flag, text in (("--click-weights", args.click_weights),
+                                              ("--done-click-weights", args.done_click_weights)))
     config = RecipeConfig(arches=arches, seed=args.seed, episodes=args.episodes,
                           fit=attrs.evolve(RecipeConfig().fit, steps=args.steps,
                                            learning_rate=args.learning_rate, seed=args.seed,
@@ -178,7 +197,7 @@ def recipe_config(args: argparse.Namespace) -> RecipeConfig:
                           perturbed=args.perturbed, slipped=args.slipped,
                           early_typing=args.early_typing, max_slip_run=args.max_slip_run,
                           with_done=args.with_done,
-                          kinds=resolve_kinds(args.kinds), pin_share=args.pin_share,
+                          kinds=kinds, pin_share=args.pin_share,
                           menu_entries=args.menu_entries, menu_flag=args.menu_flag,
                           flags_in_base=args.flags_in_base, enter_key=args.enter_key,
                           key_row=args.key_row, word_slips=args.word_slips,
@@ -216,8 +235,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvagent train: error: {exc}", file=sys.stderr)
         return 2
     say = lambda s: print(s, flush=True)  # noqa: E731 - progress lines as they come
-    record = (train_agents(config, args.out, progress=say) if args.base is None
-              else train_done_from(config, args.base, args.out, progress=say))
+    try:
+        record = (train_agents(config, args.out, progress=say) if args.base is None
+                  else train_done_from(config, args.base, args.out, progress=say))
+    except ValueError as exc:  # found only in the data (a draw group no example matches)
+        print(f"kvagent train: error: {exc}; the data written so far are kept and reused",
+              file=sys.stderr)
+        return 2
     for arch, m in record["models"].items():
         print(f"{arch}: {args.out / m['file']} sha256 {m['sha256'][:16]}")
     print(f"projector: {args.out / record['mmproj']['file']}; evaluate with kvagent bench-eval "

@@ -12,9 +12,11 @@ from runtime.train.recipe_config import MMPROJ_NAME, RecipeConfig, model_name
 
 __all__ = ["base_record"]
 
-#: the options a base agent's files depend on beyond the seed, what a recipe.json written
-#: before the option existed made (the recipe then had no other way), and how: ``--from``
-#: refuses base agents made with another value than the one asked now
+#: the options whose value the done stage must share with its base agents beyond the seed —
+#: the projector and designs they were made with, and demonstrations the done data must not
+#: contradict (a data option that only reweighs or resamples the same kind of steps is not
+#: here) —, what a recipe.json written before the option existed made (the recipe then had
+#: no other way), and how: ``--from`` refuses base agents made with another value
 _BASE_OPTIONS = (
     ("menu_entries", "menu", "its projector classes menu entries so"),
     ("menu_flag", False, "its projector and designs carry the menu flag or lack it"),

@@ -120,10 +120,13 @@ class DatasetConfig:
     menu_entries: MenuEntries = attrs.field(default="menu",
                                             validator=attrs.validators.in_(MENU_ENTRIES))
     #: the expert types a submitting text without its "\n" and presses Enter as a step of
-    #: its own (``demos.demonstration``'s ``enter_key``); off: the data of the shipped recipe
+    #: its own (``demos.demonstration``'s ``enter_key``; on in the shipped recipe)
     enter_key: bool = False
     #: a slipped typing step may type a wrong word (``slips.wrong_action``); off: its mistake
-    #: is a click elsewhere, and no demonstration presses backspace after typing
+    #: is a click elsewhere, and no demonstration presses backspace after typing (off in the
+    #: shipped recipe).  Invariant, as for every option here: the default is what the data
+    #: were before the option existed, so a manifest written then reads as it was made
+    #: (``RecipeConfig`` holds the shipped recipe's values)
     word_slips: bool = True
     profile: str = "kvagent"
     shard_episodes: int = attrs.field(default=64, validator=attrs.validators.ge(1))

@@ -32,14 +32,16 @@ __all__ = ["DoneStage", "train_done"]
 
 @attrs.frozen
 class DoneStage:
-    """How long and how hard the done stage trains (the defaults make the shipped agents).
+    """How long and how hard the done stage trains (the defaults: the shipped agents' done
+    stage but for its draw groups, ``recipe_config.DONE_CLICK_WEIGHTS``, which
+    ``RecipeConfig.done`` adds).
 
     1000 updates at 1e-4 with the instruction flags designed in first (measured, 2026-12-06,
-    docs/training.md): on 210 held-out instances by OSWorld's rule the hybrid solves 167/210
-    ending 210 with ``done()``, the llama agent 171/210 ending 202 — against 157/210 and
-    123/210 without the flags (the llama agent then said ``done()`` where Save was still to
-    click) and the base files' 170/210 and 155/210, which never say ``done()``.  ``arches``:
-    the agents that go through it (both)."""
+    docs/training.md, on the agents shipped until 2026-12-07): on 210 held-out instances by
+    OSWorld's rule the hybrid solved 167/210 ending 210 with ``done()``, the llama agent
+    171/210 ending 202 — against 157/210 and 123/210 without the flags (the llama agent then
+    said ``done()`` where Save was still to click) and the base files' 170/210 and 155/210,
+    which never say ``done()``.  ``arches``: the agents that go through it (both)."""
 
     updates: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
     arches: tuple[str, ...] = attrs.field(default=("qwen35", "llama"), converter=tuple)

@@ -43,7 +43,8 @@ def row_buckets(longest: int) -> tuple[int, ...]:
 
 @attrs.frozen
 class FitConfig:
-    """How long and how hard to train (the defaults train a shipped agent)."""
+    """How long and how hard to train (the defaults: the shipped agents' base training but for
+    its draw groups, ``recipe_config.CLICK_WEIGHTS``, which ``RecipeConfig.fit`` adds)."""
 
     #: 4000 (seventeenth session; 3000 and 2500 before): held out on 210 instances the hybrid
     #: 185 against 171 and 168, the llama agent 174 against 165 and 145; one model's training

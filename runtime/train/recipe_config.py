@@ -133,8 +133,10 @@ def parse_arches(text: str, *, option: str = "--arch") -> tuple[str, ...]:
 
 
 def format_click_weights(pairs: tuple[tuple[str, float], ...]) -> str:
-    """``parse_click_weights``'s inverse: (("marked", 1.0),) -> ``"marked=1"``."""
-    return ",".join(f"{name}={w:g}" for name, w in pairs)
+    """``parse_click_weights``'s inverse: (("marked", 1.0),) -> ``"marked=1"`` (a weight
+    ``:g`` would round is written in full)."""
+    return ",".join(f"{name}={w:g}" if float(f"{w:g}") == w else f"{name}={w!r}"
+                    for name, w in pairs)
 
 
 def parse_click_weights(text: str) -> tuple[tuple[str, float], ...]:
