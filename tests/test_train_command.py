@@ -239,3 +239,37 @@ def test_the_recipe_designs_the_menu_flag_instruction_flags_and_key_row(
     key = params[f"blk.{copy_layer(spec)}.attn_k.weight"]
     assert key[first_head_of(spec, 1).kv.start + match_dim(spec), menu.dim] == \
         pytest.approx(KEY_GAIN, rel=1e-3)  # f16
+
+
+def test_the_recipe_before_its_defaults_changed_still_runs(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           ) -> None:
+    """The options' other sides, as the recipe ran before the twenty-eighth session
+    (``--no-menu-flag --no-flags-in-base --no-enter-key --no-key-row --word-slips``): the
+    base agent holds no instruction flag, the done stage designs them in (``apply_flags``)
+    and keeps them through its updates, and nothing of the key row is there."""
+    import numpy as np
+
+    from runtime.train.cell_vision import POS_SCALE
+    from runtime.train.designs import agent_designs
+    from runtime.train.gguf_io import load_gguf
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    out = tmp_path / "old"
+    assert main([*ARGS, "--no-menu-flag", "--no-flags-in-base", "--no-enter-key",
+                 "--no-key-row", "--word-slips", "--out", str(out)]) == 0
+    record = json.loads((out / "recipe.json").read_text())
+    assert not record["config"]["flags_in_base"] and record["config"]["word_slips"]
+    assert "menu_readout" not in record["mmproj"]["recogniser"]
+    loaded = load_gguf(out / "agent-qwen35.gguf")
+    designs = agent_designs(loaded.vocab.tokens, record["mmproj"]["recogniser"]["classes"],
+                            loaded.spec.n_embd, seed=0, scaffold_weight=10.0)
+    flags, typed = designs.flags, designs.typed
+    want = np.zeros((loaded.spec.n_vocab, len(flags.dims)), np.float32)
+    for i, tok in enumerate(flags.flag_ids):
+        want[tok, i] = POS_SCALE
+    base = np.asarray(load_gguf(out / "base" / "agent-qwen35.gguf").params["token_embd.weight"])
+    done = np.asarray(loaded.params["token_embd.weight"])
+    assert not np.array_equal(base[:, list(flags.dims)], want)  # the base never had them
+    assert np.array_equal(done[:, list(flags.dims)], want) and not flags.key_reads
+    assert loaded.vocab.tokens.index('press("') not in set(np.flatnonzero(done[:, typed.text_flag]))
