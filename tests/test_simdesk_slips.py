@@ -122,8 +122,8 @@ def test_the_recipe_passes_word_slips_to_every_rollout() -> None:
     from runtime.train.dataset import SLIPPED, rollout
     from runtime.train.recipe_config import RecipeConfig
 
-    config = attrs.evolve(RecipeConfig(kinds=("type-in-field", "save-note"), episodes=48,
-                                       slipped=0.7, perturbed=0.0), word_slips=True)
+    config = RecipeConfig(kinds=("type-in-field", "save-note"), episodes=48, slipped=0.7,
+                          perturbed=0.0)
     wrong = {True: 0, False: 0}
     for word_slips in (True, False):
         data = attrs.evolve(config, word_slips=word_slips).dataset()

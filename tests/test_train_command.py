@@ -187,6 +187,19 @@ def test_xla_is_pinned_to_one_thread_unless_the_user_chose(monkeypatch: pytest.M
     assert not pin_xla_threads() and os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
 
 
+def _designed_flag_columns(n_vocab: int, flags):
+    """The instruction flags' embedding columns as designed: each flag piece holds
+    ``POS_SCALE`` in its own dim, every other entry 0 (before any key read-out)."""
+    import numpy as np
+
+    from runtime.train.cell_vision import POS_SCALE
+
+    want = np.zeros((n_vocab, len(flags.dims)), np.float32)
+    for i, tok in enumerate(flags.flag_ids):
+        want[tok, i] = POS_SCALE
+    return want
+
+
 def test_the_recipe_designs_the_menu_flag_instruction_flags_and_key_row(
         staged: tuple[Path, str]) -> None:
     """The recipe's defaults (``--menu-flag --flags-in-base --key-row``): it trains the menu
@@ -199,7 +212,6 @@ def test_the_recipe_designs_the_menu_flag_instruction_flags_and_key_row(
     ``test_recipe_base``, and the done-stage test above.)"""
     import numpy as np
 
-    from runtime.train.cell_vision import POS_SCALE
     from runtime.train.designs import agent_designs
     from runtime.train.gguf_io import load_gguf
     from runtime.train.grounding import first_head_of
@@ -225,9 +237,7 @@ def test_the_recipe_designs_the_menu_flag_instruction_flags_and_key_row(
     assert not params["token_embd.weight"][:, menu.dim].any()  # kept fixed through training
     for path in (out / "base" / "agent-qwen35.gguf", model):
         embd = np.asarray(load_gguf(path).params["token_embd.weight"])
-        want = np.zeros((embd.shape[0], len(flags.dims)), np.float32)
-        for i, tok in enumerate(flags.flag_ids):
-            want[tok, i] = POS_SCALE
+        want = _designed_flag_columns(embd.shape[0], flags)
         got = embd[:, list(flags.dims)].copy()
         for tok, i in flags.key_reads:  # the key read-outs: designed, then trained
             assert got[tok, i] > 0, path
@@ -250,7 +260,6 @@ def test_the_recipe_before_its_defaults_changed_still_runs(tmp_path: Path,
     and keeps them through its updates, and nothing of the key row is there."""
     import numpy as np
 
-    from runtime.train.cell_vision import POS_SCALE
     from runtime.train.designs import agent_designs
     from runtime.train.gguf_io import load_gguf
 
@@ -265,9 +274,7 @@ def test_the_recipe_before_its_defaults_changed_still_runs(tmp_path: Path,
     designs = agent_designs(loaded.vocab.tokens, record["mmproj"]["recogniser"]["classes"],
                             loaded.spec.n_embd, seed=0, scaffold_weight=10.0)
     flags, typed = designs.flags, designs.typed
-    want = np.zeros((loaded.spec.n_vocab, len(flags.dims)), np.float32)
-    for i, tok in enumerate(flags.flag_ids):
-        want[tok, i] = POS_SCALE
+    want = _designed_flag_columns(loaded.spec.n_vocab, flags)
     base = np.asarray(load_gguf(out / "base" / "agent-qwen35.gguf").params["token_embd.weight"])
     done = np.asarray(loaded.params["token_embd.weight"])
     assert not np.array_equal(base[:, list(flags.dims)], want)  # the base never had them
