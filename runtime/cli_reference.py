@@ -6,10 +6,11 @@ file is stale).  ``python -m runtime.cli_reference`` rewrites it; ``--check`` on
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from cachepolicy.engine.records import default_threads
+from cachepolicy.engine.records import THREADS_ENV
 from runtime.cli import build_parser
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "commands.md"
@@ -21,6 +22,12 @@ Every `kvagent` command and its flags, written from the command line's own parse
 is for is in the [README](../README.md#commands); `kvagent COMMAND --help` says the same as
 this page.
 """
+
+
+#: ``$KVAGENT_THREADS`` while the page's parsers are built: a default equal to it came from
+#: ``default_threads()`` (the machine's cores) and is named, not printed; a fixed default
+#: (``kvagent train --threads 2``) prints as itself on a machine with 2 cores too
+_MACHINE_THREADS = 251
 
 
 def _cell(text: str) -> str:
@@ -44,7 +51,7 @@ def _flag(action: argparse.Action) -> str:
 def _default(action: argparse.Action) -> str:
     if action.nargs == 0 or action.default in (None, argparse.SUPPRESS, False, [], ()):
         return ""
-    if action.dest == "threads" and action.default == default_threads():
+    if action.dest == "threads" and action.default == _MACHINE_THREADS:
         return "every core (`$KVAGENT_THREADS`)"  # the machine's, not the page's
     return f"`{action.default}`"
 
@@ -87,8 +94,17 @@ def _section(prog: str, aliases: list[str], parser: argparse.ArgumentParser,
 
 
 def render(parser: argparse.ArgumentParser | None = None) -> str:
-    """The whole page for ``parser`` (default: kvagent's)."""
-    parser = parser or build_parser()
+    """The whole page for ``parser`` (default: kvagent's, built with ``_MACHINE_THREADS``)."""
+    if parser is None:
+        saved = os.environ.get(THREADS_ENV)
+        os.environ[THREADS_ENV] = str(_MACHINE_THREADS)
+        try:
+            parser = build_parser()
+        finally:
+            if saved is None:
+                del os.environ[THREADS_ENV]
+            else:
+                os.environ[THREADS_ENV] = saved
     lines = [HEADER]
     lines += _section("kvagent", [], parser, 2)
     return "\n".join(lines).rstrip() + "\n"

@@ -35,5 +35,9 @@ def test_every_command_and_flag_is_on_the_page() -> None:
 
 
 def test_a_machine_dependent_default_is_named_not_printed() -> None:
-    """The page is the same on every machine: --threads' default is the machine's cores."""
-    assert "every core (`$KVAGENT_THREADS`)" in DOC.read_text()
+    """The page is the same on every machine: --threads' default is the machine's cores —
+    and a fixed default that happens to equal this machine's cores prints as itself."""
+    text = DOC.read_text()
+    assert "every core (`$KVAGENT_THREADS`)" in text
+    train = text[text.index("### `kvagent train`"):]
+    assert "| `--threads` THREADS | `2` |" in train
