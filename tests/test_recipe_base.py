@@ -15,7 +15,11 @@ from runtime.train.base_record import base_record
 from runtime.train.recipe_config import RecipeConfig
 
 #: (the option's recipe.json key, what the recipe made before the option existed, another value)
-CASES = [("menu_entries", "menu", "launch"),
+CASES = [("kinds", ("open-terminal", "type-in-field", "click-ok", "save-note", "menu-launch",
+                   "dialog-button", "remember-code", "switch-window"),
+          ("open-terminal", "type-in-field", "click-ok", "save-note", "menu-launch",
+           "dialog-button", "remember-code", "switch-window", "marked-launch")),
+         ("menu_entries", "menu", "launch"),
          ("menu_flag", False, True),
          ("flags_in_base", False, True),
          ("enter_key", False, True),
@@ -42,6 +46,7 @@ def test_the_done_stage_refuses_base_agents_made_the_other_way(
     assert base_record(tmp_path, made_before)["models"] == models  # written before the option
     with pytest.raises(ValueError, match=option.replace("_", "-")):
         base_record(tmp_path, made_other)
+    # as the recipe writes it (json has no tuples: the kinds come back a list)
     recipe.write_text(json.dumps({"config": {"seed": 0, option: other}, "models": models}))
     assert base_record(tmp_path, made_other)["models"] == models
     with pytest.raises(ValueError, match=option.replace("_", "-")):

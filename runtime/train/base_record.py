@@ -18,6 +18,9 @@ __all__ = ["base_record"]
 #: here) —, what a recipe.json written before the option existed made (the recipe then had
 #: no other way), and how: ``--from`` refuses base agents made with another value
 _BASE_OPTIONS = (
+    ("kinds", ("open-terminal", "type-in-field", "click-ok", "save-note", "menu-launch",
+               "dialog-button", "remember-code", "switch-window"),
+     "its projector learnt these kinds' classes (marked-launch's marked) and no others"),
     ("menu_entries", "menu", "its projector classes menu entries so"),
     ("menu_flag", False, "its projector and designs carry the menu flag or lack it"),
     ("flags_in_base", False, "its agents carry the instruction flags or lack them"),
@@ -38,12 +41,9 @@ def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
                          f"not {config.seed}: its designs would differ")
     for key, before, what in _BASE_OPTIONS:
         was = made["config"].get(key, before)
-        now = getattr(config, key)
-        if was != now:
-            flag = "--" + key.replace("_", "-")
-            made_with = f"{flag} {was}" if isinstance(was, str) else \
-                f"{'with' if was else 'without'} {flag}"
-            raise ValueError(f"{base} was made {made_with}, not as asked now: {what}")
+        was = tuple(was) if isinstance(was, list) else was  # JSON has no tuples
+        if was != getattr(config, key):
+            raise ValueError(f"{base} was made {_made_with(key, was)}, not as asked now: {what}")
     missing = [n for n in (MMPROJ_NAME, *map(model_name, config.arches))
                if not (base / n).is_file()]
     missing += [f"{a} in recipe.json" for a in config.arches if a not in made.get("models", {})]
@@ -52,3 +52,11 @@ def base_record(base: Path, config: RecipeConfig) -> dict[str, Any]:
     if any("base" in made["models"][a] for a in config.arches if config.done.applies(a)):
         raise ValueError(f"{base} holds agents that went through the done stage already")
     return made
+
+
+def _made_with(key: str, value: object) -> str:
+    """How the command line says ``key`` had ``value``: "with --menu-flag", "--kinds a,b"."""
+    flag = "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        return f"{'with' if value else 'without'} {flag}"
+    return f"{flag} {','.join(value) if isinstance(value, tuple) else value}"
