@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 from cachepolicy.engine.records import THREADS_ENV
 from runtime.cli import build_parser
@@ -96,15 +97,8 @@ def _section(prog: str, aliases: list[str], parser: argparse.ArgumentParser,
 def render(parser: argparse.ArgumentParser | None = None) -> str:
     """The whole page for ``parser`` (default: kvagent's, built with ``_MACHINE_THREADS``)."""
     if parser is None:
-        saved = os.environ.get(THREADS_ENV)
-        os.environ[THREADS_ENV] = str(_MACHINE_THREADS)
-        try:
+        with mock.patch.dict(os.environ, {THREADS_ENV: str(_MACHINE_THREADS)}):
             parser = build_parser()
-        finally:
-            if saved is None:
-                del os.environ[THREADS_ENV]
-            else:
-                os.environ[THREADS_ENV] = saved
     lines = [HEADER]
     lines += _section("kvagent", [], parser, 2)
     return "\n".join(lines).rstrip() + "\n"

@@ -16,9 +16,9 @@ import pytest
 from cachepolicy.forge import ForgedModel
 
 
-#: JAX's persistent compilation cache for this run (``pytest_configure``), removed after it
-_JAX_CACHE_ENV = {"JAX_COMPILATION_CACHE_DIR": "",
-                  "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+#: what ``pytest_configure`` put in the environment for JAX's persistent compilation cache
+#: (``pytest_unconfigure`` takes it out again and removes the cache)
+_SET_ENV: dict[str, str] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -26,18 +26,21 @@ def pytest_configure(config: pytest.Config) -> None:
     compile the same toy graphs again and again (a toy ``kvagent train`` spends ~40 of its
     ~60 s compiling; with the graphs cached, ~25 s in all, the same bytes).  Set through the
     environment before any test module imports JAX, so commands the tests start in
-    subprocesses share it; a cache the user set is left alone."""
+    subprocesses share it; what the user set is left alone."""
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
-    _JAX_CACHE_ENV["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvagent-xla-")
-    os.environ.update(_JAX_CACHE_ENV)
+    _SET_ENV["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="kvagent-xla-")
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        _SET_ENV["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the toy graphs too
+    os.environ.update(_SET_ENV)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if cache := _JAX_CACHE_ENV["JAX_COMPILATION_CACHE_DIR"]:
-        for name in _JAX_CACHE_ENV:
-            os.environ.pop(name, None)
+    for name in _SET_ENV:
+        os.environ.pop(name, None)
+    if cache := _SET_ENV.pop("JAX_COMPILATION_CACHE_DIR", None):
         shutil.rmtree(cache, ignore_errors=True)
+    _SET_ENV.clear()
 
 
 @pytest.fixture(scope="session")
