@@ -27,7 +27,7 @@ from runtime.train.environment import ONE_THREAD_XLA_FLAGS, pin_xla_threads
 ARGS = ["train", "--arch", "qwen35", "--episodes", "8", "--steps", "1", "--threads", "2",
         "--recogniser-episodes", "8", "--recogniser-dialog-episodes", "4",
         "--recogniser-updates", "5", "--done-updates", "2", "--click-weights", "",
-        "--done-click-weights", ""]
+        "--done-click-weights", "", "--done-arch-click-weights", "none"]
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +160,29 @@ def test_each_switch_and_draw_group_option_reaches_the_recipe() -> None:
     assert not off.flags_in_base and not off.done.instruction_flags
 
 
+def test_an_arch_draws_its_own_done_stage_groups() -> None:
+    """The shipped recipe gives the hybrid done-stage groups of its own and the llama agent
+    the shared ones; the option replaces the per-arch sets (``none``: every arch shared), and
+    the fit each arch's done stage runs draws its own."""
+    import attrs
+
+    from runtime.train.recipe_config import (DONE_CLICK_WEIGHTS, HYBRID_DONE_CLICK_WEIGHTS,
+                                             RecipeConfig)
+
+    d = RecipeConfig().done
+    assert d.fit_config(0, "qwen35").clicked_weights == HYBRID_DONE_CLICK_WEIGHTS
+    assert d.fit_config(0, "llama").clicked_weights == DONE_CLICK_WEIGHTS
+    assert HYBRID_DONE_CLICK_WEIGHTS != DONE_CLICK_WEIGHTS
+    shared = _recipe("--done-arch-click-weights", "none").done
+    assert shared == attrs.evolve(d, arch_clicked_weights=())
+    assert shared.clicks_of("qwen35") == shared.clicks_of("llama") == DONE_CLICK_WEIGHTS
+    both = _recipe("--done-arch-click-weights", "llama:marked=2",
+                   "--done-arch-click-weights", "qwen35:").done
+    assert both.clicks_of("llama") == (("marked", 2.0),) and both.clicks_of("qwen35") == ()
+    with pytest.raises(ValueError, match="two sets"):
+        attrs.evolve(d, arch_clicked_weights=(("llama", ()), ("llama", ())))
+
+
 def test_train_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
     assert main(["train", "--arch", "mamba", "--out", str(tmp_path)]) == 2
     assert "unknown arch" in capsys.readouterr().err
@@ -173,7 +196,10 @@ def test_train_refuses_bad_arguments(tmp_path: Path, capsys) -> None:
                 ["--max-slip-run", "0"], ["--click-weights", "marked=0"],
                 ["--done-click-weights", "marked"], ["--click-weights", "a=1,a=2"],
                 ["--kinds", "open-terminal,click-ok"], ["--menu-entries", "launch"],
-                ["--no-done-flags"]):
+                ["--no-done-flags"], ["--done-arch-click-weights", "llama=1"],
+                ["--done-arch-click-weights", "mamba:marked=1"],
+                ["--done-arch-click-weights", "llama:nope/marked=1"],
+                ["--done-arch-click-weights", "llama:", "--done-arch-click-weights", "llama:"]):
         assert main(["train", *bad, "--out", str(tmp_path)]) == 2
         assert "--" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written

@@ -77,8 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "its screens take 1.5 min more)")
     p.add_argument("--kinds", default=",".join(d.kinds),
                    help="comma-separated task kinds (or look-back) the recogniser and the "
-                        "dataset draw from, in turn (default: the default mix; add "
-                        "marked-launch to learn the look-back kind)")
+                        "dataset draw from, in turn (default: the default mix and the "
+                        "look-back kind marked-launch)")
     p.add_argument("--pin-share", type=float, default=d.pin_share,
                    help="share of the terminal layouts (K >= 2) with the first screenshot "
                         f"pinned, as --pin-first 1 lays them out; above 0, a look-back step "
@@ -98,8 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="draw the examples whose click names CLASS (a recogniser class; "
                         "marked: marked-launch's look-back click), of KIND if named, as a "
                         "group of their own, W against 1 for each kind; \"\": the kinds alone "
-                        "(default %(default)s; the look-back recipe: "
-                        "marked=1,marked-launch/notes.save=1)")
+                        "(default %(default)s)")
     p.add_argument("--perturbed", type=float, default=d.perturbed,
                    help="share of episodes knocked off-track once (default "
                         f"{d.perturbed:g})")
@@ -119,7 +118,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--done-learning-rate", type=float, default=d.done.learning_rate)
     p.add_argument("--done-click-weights", default=format_click_weights(d.done.clicked_weights),
                    metavar="[KIND/]CLASS=W,...",
-                   help="--click-weights for the done stage (default %(default)s)")
+                   help="--click-weights for the done stage of the arches without their own "
+                        "(--done-arch-click-weights) (default %(default)s)")
+    own = " ".join(f"{a}:{format_click_weights(g)}" for a, g in d.done.arch_clicked_weights)
+    p.add_argument("--done-arch-click-weights", action="append", default=None,
+                   metavar="ARCH:[KIND/]CLASS=W,...",
+                   help="an arch's own --done-click-weights, in place of them; repeat it for "
+                        "another arch; none: every arch draws --done-click-weights (default "
+                        f"{own or 'none'})")
     p.add_argument("--done-arch", default=",".join(d.done.arches),
                    help="comma-separated arches that go through the done stage (default "
                         f"{','.join(d.done.arches)}; the others ship their base file)")
@@ -157,6 +163,29 @@ def _click_weights(flag: str, text: str, kinds: tuple[str, ...], menu_entries: s
     except ValueError as exc:
         raise ValueError(f"{flag}: {exc} (\"\" draws the kinds alone)") from exc
     return pairs
+
+
+def _arch_click_weights(values: list[str] | None, kinds: tuple[str, ...], menu_entries: str,
+                        ) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+    """``--done-arch-click-weights``: None -> the recipe's; ``["none"]`` -> (); else each
+    ``ARCH:PAIRS`` checked as ``_click_weights`` checks a stage's, each arch at most once."""
+    from runtime.train.recipe_config import RecipeConfig, parse_arches
+
+    flag = "--done-arch-click-weights"
+    if values is None:
+        return RecipeConfig().done.arch_clicked_weights
+    if values == ["none"]:
+        return ()
+    own: dict[str, tuple[tuple[str, float], ...]] = {}
+    for value in values:
+        arch, sep, text = value.partition(":")
+        if not sep or "," in arch:
+            raise ValueError(f"{flag}: {value!r} is not ARCH:[KIND/]CLASS=W,... (or none)")
+        (arch,) = parse_arches(arch, option=flag)
+        if arch in own:
+            raise ValueError(f"{flag}: {arch} is given twice")
+        own[arch] = _click_weights(f"{flag} {arch}", text, kinds, menu_entries)
+    return tuple(own.items())
 
 
 def recipe_config(args: argparse.Namespace) -> RecipeConfig:
@@ -206,6 +235,9 @@ def recipe_config(args: argparse.Namespace) -> RecipeConfig:
                                          arches=parse_arches(args.done_arch,
                                                              option="--done-arch"),
                                          clicked_weights=done_clicks,
+                                         arch_clicked_weights=_arch_click_weights(
+                                             args.done_arch_click_weights, kinds,
+                                             args.menu_entries),
                                          instruction_flags=args.done_flags))
     try:
         config.dataset()  # the dataset's own checks, before any work

@@ -33,8 +33,8 @@ __all__ = ["DoneStage", "train_done"]
 @attrs.frozen
 class DoneStage:
     """How long and how hard the done stage trains (the defaults: the shipped agents' done
-    stage but for its draw groups, ``recipe_config.DONE_CLICK_WEIGHTS``, which
-    ``RecipeConfig.done`` adds).
+    stage but for its draw groups, ``recipe_config.DONE_CLICK_WEIGHTS`` and the hybrid's
+    ``HYBRID_DONE_CLICK_WEIGHTS``, which ``RecipeConfig.done`` adds).
 
     1000 updates at 1e-4 with the instruction flags designed in first (measured, 2026-12-06,
     docs/training.md, on the agents shipped until 2026-12-07): on 210 held-out instances by
@@ -53,23 +53,38 @@ class DoneStage:
     #: ([KIND/]CLASS, weight): a click's examples drawn as a group of their own
     #: (``FitConfig.clicked_weights``)
     clicked_weights: tuple[tuple[str, float], ...] = ()
+    #: (arch, its groups): an arch's own draw groups in place of ``clicked_weights`` (each
+    #: arch at most once; measured on the shipped agents, the hybrid needs groups under
+    #: which the llama agent loses a kind, docs/training.md)
+    arch_clicked_weights: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = attrs.field(
+        default=(), converter=lambda pairs: tuple((a, tuple(g)) for a, g in pairs))
     #: design the instruction flags (``instruction_flags``: Save / menu / Enter asked) into
     #: the base agent before the stage trains it
     instruction_flags: bool = True
 
+    @arch_clicked_weights.validator
+    def _each_arch_once(self, _: object, pairs: tuple[tuple[str, object], ...]) -> None:
+        arches = [a for a, _ in pairs]
+        if len(set(arches)) != len(arches):
+            raise ValueError(f"an arch has two sets of done-stage draw groups: {arches}")
+
     def applies(self, arch: str) -> bool:
         return self.updates > 0 and arch in self.arches
 
-    def fit_config(self, seed: int) -> FitConfig:
+    def clicks_of(self, arch: str) -> tuple[tuple[str, float], ...]:
+        """``arch``'s draw groups: its own if it has them, else ``clicked_weights``."""
+        return dict(self.arch_clicked_weights).get(arch, self.clicked_weights)
+
+    def fit_config(self, seed: int, arch: str) -> FitConfig:
         return FitConfig(steps=max(1, self.updates), learning_rate=self.learning_rate,
                          warmup_steps=self.warmup_steps, seed=seed,
-                         kind_weights=self.kind_weights, clicked_weights=self.clicked_weights)
+                         kind_weights=self.kind_weights, clicked_weights=self.clicks_of(arch))
 
 
 def train_done(base: Path, data: Path, out: Path, stage: DoneStage, designs: Designs, *,
-               seed: int, progress: Callable[[str], None] = lambda _: None,
+               arch: str, seed: int, progress: Callable[[str], None] = lambda _: None,
                ) -> tuple[ExportedModel, FitReport]:
-    """Train the agent in ``base`` (a GGUF file) on the with-``done()`` dataset in ``data``
+    """Train ``arch``'s agent in ``base`` (a GGUF file) on the with-``done()`` dataset in ``data``
     and export it to ``out``; returns the export and the run's report."""
     loaded = load_gguf(base)
     start = {k: np.asarray(v) for k, v in loaded.params.items()}
@@ -77,6 +92,6 @@ def train_done(base: Path, data: Path, out: Path, stage: DoneStage, designs: Des
     if stage.instruction_flags and not designs.flags_in_base:  # else designed and frozen
         start, flag_masks = designs.apply_flags(start, loaded.spec)
         frozen = merge_masks(frozen, flag_masks)
-    params, report = fit(loaded.spec, start, data, stage.fit_config(seed), progress=progress,
+    params, report = fit(loaded.spec, start, data, stage.fit_config(seed, arch), progress=progress,
                          grounding=designs.grounding, frozen=frozen)
     return export_gguf(out, loaded.spec, params, vocab=loaded.vocab), report

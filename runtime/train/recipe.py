@@ -203,7 +203,7 @@ def _done_model(config: RecipeConfig, base: Path, data: Path, out: Path, designs
                 arch: str, progress: Callable[[str], None]) -> dict[str, Any]:
     progress(f"{arch}: done stage, {config.done.updates} updates from {base}")
     exported, report = train_done(base, data, out / model_name(arch), config.done, designs,
-                                  seed=config.seed,
+                                  arch=arch, seed=config.seed,
                                   progress=lambda s: progress(f"{arch} (done stage): {s}"))
     _progress_written(progress, arch, exported.path, exported.n_bytes, report)
     return _model_record(exported.path, exported.sha256, report)

@@ -14,11 +14,11 @@ from runtime.train.cell_labels import MenuEntries
 from runtime.train.dataset import DatasetConfig
 from runtime.train.done_stage import DoneStage
 from runtime.train.fit import FitConfig
-from vmenv.simdesk.kinds import task_kinds
+from vmenv.simdesk.kinds import all_kinds
 
-__all__ = ["BASE_DIR", "CLICK_WEIGHTS", "DONE_CLICK_WEIGHTS", "DONE_DATA", "MMPROJ_NAME",
-           "RecipeConfig", "format_click_weights", "model_name", "parse_arches",
-           "parse_click_weights"]
+__all__ = ["BASE_DIR", "CLICK_WEIGHTS", "DONE_CLICK_WEIGHTS", "DONE_DATA",
+           "HYBRID_DONE_CLICK_WEIGHTS", "MMPROJ_NAME", "RecipeConfig", "format_click_weights",
+           "model_name", "parse_arches", "parse_click_weights"]
 
 MMPROJ_NAME = "mmproj.gguf"
 BASE_DIR = "base"  # the base agents of a recipe with a done stage
@@ -33,17 +33,34 @@ def model_name(arch: str) -> str:
 _DATA = attrs.fields(DatasetConfig)
 
 #: the shipped agents' draw groups (``FitConfig.clicked_weights``), base training: menu-launch's
-#: menu clicks and its other steps, and the Save click after typing, each drawn as a group of
-#: its own beside the kinds (docs/training.md, "The key row" and after)
+#: menu clicks and its other steps, the Save click after typing, and the look-back kind's
+#: last click (the ``marked`` launcher) with its Save as often (so the agent tells the step
+#: after typing from the step after Save), each drawn as a group of its own beside the kinds
+#: (docs/training.md, "The look-back click drawn as a group of its own" and after)
 CLICK_WEIGHTS: tuple[tuple[str, float], ...] = (
     ("menu-launch/menu.notes", 0.5), ("menu-launch/menu.terminal", 0.5),
     ("menu-launch/menu.button", 0.5), ("menu-launch/", 1.0),
-    ("save-note/notes.save", 0.5), ("switch-window/notes.save", 0.5))
-#: and the done stage's: the same, type-in-field's steps after its click (the typed word, then
-#: ``done()``), and the field click before typing in the kinds that then Save (without it the
-#: hybrid's done stage taught it to type into the unfocused window: save-note 15/30)
-DONE_CLICK_WEIGHTS = (*CLICK_WEIGHTS, ("type-in-field/", 1.0),
-                      ("save-note/notes.field", 0.5), ("switch-window/notes.field", 0.5))
+    ("save-note/notes.save", 0.5), ("switch-window/notes.save", 0.5),
+    ("marked", 1.0), ("marked-launch/notes.save", 1.0))
+#: and the done stage's: the same with menu-launch's groups heavier (its steps 2, its menu
+#: clicks 0.75 each: beside the look-back groups its share fell, and with it menu-launch to
+#: 16/30 and 15/30, docs/training.md "The look-back kind in the recipe"), type-in-field's
+#: steps after its click (the typed word, then ``done()``), and the field click before typing
+#: in the kinds that then Save (without it the hybrid's done stage taught it to type into the
+#: unfocused window: save-note 15/30)
+DONE_CLICK_WEIGHTS: tuple[tuple[str, float], ...] = (
+    ("menu-launch/menu.notes", 0.75), ("menu-launch/menu.terminal", 0.75),
+    ("menu-launch/menu.button", 0.75), ("menu-launch/", 2.0),
+    *CLICK_WEIGHTS[4:], ("type-in-field/", 1.0),
+    ("save-note/notes.field", 0.5), ("switch-window/notes.field", 0.5),
+    ("marked-launch/notes.field", 0.5))
+#: and the hybrid's own done-stage groups: the same with save-note's and switch-window's
+#: steps drawn too (the typed word, ``done()`` after Save: without them the hybrid clicked
+#: Save again until max_steps, ``kvagent run`` 8 of 12 ended by ``done()``; with them 12 of
+#: 12 — and the llama agent, trained under them, fell to switch-window 13/30, so it keeps
+#: ``DONE_CLICK_WEIGHTS``; docs/training.md "The look-back kind in the recipe")
+HYBRID_DONE_CLICK_WEIGHTS: tuple[tuple[str, float], ...] = (
+    *DONE_CLICK_WEIGHTS, ("save-note/", 1.0), ("switch-window/", 1.0))
 
 
 @attrs.frozen
@@ -71,15 +88,14 @@ class RecipeConfig:
     slipped: float = _DATA.slipped.default
     early_typing: float = _DATA.early_typing.default
     max_slip_run: int = _DATA.max_slip_run.default
-    #: the task kinds the recogniser and the dataset draw from (default: the default mix,
-    #: ``task_kinds()``; ``all_kinds()`` adds the opt-in look-back kind ``marked-launch``,
-    #: whose ``marked`` class the recogniser then learns), and the share of terminal
-    #: layouts with the first screenshot pinned (``DatasetConfig.pin_share``: how an agent
-    #: learns a look-back kind with ``--pin-first 1``); a share above 0 also lays every
-    #: look-back step out pinned where its drawn layout dropped the first screenshot
-    #: (``DatasetConfig.pin_look_back``)
-    kinds: tuple[str, ...] = attrs.field(factory=task_kinds, converter=tuple)
-    pin_share: float = _DATA.pin_share.default
+    #: the task kinds the recogniser and the dataset draw from (default ``all_kinds()``: the
+    #: default mix and the opt-in look-back kind ``marked-launch``, whose ``marked`` class
+    #: the recogniser learns), and the share of terminal layouts with the first screenshot
+    #: pinned (``DatasetConfig.pin_share``: how an agent learns a look-back kind with
+    #: ``--pin-first 1``); a share above 0 also lays every look-back step out pinned where
+    #: its drawn layout dropped the first screenshot (``DatasetConfig.pin_look_back``)
+    kinds: tuple[str, ...] = attrs.field(factory=all_kinds, converter=tuple)
+    pin_share: float = 0.3
     #: every demonstration of the base training ends with the solved state labelled
     #: ``done()`` (issue 47, measured in docs/training.md: every episode then ends with
     #: done() but the multi-step kinds collapse to click, type, done()); off: the base
@@ -110,7 +126,8 @@ class RecipeConfig:
     #: the done stage (``done_stage``): after the base training, each agent continues from
     #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
     #: agents (they never say done())
-    done: DoneStage = DoneStage(clicked_weights=DONE_CLICK_WEIGHTS)
+    done: DoneStage = DoneStage(clicked_weights=DONE_CLICK_WEIGHTS,
+                                arch_clicked_weights=(("qwen35", HYBRID_DONE_CLICK_WEIGHTS),))
 
     def dataset(self) -> DatasetConfig:
         """The dataset this recipe trains on; ValueError if its settings are not valid."""
