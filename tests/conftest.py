@@ -61,16 +61,26 @@ def engines(kvagent_engine: Callable[..., object]) -> Callable[..., object]:
     return kvagent_engine
 
 
-@pytest.fixture(autouse=True)
-def _structlog_configuration_restored() -> Iterator[None]:
-    """A test that runs a command (``runtime.cli.main`` configures logging, process-wide, at
-    warning level) must not change what later tests log: ``capture_logs`` sees only what the
-    configured level lets through."""
+@pytest.fixture(scope="session")
+def _structlog_pristine() -> dict[str, object]:
+    """structlog's configuration before any test ran a command."""
     import structlog
 
-    saved = structlog.get_config()
+    return structlog.get_config()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_configuration_restored(_structlog_pristine: dict[str, object]) -> Iterator[None]:
+    """A command run by a test or by a module fixture (``runtime.cli.main`` configures
+    logging, process-wide, at warning level) must not change what other tests log:
+    ``capture_logs`` sees only what the configured level lets through.  So every test starts
+    and ends with the configuration the session started with (a module fixture's command runs
+    before a test's own fixtures, and the suite's files run in any order on its workers)."""
+    import structlog
+
+    structlog.configure(**_structlog_pristine)
     yield
-    structlog.configure(**saved)
+    structlog.configure(**_structlog_pristine)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -121,14 +121,17 @@ def test_bad_arguments_exit_2_and_write_nothing(cache_dir: Path, tmp_path: Path,
     assert not out.exists()
 
 
-def test_choices_come_from_the_registries() -> None:
+def test_choices_come_from_the_registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """--task from simdesk's kinds (or an instance), --policy from the policy registry (user
-    policies too)."""
-    from cachepolicy.policies import names, register
+    policies too; this test's is registered into a copy of the registry's items, taken out
+    again after it, so no later test sees it)."""
+    from cachepolicy.policies import POLICIES, names, register
     from cachepolicy.policies.terminal_scratch import TerminalScratchPolicy
     from runtime.cli import build_parser
     from runtime.profiles import names as profile_names
     from vmenv.simdesk import task_kinds
+
+    monkeypatch.setattr(POLICIES, "_items", dict(POLICIES._items))  # noqa: SLF001
 
     @register
     class Mine(TerminalScratchPolicy):
