@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 HELP = ("train the tiny simdesk agents (hybrid qwen35 and llama) that kvagent ships; on one "
         "core about 5 min for the projector's recogniser, 2-7 for each of the two datasets, "
-        "34-38 per model at the default 4000 updates (the hybrid 34, llama 38: measured with "
-        "the two side by side on 2 cores, quiet; more on a loaded machine) and 7-15 per model "
-        "for the done stage; "
+        "45-50 per model at the default 4000 updates and 13-18 per model for the done stage "
+        "(measured with the two arches side by side on 2 cores beside evaluations; ~65-75 "
+        "min an agent in all); "
         "needs pip install 'kvagent[train]')")
 
 if TYPE_CHECKING:  # the train extra's modules load only when the command runs
