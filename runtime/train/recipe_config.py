@@ -51,7 +51,8 @@ CLICK_WEIGHTS: tuple[tuple[str, float], ...] = (
 DONE_CLICK_WEIGHTS: tuple[tuple[str, float], ...] = (
     ("menu-launch/menu.notes", 0.75), ("menu-launch/menu.terminal", 0.75),
     ("menu-launch/menu.button", 0.75), ("menu-launch/", 2.0),
-    *CLICK_WEIGHTS[4:], ("type-in-field/", 1.0),
+    *((name, w) for name, w in CLICK_WEIGHTS if not name.startswith("menu-launch/")),
+    ("type-in-field/", 1.0),
     ("save-note/notes.field", 0.5), ("switch-window/notes.field", 0.5),
     ("marked-launch/notes.field", 0.5))
 #: and the hybrid's own done-stage groups: the same with save-note's and switch-window's
