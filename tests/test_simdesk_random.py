@@ -16,7 +16,10 @@ from vmenv.osworld_vm.machine import SimMachine
 from vmenv.simdesk.apply import apply_action
 from vmenv.simdesk.demos import demonstration
 from vmenv.simdesk.expert import RECOVERY_STEPS
-from vmenv.simdesk.kinds import all_kinds, parse_sampled_name, sample_task
+from vmenv.simdesk.drafts import DENSE
+from vmenv.simdesk.grid_clicks import on_grid
+from vmenv.simdesk.kinds import (all_kinds, parse_sampled_name, resolve_kinds, sample_task,
+                                 task_kinds)
 from vmenv.simdesk.perturb import PERTURBATIONS
 from vmenv.simdesk.render import render_png
 from vmenv.simdesk.seeds import eval_seeds, is_eval_seed, seed_split, train_seeds
@@ -31,9 +34,11 @@ SMALL = (640, 360)
 STEPS = {"open-terminal": {1}, "type-in-field": {2}, "click-ok": {1}, "save-note": {4},
          "menu-launch": {3, 4}, "dialog-button": {1}, "remember-code": {5, 6},
          "switch-window": {4}, "marked-launch": {5}}
+STEPS |= {k: STEPS[k.removeprefix("dense-")] for k in KINDS if k.startswith("dense-")}
 #: At 640x360: the shortest side of a click target, and the margin around a click point
 #: that must still hit the same target.
 MIN_TARGET_PX, CLICK_MARGIN_PX = 40, 12
+DENSE_MIN_TARGET_PX = 16
 
 
 def _start(task: Task, size: tuple[int, int] = SMALL) -> DeskState:
@@ -103,11 +108,12 @@ def test_one_seed_is_the_same_picture_scaled(kind: str) -> None:
 
 # ---------------------------------------------------------------- solvable, legible
 
-def _assert_legible_click(state: DeskState, action: Click) -> None:
+def _assert_legible_click(state: DeskState, action: Click, dense: bool = False) -> None:
+    """A dense layout's targets and margins are half as large."""
     w = hit(state, action.x, action.y)
     assert w is not None and w.name not in ("modal", "taskbar", "menu.outside", "dialog"), w
-    assert min(w.rect.width, w.rect.height) >= MIN_TARGET_PX, w
-    d = CLICK_MARGIN_PX
+    assert min(w.rect.width, w.rect.height) >= (DENSE_MIN_TARGET_PX if dense else MIN_TARGET_PX), w
+    d = CLICK_MARGIN_PX // (2 if dense else 1)
     for x, y in ((action.x - d, action.y), (action.x + d, action.y),
                  (action.x, action.y - d), (action.x, action.y + d)):
         got = hit(state, x, y)
@@ -125,7 +131,7 @@ def test_every_kind_is_solved_by_its_expert_from_the_start(kind: str) -> None:
         for action in solution:
             assert not task.check(state), (task.name, "solved early")
             if isinstance(action, Click):
-                _assert_legible_click(state, action)
+                _assert_legible_click(state, action, kind.startswith("dense-"))
             assert task.next_action(state) == action  # solve is the expert, step by step
             state = apply_action(state, action)
         assert task.check(state), task.name
@@ -155,26 +161,30 @@ def test_instructions_say_what_the_task_needs() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_targets_are_large_separate_and_uncovered(kind: str) -> None:
+    """(On a dense layout: fonts half as large, targets at least the classic layout's
+    smallest, 16 px.)"""
+    half = 2 if kind.startswith("dense-") else 1
+    min_px = DENSE_MIN_TARGET_PX if half == 2 else MIN_TARGET_PX
     for seed in range(60):
         state = _start(sample_task(kind, seed))
         lay = state.layout
-        assert lay.sizes.font_px >= 14 and lay.sizes.big_font_px >= 28
+        assert lay.sizes.font_px >= 14 // half and lay.sizes.big_font_px >= 28 // half
         screen_w, screen_h = SMALL
         targets = [x.rect for x in lay.launchers] + ([lay.menu.button] if lay.menu else [])
         for i, r in enumerate(targets):
-            assert min(r.width, r.height) >= MIN_TARGET_PX, (seed, r)
+            assert min(r.width, r.height) >= min_px, (seed, r)
             assert 0 <= r.x0 and r.x1 <= screen_w and 0 <= r.y0 and r.y1 <= screen_h
             assert not any(r.overlaps(o) for o in targets[i + 1:]), (seed, r)
         if lay.menu is not None:
-            assert all(r.height >= MIN_TARGET_PX for _, r in lay.menu.entries)
+            assert all(r.height >= min_px for _, r in lay.menu.entries)
             assert lay.menu.panel.y0 >= 0
         if state.dialog is not None:
             assert state.dialog.rect.inside(lay.desktop)
-            assert all(min(b.rect.width, b.rect.height) >= MIN_TARGET_PX
+            assert all(min(b.rect.width, b.rect.height) >= min_px
                        for b in state.dialog.buttons)
         for w in widgets(state):
             if w.name.endswith((".close", ".title", ".field", ".save")):
-                assert min(w.rect.width, w.rect.height) >= MIN_TARGET_PX, (seed, w)
+                assert min(w.rect.width, w.rect.height) >= min_px, (seed, w)
         bare = attrs.evolve(state, dialog=None)  # what the dialog hides, once it is gone
         for x in lay.launchers:
             r = x.rect
@@ -427,3 +437,27 @@ async def test_demonstrations_are_the_env_s_screens_with_expert_labels() -> None
         assert knocked[:k] == plain[:k] and knocked[k].state != plain[k].state
         last = knocked[-1]
         assert task.check(apply_action(last.state, last.action))
+
+
+# ---------------------------------------------------------------- dense layouts
+
+
+def test_dense_kinds_are_their_kinds_in_half_size_cells_off_the_encoder_grid() -> None:
+    """A dense instance says what its kind's instance of the same seed would (its own rng
+    stream aside, the same draft function), in cells of half ``unit_for``; at 640x384 some
+    of its expert clicks reach their target from no 32-px cell centre (what the kinds are
+    for), where the default mix's reach every one."""
+    assert resolve_kinds("dense") == DENSE and not set(DENSE) & set(task_kinds())
+    off_grid = {"dense": 0, "plain": 0}
+    for kind in DENSE:
+        for seed in range(12):
+            for name, k in (("dense", kind), ("plain", kind.removeprefix("dense-"))):
+                task = sample_task(k, seed)
+                state = _start(task, (640, 384))
+                assert state.layout.sizes.unit == (8 if name == "dense" else 16)
+                for step in demonstration(task, 640, 384):
+                    a = step.action
+                    if isinstance(a, Click):
+                        g = on_grid(step.state, a, 32)
+                        off_grid[name] += bool((g.x - 16) % 32 or (g.y - 16) % 32)
+    assert off_grid["plain"] == 0 and off_grid["dense"] >= 10, off_grid

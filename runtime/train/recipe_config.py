@@ -14,9 +14,9 @@ from runtime.train.cell_labels import MenuEntries
 from runtime.train.dataset import DatasetConfig
 from runtime.train.done_stage import DoneStage
 from runtime.train.fit import FitConfig
-from vmenv.simdesk.kinds import all_kinds
+from vmenv.simdesk.kinds import task_kinds
 
-__all__ = ["BASE_DIR", "CLICK_WEIGHTS", "DONE_CLICK_WEIGHTS", "DONE_DATA",
+__all__ = ["BASE_DIR", "CLICK_WEIGHTS", "DONE_CLICK_WEIGHTS", "DONE_DATA", "RECIPE_KINDS",
            "HYBRID_DONE_CLICK_WEIGHTS", "MMPROJ_NAME", "RecipeConfig", "format_click_weights",
            "model_name", "parse_arches", "parse_click_weights"]
 
@@ -64,6 +64,9 @@ HYBRID_DONE_CLICK_WEIGHTS: tuple[tuple[str, float], ...] = (
     *DONE_CLICK_WEIGHTS, ("save-note/", 1.0), ("switch-window/", 1.0))
 
 
+#: The kinds the shipped agents were trained on: the default mix and ``marked-launch``.
+RECIPE_KINDS: tuple[str, ...] = (*task_kinds(), "marked-launch")
+
 @attrs.frozen
 class RecipeConfig:
     """Everything the shipped agents are made from (the defaults make them)."""
@@ -89,13 +92,13 @@ class RecipeConfig:
     slipped: float = _DATA.slipped.default
     early_typing: float = _DATA.early_typing.default
     max_slip_run: int = _DATA.max_slip_run.default
-    #: the task kinds the recogniser and the dataset draw from (default ``all_kinds()``: the
+    #: the task kinds the recogniser and the dataset draw from (default ``RECIPE_KINDS``: the
     #: default mix and the opt-in look-back kind ``marked-launch``, whose ``marked`` class
     #: the recogniser learns), and the share of terminal layouts with the first screenshot
     #: pinned (``DatasetConfig.pin_share``: how an agent learns a look-back kind with
     #: ``--pin-first 1``); a share above 0 also lays every look-back step out pinned where
     #: its drawn layout dropped the first screenshot (``DatasetConfig.pin_look_back``)
-    kinds: tuple[str, ...] = attrs.field(factory=all_kinds, converter=tuple)
+    kinds: tuple[str, ...] = attrs.field(default=RECIPE_KINDS, converter=tuple)
     pin_share: float = 0.3
     #: every demonstration of the base training ends with the solved state labelled
     #: ``done()`` (issue 47, measured in docs/training.md: every episode then ends with

@@ -19,6 +19,9 @@ Steps of the expert's solution from the start (what must be read from the screen
 * ``marked-launch`` 5 — the first screen marks one of 4-6 app launchers (gone after the
   first action); the Notes icon, its field, type, Save, then the launcher that was marked:
   what the last click needs is on the first screenshot only, four screens back.
+* ``dense-<kind>`` — the kind's draft laid out in half-size cells (``DENSE``, 8 px at
+  640x384 as the classic layout's): widgets as small as the classic tasks', most of them
+  off the encoder's 32-px grid.
 
 ``LOOK_BACK`` names the kinds whose need is shown only on a screenshot that has left a K = 3
 window by the step that needs it.  ``OPT_IN`` kinds are reached by name (or a selector,
@@ -37,7 +40,7 @@ from vmenv.simdesk import geometry as geo
 from vmenv.simdesk.apps import APPS, DECOYS
 from vmenv.simdesk.expert import title_stretch, visible_point
 from vmenv.simdesk.goals import Goal
-from vmenv.simdesk.placement import PlacementError, Scene, place_dialog, unit_for
+from vmenv.simdesk.placement import PlacementError, Scene, place_dialog
 from vmenv.simdesk.state import DeskState, Window
 from vmenv.simdesk.widgets import widgets
 from vmenv.simdesk.words import (
@@ -203,7 +206,8 @@ def _cover_notes(lrng: random.Random, s: DeskState) -> DeskState:
     leaving at least four cells of its title bar and every desktop icon uncovered."""
     notes = s.window("notes")
     assert notes is not None
-    sz, desk, u = s.layout.sizes, s.layout.desktop, unit_for(s.metrics.width, s.metrics.height)
+    sz, desk = s.layout.sizes, s.layout.desktop
+    u = sz.unit
     fx, fy = geo.notes_field(sz, notes.rect).center
     icons = [x.rect for x in s.layout.launchers if x.style == "desktop"]
     decoys = [d for d in _opening_decoys(DECOYS) if not s.is_open(d)]
@@ -281,7 +285,23 @@ KINDS: dict[str, Callable[[random.Random, Sequence[str]], Draft]] = {
     "remember-code": remember_code, "switch-window": switch_window,
     "marked-launch": marked_launch,
 }
+
+
+def _dense(kind: Callable[[random.Random, Sequence[str]], Draft],
+           ) -> Callable[[random.Random, Sequence[str]], Draft]:
+    def draft(rng: random.Random, pool: Sequence[str]) -> Draft:
+        d = kind(rng, pool)
+        return attrs.evolve(d, scene=attrs.evolve(d.scene, dense=True))
+    return draft
+
+
+#: The kinds laid out dense (``Scene.dense``): the default mix's but remember-code, each
+#: the same draft in half-size cells.
+DENSE: tuple[str, ...] = tuple(f"dense-{k}" for k in (
+    "open-terminal", "type-in-field", "click-ok", "save-note", "menu-launch", "dialog-button",
+    "switch-window"))
+KINDS |= {d: _dense(KINDS[d.removeprefix("dense-")]) for d in DENSE}
 #: Kinds whose need is on a screenshot a K = 3 window has lost (see the module docstring).
 LOOK_BACK: tuple[str, ...] = ("remember-code", "marked-launch")
 #: Kinds outside the default mix (see the module docstring).
-OPT_IN: frozenset[str] = frozenset({"marked-launch"})
+OPT_IN: frozenset[str] = frozenset({"marked-launch", *DENSE})

@@ -21,7 +21,7 @@ import random
 import attrs
 import structlog
 
-from vmenv.simdesk.drafts import KINDS, LOOK_BACK, OPT_IN, Draft
+from vmenv.simdesk.drafts import DENSE, KINDS, LOOK_BACK, OPT_IN, Draft
 from vmenv.simdesk.placement import PlacementError, place_scene
 from vmenv.simdesk.seeds import MAX_SEED, seed_split
 from vmenv.simdesk.state import DeskState
@@ -36,7 +36,7 @@ SEPARATOR = "@"
 
 
 #: Names ``resolve_kinds`` takes for several kinds at once.
-SELECTORS: dict[str, tuple[str, ...]] = {"look-back": LOOK_BACK}
+SELECTORS: dict[str, tuple[str, ...]] = {"look-back": LOOK_BACK, "dense": DENSE}
 
 
 def task_kinds() -> tuple[str, ...]:
@@ -51,7 +51,7 @@ def all_kinds() -> tuple[str, ...]:
 
 
 def resolve_kinds(text: str) -> tuple[str, ...]:
-    """The kinds ``text`` names: kind names and selectors (``SELECTORS``: ``look-back``)
+    """The kinds ``text`` names: kind names and selectors (``SELECTORS``: ``look-back``, ``dense``)
     separated by commas, in order, a selector expanded in place (ValueError for anything
     else).  The one reading of ``--task``'s kinds."""
     out: list[str] = []
@@ -61,8 +61,9 @@ def resolve_kinds(text: str) -> tuple[str, ...]:
         elif name in SELECTORS:
             out += SELECTORS[name]
         else:
-            raise ValueError(f"unknown task kind {name!r}; known: {', '.join(KINDS)}, or "
-                             f"{', '.join(SELECTORS)} ({', '.join(LOOK_BACK)})")
+            sel = "; ".join(f"{k} ({', '.join(v)})" for k, v in SELECTORS.items())
+            raise ValueError(f"unknown task kind {name!r}; known: {', '.join(KINDS)}, or a "
+                             f"selector: {sel}")
     return tuple(out)
 
 

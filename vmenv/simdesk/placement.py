@@ -49,6 +49,12 @@ def unit_for(width: int, height: int) -> int:
     return max(min(height // 24, width // 32), 8)
 
 
+def dense_unit(width: int, height: int) -> int:
+    """The cell size of a dense scene: half ``unit_for`` (8 px at 640x384, where the classic
+    layout's unit is 8 too), at least 6."""
+    return max(unit_for(width, height) // 2, 6)
+
+
 def random_sizes(unit: int) -> Sizes:
     return Sizes(unit=unit, pad=max(unit * 2 // 3, 4), font_px=unit, big_font_px=2 * unit,
                  title_h=3 * unit, close_inset=max(unit // 8, 2), field_h=3 * unit,
@@ -71,6 +77,9 @@ class Scene:
     recall: bool = False  # room for the notification that reopens a dismissed dialog
     menu_label: str = "Apps"
     clear_of: tuple[str, ...] = ()  # apps whose window, once opened, covers no desktop icon
+    #: laid out in half-size cells (``dense_unit``): targets as small as the classic
+    #: layout's, most of them off the encoder's 32-px grid (the ``dense-*`` kinds)
+    dense: bool = False
 
 
 @attrs.frozen
@@ -80,9 +89,9 @@ class Placed:
 
 
 class _Grid:
-    def __init__(self, rng: random.Random, width: int, height: int) -> None:
+    def __init__(self, rng: random.Random, width: int, height: int, unit: int) -> None:
         self.rng, self.w, self.h = rng, width, height
-        self.u = unit_for(width, height)
+        self.u = unit
         self.m = max(self.u // 4, 2)  # the margin around taskbar items
         self.taskbar = Rect(0, height - 3 * self.u - 2 * self.m, width, height)
         self.desk = Rect(0, 0, width, self.taskbar.y0)
@@ -210,7 +219,8 @@ def _recall(g: _Grid, sz: Sizes) -> RecallSpec:
 def place_scene(rng: random.Random, width: int, height: int, scene: Scene) -> Placed:
     """A random layout for ``scene`` at this screen size (raises ``PlacementError`` when the
     drawn windows leave no room for a required icon; callers draw again)."""
-    g = _Grid(rng, width, height)
+    g = _Grid(rng, width, height,
+              dense_unit(width, height) if scene.dense else unit_for(width, height))
     sz = random_sizes(g.u)
     theme = random_theme(rng)
     launchers, menu, clock = _taskbar_items(g, sz, scene, random.Random(rng.getrandbits(64)))

@@ -28,9 +28,11 @@ class SimDeskRunEnv:
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("--task", type=_task, default=None, metavar="KIND[,KIND]|KIND@SEED",
-                       help=f"the kind of every episode ({', '.join(all_kinds())}), kinds "
-                            f"separated by commas (taken in turn; {', '.join(SELECTORS)} names "
-                            f"{', '.join(SELECTORS['look-back'])}), or one instance KIND@SEED "
+                       help=f"the kind of every episode ({', '.join(task_kinds())}; opt-in: "
+                            f"{', '.join(k for k in all_kinds() if k not in task_kinds())}), "
+                            f"kinds separated by commas (taken in turn; look-back names "
+                            f"{', '.join(SELECTORS['look-back'])}; dense names every dense-*), "
+                            f"or one instance KIND@SEED "
                             f"(default: episode i gets kind i mod {len(task_kinds())} of "
                             f"{', '.join(task_kinds())})")
         p.add_argument("--seeds", default=None, metavar="eval|train|A-B|classic",
