@@ -8,7 +8,9 @@ Two facts the docs rest on:
 * on the classic layout at the agents' 640x384, click-ok's OK button and save-note's Notes
   tile hold no cell centre at all: no click an agent can write reaches them
   (docs/training.md, "Shipped (twenty-first session)": why the classic tasks stay out of
-  reach).
+  reach);
+* a sub-cell grid (points 8 px either side of a cell's centre, ``ClickGrid``) reaches every
+  classic target, and moves dense demonstrations' clicks onto its points.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import pytest
 
 from runtime.train.agents import AGENT_SCREEN, X_PIECES, Y_PIECES
 from runtime.train.cell_features import CELL
+from runtime.train.cell_labels import sub_cell_grid
 from vmenv.actions import Click
 from vmenv.simdesk import sample_task
 from vmenv.simdesk.apply import apply_action
 from vmenv.simdesk.demos import demonstration
-from vmenv.simdesk.grid_clicks import on_grid
+from vmenv.simdesk.grid_clicks import ClickGrid, cell_points, on_grid
 from vmenv.simdesk.kinds import task_kinds
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.tasks import default_tasks
@@ -72,3 +75,67 @@ def test_on_grid_leaves_a_click_no_cell_centre_reaches() -> None:
             state = apply_action(state, action)
     # the classic layout's small tiles and dialog sit between the grid's centres
     assert unreachable == {"click-ok": "dialog.ok", "save-note": "icon.notes"}
+
+
+SUB_GRID = sub_cell_grid()
+
+
+def test_a_centre_only_click_grid_is_the_grid_of_cell_centres() -> None:
+    """``ClickGrid(CELL)`` moves every click where ``on_grid(.., CELL)`` does, and its points
+    are the cell centres whatever they reach."""
+    for kind in ("save-note", "dense-click-ok", "dense-save-note"):
+        for seed in range(4):
+            task = sample_task(kind, seed)
+            for step in demonstration(task, W, H):
+                pts = cell_points(step.state, ClickGrid(CELL))
+                assert [(x, y) for row in pts for x, y, _ in row] == CENTRES
+                assert on_grid(step.state, step.action, ClickGrid(CELL)) == on_grid(
+                    step.state, step.action, CELL)
+
+
+def test_the_sub_cell_grid_reaches_every_classic_target() -> None:
+    """With points 8 px either side of a cell's centre (taken where the centre reaches no
+    target), every click of the four classic tasks moves onto a cell's point on the same
+    widget — the OK button and the Notes tile the centres miss included."""
+    tasks = default_tasks()
+    moved_off_centre = set()
+    for name in ("open-terminal", "type-in-field", "click-ok", "save-note"):
+        state = tasks[name].setup(DeskState.empty(W, H))
+        for action in tasks[name].solve(state):
+            if isinstance(action, Click):
+                ws = widgets(state)
+                target = hit_in(ws, action.x, action.y)
+                moved = on_grid(state, action, SUB_GRID)
+                assert moved != action and hit_in(ws, moved.x, moved.y) == target, name
+                points = {(x, y) for row in cell_points(state, SUB_GRID) for x, y, _ in row}
+                assert (moved.x, moved.y) in points
+                if (moved.x, moved.y) not in CENTRES:
+                    moved_off_centre.add(target.name)
+            state = apply_action(state, action)
+        assert tasks[name].check(state), name
+    assert moved_off_centre == {"dialog.ok", "icon.notes"}
+
+
+@pytest.mark.parametrize("kind", ["dense-click-ok", "dense-save-note", "dense-switch-window"])
+def test_dense_demonstrations_on_the_sub_cell_grid_click_the_same_widget(kind: str) -> None:
+    """A cell's point is off its centre only where the centre reaches no counted widget; the
+    expert's moved click reaches its widget from a cell's point, and the task is solved."""
+    off = 0
+    for seed in range(6):
+        task = sample_task(kind, seed)
+        for step in demonstration(task, W, H, click_grid=SUB_GRID):
+            pts = cell_points(step.state, SUB_GRID)
+            ws = widgets(step.state)
+            for r, row in enumerate(pts):
+                for c, (x, y, w) in enumerate(row):
+                    centre = hit_in(ws, c * CELL + CELL // 2, r * CELL + CELL // 2)
+                    if (x, y) != (c * CELL + CELL // 2, r * CELL + CELL // 2):
+                        assert not SUB_GRID.names_target(step.state, centre)
+                        assert SUB_GRID.names_target(step.state, w)
+            if isinstance(step.action, Click):
+                assert any((step.action.x, step.action.y) == (x, y) for row in pts
+                           for x, y, _ in row), (task.name, step.action)
+                off += (step.action.x, step.action.y) not in CENTRES
+            state = apply_action(step.state, step.action)
+        assert task.check(state), task.name
+    assert off > 0  # the kinds reach targets no centre does

@@ -28,10 +28,11 @@ import numpy as np
 from runtime.train.cell_features import CELL
 from vmenv.simdesk.goals import Goal
 from vmenv.simdesk.state import DeskState
-from vmenv.simdesk.widgets import hit_in, widgets
+from vmenv.simdesk.grid_clicks import ClickGrid
+from vmenv.simdesk.widgets import Widget, hit_in, widgets
 
-__all__ = ["MARKED", "MENU_ENTRIES", "OTHER", "MenuEntries", "cell_classes", "click_class",
-           "query_class", "widget_class"]
+__all__ = ["MARKED", "MENU_ENTRIES", "OTHER", "SUB_OFFSETS", "MenuEntries", "cell_classes",
+           "click_class", "query_class", "sub_cell_grid", "widget_class"]
 
 OTHER = "other"
 MARKED = "marked"
@@ -39,6 +40,10 @@ _CLICKABLE = ("menu.", "dialog.", "recall.", "notes.", "terminal.")
 _LAUNCHERS = ("icon.", "desk.")
 #: the menu's own widgets; every other ``menu.<app>`` is an app's entry
 _MENU_PARTS = ("menu.button", "menu.panel", "menu.outside")
+#: classes that contain targets rather than being one: a sub-cell point never names them
+_CONTAINERS = ("menu.panel", "menu.outside", "notes.window", "terminal.window")
+#: the sub-cell grid's points per axis, from a cell's centre (``sub_cell_grid``)
+SUB_OFFSETS = (0, -CELL // 4, CELL // 4)
 #: how an app's menu entry is classed: ``menu.<app>`` or its launcher's ``launch.<app>``
 MenuEntries = Literal["menu", "launch"]
 MENU_ENTRIES: tuple[MenuEntries, ...] = ("menu", "launch")
@@ -96,3 +101,15 @@ def cell_classes(state: DeskState, entries: MenuEntries = "menu") -> np.ndarray:
             w = hit_in(ws, c * CELL + CELL // 2, r * CELL + CELL // 2)
             out[r, c] = _state_class(state, w.name if w else None, entries)
     return out
+
+
+def sub_cell_grid(entries: MenuEntries = "menu") -> ClickGrid:
+    """The grid of cell points 8 px either side of a cell's centre (``grid_clicks``): an
+    off-centre point where the centre reaches no target (a widget of class ``other``, or a
+    container — a window's body, the open menu's panel), for a target: any other class."""
+
+    def counts(state: DeskState, w: Widget) -> bool:
+        cls = _state_class(state, w.name, entries)
+        return cls != OTHER and cls not in _CONTAINERS
+
+    return ClickGrid(CELL, SUB_OFFSETS, counts)

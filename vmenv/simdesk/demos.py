@@ -24,7 +24,7 @@ import attrs
 
 from vmenv.actions import Action, Done, Fail, Press, TypeText
 from vmenv.simdesk.apply import apply_action
-from vmenv.simdesk.grid_clicks import on_grid
+from vmenv.simdesk.grid_clicks import ClickGrid, on_grid
 from vmenv.simdesk.slips import wrong_action
 from vmenv.simdesk.state import DeskState
 from vmenv.simdesk.tasks import Task
@@ -48,14 +48,15 @@ class DemonstrationError(RuntimeError):
 def demonstration(task: Task, width: int, height: int, *, perturb_at: int | None = None,
                   rng: random.Random | None = None, with_done: bool = False,
                   max_steps: int = 64, slip_at: int | None = None, slip_run: int = 1,
-                  early_text: str | None = None, click_grid: int | None = None,
+                  early_text: str | None = None, click_grid: int | ClickGrid | None = None,
                   enter_key: bool = False, word_slips: bool = True) -> tuple[DemoStep, ...]:
     """The expert's episode on ``task`` at this screen size (see the module docstring).
 
     ``with_done`` appends the solved state labelled ``Done()`` (for agents that must say so;
     ``SimDesk`` ends the episode on success without it).  ``rng`` drives the perturbation
     and the slip.  ``click_grid``: the expert's clicks go to the centres of cells of that
-    many pixels (``grid_clicks.on_grid``: the same widget, so the same effect).
+    many pixels, or a ``ClickGrid``'s points (``grid_clicks.on_grid``: the same widget, so
+    the same effect).
     ``enter_key``: a typed text that ends by submitting (``"\\n"``) is typed without it, and
     the expert presses Enter next (module docstring).
     """
