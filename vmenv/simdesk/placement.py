@@ -55,10 +55,18 @@ def dense_unit(width: int, height: int) -> int:
     return max(unit_for(width, height) // 2, 6)
 
 
-def random_sizes(unit: int) -> Sizes:
+#: The share of dense layouts whose title bars, fields and buttons are two cells tall
+#: instead of three (16 px at 640x384, as the classic layout's).
+COMPACT_SHARE = 0.5
+
+
+def random_sizes(unit: int, compact: bool = False) -> Sizes:
+    """Sizes in cells of ``unit``; ``compact``: title bars, fields and buttons two cells
+    tall, not three."""
+    bar = (2 if compact else 3) * unit
     return Sizes(unit=unit, pad=max(unit * 2 // 3, 4), font_px=unit, big_font_px=2 * unit,
-                 title_h=3 * unit, close_inset=max(unit // 8, 2), field_h=3 * unit,
-                 button_w=6 * unit, button_h=3 * unit, label_h=0)
+                 title_h=bar, close_inset=max(unit // 8, 2), field_h=bar,
+                 button_w=6 * unit, button_h=bar, label_h=0)
 
 
 @attrs.frozen
@@ -221,7 +229,9 @@ def place_scene(rng: random.Random, width: int, height: int, scene: Scene) -> Pl
     drawn windows leave no room for a required icon; callers draw again)."""
     g = _Grid(rng, width, height,
               dense_unit(width, height) if scene.dense else unit_for(width, height))
-    sz = random_sizes(g.u)
+    # a dense scene's one extra draw comes first, and only for it: the other scenes' layouts
+    # stay the draws they were
+    sz = random_sizes(g.u, compact=scene.dense and rng.random() < COMPACT_SHARE)
     theme = random_theme(rng)
     launchers, menu, clock = _taskbar_items(g, sz, scene, random.Random(rng.getrandbits(64)))
     apps = dict.fromkeys((*WORKING_APPS, *scene.taskbar, *scene.desktop, *(scene.menu or ()),
@@ -246,7 +256,7 @@ def place_dialog(rng: random.Random, layout: Layout, title: str, message: str,
     a row (aligned left, centre, right or spread) or, for up to three, a centred column."""
     sz, desk = layout.sizes, layout.desktop
     u, pad = sz.unit, sz.pad
-    bh, gap = 3 * u, max(u // 2, 4)
+    bh, gap = sz.button_h, max(u // 2, 4)
     bws = [max(text_width(label, sz.font_px) + 2 * u, 5 * u) for _, label in buttons]
     column = len(buttons) <= 3 and rng.random() < 0.3
     row_w = sum(bws) + gap * (len(bws) - 1)
