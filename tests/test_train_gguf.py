@@ -20,6 +20,8 @@ from runtime.train import (
     ImagePiece, TextPiece, compare_with_engine, count_params, export_gguf, init_params,
     load_gguf,
 )
+from runtime.train.agents import (AGENT_PIECES, N_VOCAB, SUB_X_PIECES, SUB_Y_PIECES,
+                                  agent_vocab)
 from runtime.train.gguf_io import write_mmproj_for
 from test_train_parity import png_bytes
 
@@ -110,3 +112,15 @@ def test_q8_0_export_loads_in_the_engine(forged: Callable[..., ForgedModel],
         export_gguf(tmp_path / "x.gguf", model.spec, model.params, quant="q9")
     with pytest.raises(ValueError):  # a spec the file does not match
         export_gguf(tmp_path / "x.gguf", attrs.evolve(model.spec, n_ff=64), model.params)
+
+
+def test_extra_pieces_that_do_not_fit_are_refused_not_cut() -> None:
+    """The single characters come before the extra pieces: a vocabulary whose room they
+    and the pieces (with prefixes) overflow is refused — the agents' vocabulary with the
+    sub-cell pieces overflowed 1536 tokens, and before the check lost 48 of them silently."""
+    with pytest.raises(ValueError, match="do not fit"):
+        build_vocab(N_VOCAB, (*AGENT_PIECES, *SUB_X_PIECES, *SUB_Y_PIECES))
+    vocab = agent_vocab(sub_cell=True)
+    tokens = set(vocab.tokens)
+    assert all(p.replace(" ", "\u2581") in tokens
+               for p in (*AGENT_PIECES, *SUB_X_PIECES, *SUB_Y_PIECES))

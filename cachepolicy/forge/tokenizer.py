@@ -303,10 +303,13 @@ def build_vocab(n_vocab: int, extra_pieces: tuple[str, ...] = ()) -> Vocab:
     if room < 128:
         raise ValueError(f"vocab of {n_vocab} leaves no room for word pieces")
     pieces = _pieces(extra)
-    n_extra = len(dict.fromkeys(p for piece in extra for p in _prefixes(piece)))
+    # the single characters come first, then the extra pieces with their prefixes: all of
+    # them must fit, or a piece would silently be cut from the vocabulary
+    at = {piece: i for i, piece in enumerate(pieces)}
+    n_extra = max((at[piece] + 1 for piece in extra), default=0)
     if n_extra > room:
-        raise ValueError(f"{n_extra} extra pieces (with prefixes) do not fit the {room} "
-                         f"normal tokens of a {n_vocab}-token vocabulary")
+        raise ValueError(f"{n_extra} single characters and extra pieces (with prefixes) do not "
+                         f"fit the {room} normal tokens of a {n_vocab}-token vocabulary")
     pieces = pieces[:room]
     tokens += pieces
     types += [NORMAL] * len(pieces)

@@ -21,10 +21,12 @@ from cachepolicy.forge.tokenizer import Vocab, build_vocab
 from runtime.train.cell_features import CELL
 from vmenv.simdesk.words import BUTTON_WORDS, EVAL_ONLY_WORDS, TRAIN_WORDS
 
-__all__ = ["AGENT_ARCHES", "AGENT_PIECES", "LABEL_PIECES", "AGENT_SCREEN", "LLAMA_ROPE_BASE", "TYPED_WORDS",
-           "X_PIECES", "Y_PIECES", "AgentShape", "agent_shape", "agent_vocab"]
+__all__ = ["AGENT_ARCHES", "AGENT_PIECES", "LABEL_PIECES", "AGENT_SCREEN", "LLAMA_ROPE_BASE",
+           "SUB_X_PIECES", "SUB_Y_PIECES", "TYPED_WORDS", "X_PIECES", "Y_PIECES", "AgentShape",
+           "agent_shape", "agent_vocab"]
 
 N_VOCAB = 1536
+N_VOCAB_SUB = 1664  # with the sub-cell pieces: room for them and their prefixes
 
 _PROMPT = (
     "You are a GUI agent operating a desktop of pixels through screenshots Reply with exactly "
@@ -52,6 +54,14 @@ _WIDGETS = ("Files Mail Music Photos Calculator Calendar Settings Clock Help Tra
 AGENT_SCREEN = (640, 384)
 X_PIECES = tuple(str(CELL // 2 + CELL * c) for c in range(AGENT_SCREEN[0] // CELL))
 Y_PIECES = tuple(f", {CELL // 2 + CELL * r}" for r in range(AGENT_SCREEN[1] // CELL))
+#: The sub-cell grid's off-centre points (``cell_labels.SUB_OFFSETS``: 8 px either side of a
+#: cell's centre) as whole pieces too, for an agent made with them (``agent_vocab``):
+#: ``SUB_X_PIECES[2 c]`` is column c's left point, ``[2 c + 1]`` its right one ("8", "24"
+#: for column 0), and the y pieces likewise (", 8", ", 24" for row 0).
+SUB_X_PIECES = tuple(str(CELL // 2 + CELL * c + o) for c in range(AGENT_SCREEN[0] // CELL)
+                     for o in (-CELL // 4, CELL // 4))
+SUB_Y_PIECES = tuple(f", {CELL // 2 + CELL * r + o}" for r in range(AGENT_SCREEN[1] // CELL)
+                     for o in (-CELL // 4, CELL // 4))
 
 #: The words simdesk's tasks type (training and held-out), each one piece without a leading
 #: space: the action writes ``type("word")`` and the instruction quotes ``"word"``.
@@ -96,10 +106,11 @@ class AgentShape:
         return self.spec.arch
 
 
-def agent_shape(arch: str) -> AgentShape:
+def agent_shape(arch: str, sub_cell: bool = False) -> AgentShape:
     """The shipped shape of ``arch`` ("qwen35": 2 Gated DeltaNet + 2 attention layers;
-    "llama": 4 attention layers); ValueError for another arch."""
-    common = dict(size="agent", n_vocab=N_VOCAB, n_embd=192, n_layer=4, n_head=4, n_head_kv=2,
+    "llama": 4 attention layers), ``sub_cell``: over ``agent_vocab(sub_cell=True)``;
+    ValueError for another arch."""
+    common = dict(size="agent", n_vocab=N_VOCAB_SUB if sub_cell else N_VOCAB, n_embd=192, n_layer=4, n_head=4, n_head_kv=2,
                   head_dim=48, n_ff=512, n_ctx_train=8192)
     if arch == "qwen35":
         return AgentShape(TextSpec(arch="qwen35", **common, full_attention_interval=2,
@@ -109,6 +120,9 @@ def agent_shape(arch: str) -> AgentShape:
     raise ValueError(f"no agent shape for arch {arch!r}; expected one of {AGENT_ARCHES}")
 
 
-def agent_vocab() -> Vocab:
-    """The agents' vocabulary (the same for both arches)."""
-    return build_vocab(N_VOCAB, AGENT_PIECES)
+def agent_vocab(sub_cell: bool = False) -> Vocab:
+    """The agents' vocabulary (the same for both arches); ``sub_cell``: with the sub-cell
+    grid's pieces after the others (``SUB_X_PIECES``, ``SUB_Y_PIECES``), ``N_VOCAB_SUB``
+    tokens."""
+    extra = (*SUB_X_PIECES, *SUB_Y_PIECES) if sub_cell else ()
+    return build_vocab(N_VOCAB_SUB if sub_cell else N_VOCAB, (*AGENT_PIECES, *extra))

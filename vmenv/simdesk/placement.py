@@ -56,17 +56,18 @@ def dense_unit(width: int, height: int) -> int:
 
 
 #: The share of dense layouts whose title bars, fields and buttons are two cells tall
-#: instead of three (16 px at 640x384, as the classic layout's).
+#: instead of three (16 px at 640x384, as the classic layout's), the Notes field labelled.
 COMPACT_SHARE = 0.5
 
 
 def random_sizes(unit: int, compact: bool = False) -> Sizes:
     """Sizes in cells of ``unit``; ``compact``: title bars, fields and buttons two cells
-    tall, not three."""
+    tall, not three, and the Notes field labelled ("Note:", two cells above it), as the
+    classic layout's."""
     bar = (2 if compact else 3) * unit
     return Sizes(unit=unit, pad=max(unit * 2 // 3, 4), font_px=unit, big_font_px=2 * unit,
                  title_h=bar, close_inset=max(unit // 8, 2), field_h=bar,
-                 button_w=6 * unit, button_h=bar, label_h=0)
+                 button_w=6 * unit, button_h=bar, label_h=2 * unit if compact else 0)
 
 
 @attrs.frozen
