@@ -28,11 +28,11 @@ import numpy as np
 from runtime.train.cell_features import CELL
 from vmenv.simdesk.goals import Goal
 from vmenv.simdesk.state import DeskState
-from vmenv.simdesk.grid_clicks import ClickGrid
+from vmenv.simdesk.grid_clicks import ClickGrid, cell_points
 from vmenv.simdesk.widgets import Widget, hit_in, widgets
 
 __all__ = ["MARKED", "MENU_ENTRIES", "OTHER", "SUB_OFFSETS", "MenuEntries", "cell_classes",
-           "click_class", "query_class", "sub_cell_grid", "widget_class"]
+           "cell_targets", "click_class", "query_class", "sub_cell_grid", "widget_class"]
 
 OTHER = "other"
 MARKED = "marked"
@@ -92,16 +92,24 @@ def query_class(goal: Goal | None, state: DeskState, x: int, y: int,
 def cell_classes(state: DeskState, entries: MenuEntries = "menu") -> np.ndarray:
     """[rows, cols] of class names (object array): the class a click at each cell's centre
     reaches."""
-    lay = state.layout
-    rows, cols = lay.height // CELL, lay.width // CELL
-    ws = widgets(state)
-    out = np.empty((rows, cols), object)
-    for r in range(rows):
-        for c in range(cols):
-            w = hit_in(ws, c * CELL + CELL // 2, r * CELL + CELL // 2)
-            out[r, c] = _state_class(state, w.name if w else None, entries)
-    return out
+    return cell_targets(state, entries)[0]
 
+
+def cell_targets(state: DeskState, entries: MenuEntries = "menu",
+                 grid: ClickGrid | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell, the class its point reaches ([rows, cols] of names) and where the point is
+    ([rows, cols, 2] int8 of x, y steps of ``CELL // 4`` from the cell's centre: -1, 0, 1);
+    the points are ``grid``'s (``grid_clicks.cell_points``; default the cell centres)."""
+    pts = cell_points(state, grid or ClickGrid(CELL))
+    rows, cols = len(pts), len(pts[0])
+    classes = np.empty((rows, cols), object)
+    offsets = np.zeros((rows, cols, 2), np.int8)
+    for r, row in enumerate(pts):
+        for c, (x, y, w) in enumerate(row):
+            classes[r, c] = _state_class(state, w.name if w else None, entries)
+            offsets[r, c] = ((x - c * CELL - CELL // 2) // (CELL // 4),
+                             (y - r * CELL - CELL // 2) // (CELL // 4))
+    return classes, offsets
 
 def sub_cell_grid(entries: MenuEntries = "menu") -> ClickGrid:
     """The grid of cell points 8 px either side of a cell's centre (``grid_clicks``): an

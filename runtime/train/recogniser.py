@@ -36,12 +36,14 @@ import numpy as np
 
 from runtime.train.agents import AGENT_SCREEN
 from runtime.train.cell_features import CELL, MERGED_FEATURES, cell_features, content_mask
-from runtime.train.cell_labels import OTHER, MenuEntries, cell_classes, click_class
+from runtime.train.cell_labels import OTHER, MenuEntries, cell_targets, click_class
 from runtime.train.codes import spread_codes
 from runtime.train.menu_readout import MenuReadout, menu_cells, menu_loss
 from runtime.train.optim import AdamW, apply_updates, init_state
+from runtime.train.sub_readout import SubReadout, export_sub, init_sub, sub_loss
 from vmenv.actions import Click
 from vmenv.simdesk.demos import DemonstrationError, demonstration
+from vmenv.simdesk.grid_clicks import ClickGrid
 from vmenv.simdesk.kinds import sample_task, task_kinds
 from vmenv.simdesk.render import render
 
@@ -69,6 +71,9 @@ class CellData:
     click_cell: np.ndarray = attrs.field(repr=False)
     menu: np.ndarray = attrs.field(repr=False)
     classes: tuple[str, ...]
+    #: [n, rows, cols, 2]: each cell's point in steps from its centre (``cell_targets``;
+    #: all 0 on the centre grid)
+    steps: np.ndarray = attrs.field(repr=False)
 
     def concat(self, other: CellData) -> CellData:
         """These screens, then ``other``'s (read in the same classes)."""
@@ -77,11 +82,14 @@ class CellData:
         return CellData(*(np.concatenate([getattr(self, f), getattr(other, f)])
                           for f in ("features", "labels", "click_class", "click_cell",
                                     "menu")),
-                        classes=self.classes)
+                        classes=self.classes,
+                        steps=np.concatenate([self.steps, other.steps]))
 
 
 def _screens(seeds: Iterator[int], n_episodes: int, kinds: Sequence[str], entries: MenuEntries,
-             ) -> Iterator[tuple[np.ndarray, np.ndarray, str | None, int, np.ndarray]]:
+             grid: ClickGrid | None,
+             ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, str | None, int,
+                                 np.ndarray]]:
     done = 0
     for seed, kind in zip(seeds, itertools.cycle(kinds)):
         if done >= n_episodes:
@@ -98,21 +106,24 @@ def _screens(seeds: Iterator[int], n_episodes: int, kinds: Sequence[str], entrie
                 x, y = step.action.x, step.action.y
                 target = click_class(step.state, x, y, entries)
                 cell = (y // CELL) * (SCREEN[0] // CELL) + x // CELL
-            yield (cell_features(rgb), cell_classes(step.state, entries), target, cell,
-                   menu_cells(step.state))
+            classes, steps = cell_targets(step.state, entries, grid)
+            yield (cell_features(rgb), classes, steps, target, cell, menu_cells(step.state))
 
 
 def cell_data(seeds: Iterator[int], n_episodes: int, classes: tuple[str, ...] | None = None,
-              kinds: Sequence[str] | None = None, entries: MenuEntries = "menu") -> CellData:
+              kinds: Sequence[str] | None = None, entries: MenuEntries = "menu",
+              grid: ClickGrid | None = None) -> CellData:
     """The cells of ``n_episodes`` expert episodes (``kinds``, default every task kind, in
     turn, one seed each). ``classes``: a fixed class list (held-out data is read in the
     training data's classes; an unseen class becomes ``other``); None: ``other`` and every
-    class seen, sorted. ``entries``: how menu entries are classed (``cell_labels``)."""
-    feats, names, targets, cells, menus = [], [], [], [], []
-    for f, lab, target, cell, menu in _screens(seeds, n_episodes, kinds or task_kinds(),
-                                               entries):
+    class seen, sorted. ``entries``: how menu entries are classed (``cell_labels``);
+    ``grid``: whose cell points the labels are (``cell_targets``; default the centres)."""
+    feats, names, steps, targets, cells, menus = [], [], [], [], [], []
+    for f, lab, st, target, cell, menu in _screens(seeds, n_episodes, kinds or task_kinds(),
+                                                   entries, grid):
         feats.append(f)
         names.append(lab)
+        steps.append(st)
         targets.append(target)
         cells.append(cell)
         menus.append(menu)
@@ -123,7 +134,8 @@ def cell_data(seeds: Iterator[int], n_episodes: int, classes: tuple[str, ...] | 
     labels = np.stack([np.vectorize(lambda n: index.get(n, 0))(lab) for lab in names])
     return CellData(np.stack(feats), labels.astype(np.int32),
                     np.array([index.get(t, 0) if t else -1 for t in targets], np.int32),
-                    np.array(cells, np.int32), np.stack(menus), tuple(classes))
+                    np.array(cells, np.int32), np.stack(menus), tuple(classes),
+                    np.stack(steps))
 
 
 @attrs.frozen(eq=False)
@@ -140,6 +152,8 @@ class Recogniser:
     classes: tuple[str, ...]
     #: the menu read-out of the hidden units (``menu_readout``), when trained with it
     menu: MenuReadout | None = None
+    #: the sub-cell read-out (``sub_readout``), when trained with it
+    sub: SubReadout | None = None
 
     @property
     def hidden(self) -> int:
@@ -156,11 +170,13 @@ class Recogniser:
 
 def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
                      updates: int = 1500, seed: int = 0, menu: bool = False,
+                     sub_units: int = 0,
                      progress: Callable[[int, float], None] | None = None) -> Recogniser:
     """Train on ``data``'s screens (``SCREENS_PER_UPDATE`` whole screens per update, AdamW
     2e-3 with warmup and cosine decay; the module docstring's terms). ``menu``: also the menu
-    flag's read-out (``Recogniser.menu``). ``progress(update, loss)`` is called every 250
-    updates."""
+    flag's read-out (``Recogniser.menu``); ``sub_units`` > 0: also the sub-cell read-out
+    with that many units per axis, learning ``data.steps`` (``Recogniser.sub``).
+    ``progress(update, loss)`` is called every 250 updates."""
     n_cls = len(data.classes)
     n_screens = len(data.features)
     x_all = data.features.reshape(-1, MERGED_FEATURES)
@@ -176,6 +192,9 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
               "b2": jnp.zeros(key_dims)}
     if menu:  # only then: without it, the same parameters and loss as before the option
         params |= {"wm": jnp.zeros(hidden), "bm": jnp.zeros(())}
+    if sub_units:  # likewise: its own key, drawn only then
+        params |= init_sub(jax.random.PRNGKey(seed + 1), MERGED_FEATURES, sub_units,
+                           float(mask.sum()))
     freq = np.bincount(y_all, minlength=n_cls) + 1
     weight = jnp.asarray(np.minimum((freq.sum() / freq) ** 0.5, 30.0), jnp.float32)
     mean_j, inv_j = jnp.asarray(mean, jnp.float32), jnp.asarray(inv_std, jnp.float32)
@@ -184,9 +203,11 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
     screens = data.features.reshape(n_screens, -1, MERGED_FEATURES)
     labels = data.labels.reshape(n_screens, -1)
     menus = data.menu.reshape(n_screens, -1).astype(np.float32)
+    steps = data.steps.reshape(n_screens, -1, 2)
 
-    def loss(p, x, y, m):  # x [screens, cells, F], y / m [screens, cells]
-        h = jax.nn.gelu(((x - mean_j) * inv_j) @ p["w0"] + p["b0"])
+    def loss(p, x, y, m, st):  # x [screens, cells, F], y / m [screens, cells], st [.., 2]
+        xs = (x - mean_j) * inv_j
+        h = jax.nn.gelu(xs @ p["w0"] + p["b0"])
         key = h @ p["w2"] + p["b2"]
         norm = jnp.linalg.norm(key, axis=-1, keepdims=True)
         cos = (key / (norm + 1e-6)) @ codes.T  # [screens, cells, classes]
@@ -199,21 +220,23 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
         present = member.any(axis=1).at[:, 0].set(False)  # every class on screen but other
         lookup = -jnp.where(present, found, 0.0).sum() / jnp.maximum(present.sum(), 1)
         total = per_cell + lookup + ((norm - 1.0) ** 2).mean()
+        if sub_units:
+            total = total + sub_loss(p, xs, st, (y > 0).astype(jnp.float32))
         return total + menu_loss(p, h, m) if menu else total
 
     opt = AdamW(learning_rate=2e-3, b2=0.99, warmup_steps=100, decay_steps=updates,
                 min_lr_ratio=0.1, clip_norm=1.0)
 
     @jax.jit
-    def step(state, x, y, m):
-        val, g = jax.value_and_grad(loss)(state.params, x, y, m)
+    def step(state, x, y, m, st):
+        val, g = jax.value_and_grad(loss)(state.params, x, y, m, st)
         return apply_updates(state, g, opt)[0], val
 
     rng = np.random.default_rng(seed)
     state = init_state(params)
     for t in range(1, updates + 1):
         pick = rng.integers(0, n_screens, SCREENS_PER_UPDATE)
-        state, val = step(state, screens[pick], labels[pick], menus[pick])
+        state, val = step(state, screens[pick], labels[pick], menus[pick], steps[pick])
         if progress is not None and (t % 250 == 0 or t == updates):
             progress(t, float(val))
     p = {name: np.asarray(v, np.float64) for name, v in state.params.items()}
@@ -224,9 +247,10 @@ def train_recogniser(data: CellData, *, key_dims: int, hidden: int = 512,
     h = np.asarray(jax.nn.gelu(jnp.asarray(sample @ w0 + b0)))
     scale = KEY_NORM / np.linalg.norm(h @ p["w2"] + p["b2"], axis=-1).mean()
     readout = (MenuReadout(p["wm"].astype(np.float32), float(p["bm"])) if menu else None)
+    sub = export_sub(p, mean, inv_std, x_all) if sub_units else None
     return Recogniser(w0.astype(np.float32), b0.astype(np.float32),
                       (p["w2"] * scale).astype(np.float32), (p["b2"] * scale).astype(np.float32),
-                      np.asarray(codes, np.float32), data.classes, readout)
+                      np.asarray(codes, np.float32), data.classes, readout, sub)
 
 
 def lookup_accuracy(rec: Recogniser, data: CellData) -> float:

@@ -99,6 +99,8 @@ class Layout:
     recall: RecallSpec | None = None
     keep_inside: bool = False  # dragged windows stay inside the desktop (else: title reachable)
     short_clock: bool = False  # "HH:MM:SS" centred (else the classic "step N  HH:MM:SS")
+    #: windows and dialogs placed off the unit grid, by less than a unit (dense)
+    jitter: bool = False
 
     @property
     def desktop(self) -> Rect:

@@ -49,6 +49,12 @@ def unit_for(width: int, height: int) -> int:
     return max(min(height // 24, width // 32), 8)
 
 
+def _jitter(rng: random.Random, r: Rect, bound: Rect, unit: int) -> Rect:
+    dx = rng.randrange(max(min(unit, bound.x1 - r.x1 + 1), 1))
+    dy = rng.randrange(max(min(unit, bound.y1 - r.y1 + 1), 1))
+    return Rect(r.x0 + dx, r.y0 + dy, r.x1 + dx, r.y1 + dy)
+
+
 def dense_unit(width: int, height: int) -> int:
     """The cell size of a dense scene: half ``unit_for`` (8 px at 640x384, where the classic
     layout's unit is 8 too), at least 6."""
@@ -86,8 +92,10 @@ class Scene:
     recall: bool = False  # room for the notification that reopens a dismissed dialog
     menu_label: str = "Apps"
     clear_of: tuple[str, ...] = ()  # apps whose window, once opened, covers no desktop icon
-    #: laid out in half-size cells (``dense_unit``): targets as small as the classic
-    #: layout's, most of them off the encoder's 32-px grid (the ``dense-*`` kinds)
+    #: laid out in half-size cells (``dense_unit``), windows and dialogs moved off
+    #: them by less than a cell (``Layout.jitter``): targets as small as the classic
+    #: layout's, at any pixel as the classic layout's are, most of them off the encoder's
+    #: 32-px grid (the ``dense-*`` kinds)
     dense: bool = False
 
 
@@ -98,9 +106,11 @@ class Placed:
 
 
 class _Grid:
-    def __init__(self, rng: random.Random, width: int, height: int, unit: int) -> None:
+    def __init__(self, rng: random.Random, width: int, height: int, unit: int,
+                 jitter: bool = False) -> None:
         self.rng, self.w, self.h = rng, width, height
         self.u = unit
+        self.jitter = jitter
         self.m = max(self.u // 4, 2)  # the margin around taskbar items
         self.taskbar = Rect(0, height - 3 * self.u - 2 * self.m, width, height)
         self.desk = Rect(0, 0, width, self.taskbar.y0)
@@ -112,8 +122,13 @@ class _Grid:
 
     def random_rect(self, cw: int, ch: int) -> Rect:
         cw, ch = min(cw, self.cols), min(ch, self.rows)
-        return self.rect_cells(self.rng.randint(0, self.cols - cw),
-                               self.rng.randint(0, self.rows - ch), cw, ch)
+        return self.jittered(self.rect_cells(self.rng.randint(0, self.cols - cw),
+                                             self.rng.randint(0, self.rows - ch), cw, ch))
+
+    def jittered(self, r: Rect) -> Rect:
+        """``r`` moved right and down by less than a cell, staying on the desktop, on a
+        grid with jitter (drawn only then); else ``r``."""
+        return _jitter(self.rng, r, self.desk, self.u) if self.jitter else r
 
     def window_rect(self, app: str) -> Rect:
         (w0, w1), (h0, h1) = WINDOW_CELLS.get(app, DECOY_WINDOW_CELLS)
@@ -229,7 +244,8 @@ def place_scene(rng: random.Random, width: int, height: int, scene: Scene) -> Pl
     """A random layout for ``scene`` at this screen size (raises ``PlacementError`` when the
     drawn windows leave no room for a required icon; callers draw again)."""
     g = _Grid(rng, width, height,
-              dense_unit(width, height) if scene.dense else unit_for(width, height))
+              dense_unit(width, height) if scene.dense else unit_for(width, height),
+              jitter=scene.dense)
     # a dense scene's one extra draw comes first, and only for it: the other scenes' layouts
     # stay the draws they were
     sz = random_sizes(g.u, compact=scene.dense and rng.random() < COMPACT_SHARE)
@@ -245,7 +261,7 @@ def place_scene(rng: random.Random, width: int, height: int, scene: Scene) -> Pl
     layout = Layout(width=width, height=height, sizes=sz, theme=theme, taskbar=g.taskbar,
                     clock=clock, launchers=(*launchers, *icons), menu=menu, openings=openings,
                     recall=_recall(g, sz) if scene.recall else None, keep_inside=True,
-                    short_clock=True)
+                    short_clock=True, jitter=scene.dense)
     return Placed(layout, windows)
 
 
@@ -270,6 +286,8 @@ def place_dialog(rng: random.Random, layout: Layout, title: str, message: str,
     x0 = rng.randint(0, max((desk.width - w) // u, 0)) * u
     y0 = rng.randint(0, max((desk.height - h) // u, 0)) * u
     box = Rect(x0, y0, x0 + w, y0 + h)
+    if layout.jitter:
+        box = _jitter(rng, box, desk, u)
     top = box.y1 - pad - body_h
     rects: list[Rect] = []
     if column:
