@@ -8,7 +8,8 @@ On a real simdesk screen at 640x384 encoded through kvagent's Engine:
   name the same class for every cell; every dim equals the numpy replica of the whole
   projector (``cell_features`` + the merger) within 5e-3;
 - the recogniser is deterministic in its seed, and learns (its lookup on held-out screens
-  beats the chance of picking a cell at random).
+  beats the chance of picking a cell at random);
+- with the sub-cell read-out, its value lands in the cell's own column / row dim only.
 """
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ from cachepolicy.engine.vision import declares_position_features
 from runtime.agent_models import agent_files
 from runtime.train.agents import agent_shape
 from runtime.train.cell_features import cell_features
-from runtime.train.cell_vision import POS_SCALE, _merger, row_layout, write_cell_mmproj
+from runtime.train.cell_labels import sub_cell_grid
+from runtime.train.cell_vision import (POS_SCALE, SUB_SCALE, _merger, row_layout, width,
+                                      write_cell_mmproj)
 from runtime.train.recogniser import (SCREEN, cell_data, lookup_accuracy, train_recogniser)
 from vmenv.simdesk import demonstration, sample_task
 from vmenv.simdesk.render import render, render_png
 from vmenv.simdesk.seeds import eval_seeds, train_seeds
+from vmenv.simdesk.state import DeskState
+from vmenv.simdesk.tasks import default_tasks
 
 SPEC = agent_shape("qwen35").spec
 CONFIG = EngineConfig(n_ctx_per_seq=2048, n_seq_max=1, n_threads=2, decode_rows=1)
@@ -92,3 +97,47 @@ def test_layout_and_features_refuse_what_they_cannot_hold() -> None:
         row_layout(96)
     with pytest.raises(ValueError, match="multiples of 32"):
         cell_features(np.zeros((360, 640, 3), np.uint8))
+
+
+@pytest.fixture(scope="module")
+def sub_rec():
+    grid = sub_cell_grid()
+    data = cell_data(train_seeds(), 24, kinds=("dense-click-ok", "dense-save-note",
+                                                "save-note"), grid=grid)
+    return train_recogniser(data, key_dims=36, hidden=128, updates=150, seed=0, sub_units=4)
+
+
+def test_the_sub_cell_read_out_lands_gated_by_column_and_row(sub_rec, tmp_path) -> None:
+    """Through llama.cpp's mtmd, on a dense screen and the classic click-ok: each cell's
+    sub-cell value sits in its own column's x dim and its own row's y dim, SUB_SCALE times
+    the numpy read-out (within 1e-2, as the keys are within 5e-3), and every other column's / row's dim is 0 (within
+    2e-2: f32 rounding of the pairs, ~1e3 in their identity range, against a signal of ±3):
+    the gate holds though the content moves the position read-out by up to 0.01
+    of a cell. The other parts of the row are the design without it (one-hots bitwise)."""
+    assert sub_rec.sub is not None and sub_rec.sub.bound > 0
+    mmproj = write_cell_mmproj(SPEC, tmp_path / "cells.gguf", sub_rec)
+    lay = row_layout(SPEC.n_embd, sub_cell=True)
+    assert width(lay.sub_x) == lay.cols and width(lay.sub_y) == lay.rows
+    assert width(lay.content) == width(row_layout(SPEC.n_embd).content) - lay.cols - lay.rows
+    screens = [demonstration(sample_task("dense-click-ok", 5), *SCREEN)[0].state,
+               default_tasks()["click-ok"].setup(DeskState.empty(*SCREEN))]
+    model, _ = agent_files("qwen35", vision=False)
+    cols = np.tile(np.arange(lay.cols), lay.rows)
+    rws = np.repeat(np.arange(lay.rows), lay.cols)
+    with Engine(model, mmproj, CONFIG) as engine:
+        for screen in screens:
+            rows = np.asarray(engine.encode_image(render_png(screen)).embeddings)
+            assert np.array_equal(rows[:, lay.column],
+                                  POS_SCALE * np.eye(lay.cols, dtype=np.float32)[cols])
+            assert np.array_equal(rows[:, lay.row],
+                                  POS_SCALE * np.eye(lay.rows, dtype=np.float32)[rws])
+            feats = cell_features(np.asarray(render(screen).convert("RGB"))).reshape(-1, 384)
+            want = SUB_SCALE * sub_rec.sub.values(feats)
+            sx, sy = rows[:, lay.sub_x], rows[:, lay.sub_y]
+            assert np.abs(sx[np.arange(240), cols] - want[:, 0]).max() < 1e-2
+            assert np.abs(sy[np.arange(240), rws] - want[:, 1]).max() < 1e-2
+            sx[np.arange(240), cols] = 0.0
+            sy[np.arange(240), rws] = 0.0
+            assert np.abs(sx).max() < 2e-2 and np.abs(sy).max() < 2e-2
+            assert np.abs(rows[:, lay.key] - sub_rec.keys(feats)).max() < 5e-3
+            assert want.std() > 0.05  # the read-out says something

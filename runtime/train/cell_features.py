@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["CELL", "MERGED_FEATURES", "PATCH", "POS_SCALE", "VISION_EMBD", "cell_features",
-           "content_mask", "patch_kernel", "position_grid", "position_readout"]
+           "content_mask", "patch_kernel", "position_grid", "position_readout", "unit_readout"]
 
 PATCH = 16
 CELL = 2 * PATCH
@@ -136,3 +136,16 @@ def position_readout(axis: str, n_patches: int) -> tuple[np.ndarray, float]:
     # 2u - 1 = (SIGMA / K) w·f  ->  cell = ((n - 1) u - 0.5) / 2
     scale = (SIGMA / K) * (n_patches - 1) / 4.0
     return w * scale, ((n_patches - 1) / 2.0 - 0.5) / 2.0
+
+
+def unit_readout() -> np.ndarray:
+    """w such that ``w · features`` is ``SIGMA / σ`` (about 1), σ the LayerNorm's divisor of
+    the cell's patches (their mean): the anchor pair read the way ``position_readout`` reads
+    the position pairs, so ``(c − b) (w_unit · f) − w · f`` is ``(c − p) SIGMA / σ`` — zero
+    at the cell c itself whatever σ is, where ``c − (w · f + b)`` is off by up to 0.01
+    (the content moves σ by up to 0.1 %)."""
+    w = np.zeros(MERGED_FEATURES, np.float64)
+    for slot in range(4):
+        w[slot * VISION_EMBD + ANCHOR] += 1.0 / 8.0
+        w[slot * VISION_EMBD + ANCHOR + 1] -= 1.0 / 8.0
+    return w * (SIGMA / C)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
+import numpy as np
 
 from vmenv.actions import Action, Click
 from vmenv.simdesk.state import DeskState
@@ -51,35 +52,50 @@ class ClickGrid:
         return w is not None and (self.counts is None or self.counts(state, w))
 
 
+def _top_most(ws: tuple[Widget, ...], xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Per point, the index in ``ws`` of the widget a click there reaches (``hit_in``: the
+    first containing it), ``len(ws)`` for the bare desktop."""
+    hit = np.full(xs.shape, len(ws))
+    for i in range(len(ws) - 1, -1, -1):  # the first (top-most) widget is written last
+        r = ws[i].rect
+        hit[(xs >= r.x0) & (xs < r.x1) & (ys >= r.y0) & (ys < r.y1)] = i
+    return hit
+
+
 def cell_points(state: DeskState, grid: ClickGrid,
                 ) -> list[list[tuple[int, int, Widget | None]]]:
     """[rows][cols] of each cell's point ``(x, y)`` and the widget it reaches (None: the bare
     desktop); see the module docstring for which point."""
     lay, n = state.layout, grid.cell
     ws = widgets(state)
-    off = [(dx, dy) for dy in grid.offsets for dx in grid.offsets][1:]
+    rows, cols = lay.height // n, lay.width // n
+    cx = (np.arange(cols) * n + n // 2)[None, :, None]
+    cy = (np.arange(rows) * n + n // 2)[:, None, None]
+    # candidate 0 is the centre, then the off-centre points in (dy, dx) order
+    off = np.array([(dx, dy) for dy in grid.offsets for dx in grid.offsets])
+    xs = np.broadcast_to(cx + off[:, 0], (rows, cols, len(off)))
+    ys = np.broadcast_to(cy + off[:, 1], (rows, cols, len(off)))
+    hit = _top_most(ws, xs, ys)
+    counted = np.array([grid.names_target(state, w) for w in ws] + [False])[hit]
+    if len(off) > 1:
+        centre = np.array([w.rect.center for w in ws] + [(0, 0)])[hit]
+        dist = (xs - centre[..., 0]) ** 2 + (ys - centre[..., 1]) ** 2
+        # rank: the number of offsets, the distance, dy, dx (the module docstring); the
+        # centre wins when it is counted, an uncounted point never
+        n_off = (off[:, 0] != 0).astype(int) + (off[:, 1] != 0)
+        key = np.lexsort((np.broadcast_to(off[:, 0], hit.shape),
+                          np.broadcast_to(off[:, 1], hit.shape), dist,
+                          np.broadcast_to(n_off, hit.shape), ~counted), axis=-1)[..., 0]
+        pick = np.where(counted[..., 0] | ~counted.any(-1), 0, key)
+    else:
+        pick = np.zeros((rows, cols), int)
     out: list[list[tuple[int, int, Widget | None]]] = []
-    for r in range(lay.height // n):
+    for r in range(rows):
         row: list[tuple[int, int, Widget | None]] = []
-        for c in range(lay.width // n):
-            cx, cy = c * n + n // 2, r * n + n // 2
-            w0 = hit_in(ws, cx, cy)
-            point = (cx, cy, w0)
-            if off and not grid.names_target(state, w0):
-                best: tuple[tuple[int, ...], tuple[int, int, Widget | None]] | None = None
-                for dx, dy in off:
-                    x, y = cx + dx, cy + dy
-                    w = hit_in(ws, x, y)
-                    if not grid.names_target(state, w):
-                        continue
-                    assert w is not None
-                    wx, wy = w.rect.center
-                    rank = ((dx != 0) + (dy != 0), (x - wx) ** 2 + (y - wy) ** 2, dy, dx)
-                    if best is None or rank < best[0]:
-                        best = (rank, (x, y, w))
-                if best is not None:
-                    point = best[1]
-            row.append(point)
+        for c in range(cols):
+            k = pick[r, c]
+            i = hit[r, c, k]
+            row.append((int(xs[r, c, k]), int(ys[r, c, k]), ws[i] if i < len(ws) else None))
         out.append(row)
     return out
 
