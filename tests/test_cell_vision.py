@@ -110,10 +110,10 @@ def sub_rec():
 def test_the_sub_cell_read_out_lands_gated_by_column_and_row(sub_rec, tmp_path) -> None:
     """Through llama.cpp's mtmd, on a dense screen and the classic click-ok: each cell's
     sub-cell value sits in its own column's x dim and its own row's y dim, SUB_SCALE times
-    the numpy read-out (within 1e-2, as the keys are within 5e-3), and every other column's / row's dim is 0 (within
-    2e-2: f32 rounding of the pairs, ~1e3 in their identity range, against a signal of ±3):
-    the gate holds though the content moves the position read-out by up to 0.01
-    of a cell. The other parts of the row are the design without it (one-hots bitwise)."""
+    the numpy read-out (within 1e-2, as the keys are within 5e-3), and every other column's
+    / row's dim is 0 (within 2e-2: f32 rounding of the pairs, ~1e3 in their identity
+    range, against a signal of ±3): the gate holds though the content moves the position
+    read-out by up to 0.01 of a cell. The one-hots stay bitwise."""
     assert sub_rec.sub is not None and sub_rec.sub.bound > 0
     mmproj = write_cell_mmproj(SPEC, tmp_path / "cells.gguf", sub_rec)
     lay = row_layout(SPEC.n_embd, sub_cell=True)
