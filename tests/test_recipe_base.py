@@ -24,7 +24,8 @@ CASES = [("kinds", ("open-terminal", "type-in-field", "click-ok", "save-note", "
          ("flags_in_base", False, True),
          ("enter_key", False, True),
          ("key_row", False, True),
-         ("word_slips", True, False)]
+         ("word_slips", True, False),
+         ("sub_cell", False, True)]
 
 
 def test_every_checked_option_has_a_case() -> None:

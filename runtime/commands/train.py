@@ -38,6 +38,10 @@ _SWITCHES = (
     ("with_done", "end every demonstration of the base training with the solved state "
                   "labelled done() too (docs/training.md has what it did to the multi-step "
                   "kinds)"),
+    ("sub_cell", "agents that click 8 px off a cell's centre where the centre reaches no "
+                 "target (the classic OK button, 16 px tall): sub-cell pieces, the "
+                 "projector's sub-cell read-out, demonstrations on that grid; add the dense "
+                 "kinds (--kinds ...,dense) for targets that need it"),
 )
 
 
@@ -76,8 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"the recogniser's updates (default {d.recogniser_updates}, ~3 min; "
                         "its screens take 1.5 min more)")
     p.add_argument("--kinds", default=",".join(d.kinds),
-                   help="comma-separated task kinds (or look-back) the recogniser and the "
-                        "dataset draw from, in turn (default: the default mix and the "
+                   help="comma-separated task kinds (or the selectors look-back, dense) the "
+                        "recogniser and the dataset draw from, in turn (default: the default mix and the "
                         "look-back kind marked-launch)")
     p.add_argument("--pin-share", type=float, default=d.pin_share,
                    help="share of the terminal layouts (K >= 2) with the first screenshot "
@@ -230,6 +234,7 @@ def recipe_config(args: argparse.Namespace) -> RecipeConfig:
                           menu_entries=args.menu_entries, menu_flag=args.menu_flag,
                           flags_in_base=args.flags_in_base, enter_key=args.enter_key,
                           key_row=args.key_row, word_slips=args.word_slips,
+                          sub_cell=args.sub_cell,
                           done=DoneStage(updates=args.done_updates,
                                          learning_rate=args.done_learning_rate,
                                          arches=parse_arches(args.done_arch,

@@ -27,6 +27,8 @@ _BASE_OPTIONS = (
     ("enter_key", False, "its demonstrations press Enter as a step of its own or type it"),
     ("key_row", False, "its key row carries the text flag or lacks it"),
     ("word_slips", True, "its demonstrations type wrong words as slips or never do"),
+    ("sub_cell", False, "its vocabulary, projector and designs carry the sub-cell points or "
+                        "lack them"),
 )
 
 

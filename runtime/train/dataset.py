@@ -55,7 +55,8 @@ from cachepolicy.segments import SegmentFactory
 from runtime.config import AgentConfig
 from runtime.train.agents import AGENT_SCREEN
 from runtime.train.cell_features import CELL
-from runtime.train.cell_labels import MARKED, MENU_ENTRIES, MenuEntries, query_class
+from runtime.train.cell_labels import (MARKED, MENU_ENTRIES, MenuEntries, query_class,
+                                      sub_cell_grid)
 from runtime.train.dataset_stats import shard_stats, summarize
 from runtime.train.prompts import ImagePiece, PastStep, PromptBuilder, StepExample, TextPiece
 from runtime.train.shards import PieceKind, Projector, Shard, ShardWriter
@@ -128,6 +129,10 @@ class DatasetConfig:
     #: were before the option existed, so a manifest written then reads as it was made
     #: (``RecipeConfig`` holds the shipped recipe's values)
     word_slips: bool = True
+    #: the expert's clicks go to the sub-cell grid's points (``cell_labels.sub_cell_grid``:
+    #: 8 px off a cell's centre where the centre reaches no target), as agents with the
+    #: sub-cell pieces click; off: to cell centres
+    sub_cell: bool = False
     profile: str = "kvagent"
     shard_episodes: int = attrs.field(default=64, validator=attrs.validators.ge(1))
 
@@ -190,7 +195,9 @@ def rollout(config: DatasetConfig, e: int) -> Episode:
     steps = demonstration(task, w, h, rng=rng, with_done=config.with_done,
                           perturb_at=at if mode == PERTURBED else None,
                           slip_at=at if mode == SLIPPED else None, slip_run=run,
-                          early_text=early, click_grid=CELL, enter_key=config.enter_key,
+                          early_text=early,
+                          click_grid=(sub_cell_grid(config.menu_entries) if config.sub_cell
+                                      else CELL), enter_key=config.enter_key,
                           word_slips=config.word_slips)
     return Episode(e, kind, seed, task.instruction, steps, mode, at,
                    code=task.goal is not None and task.goal.code, goal=task.goal)

@@ -20,7 +20,7 @@ import attrs
 import numpy as np
 
 from cachepolicy.forge import TextSpec
-from runtime.train.agents import TYPED_WORDS, X_PIECES, Y_PIECES
+from runtime.train.agents import SUB_X_PIECES, SUB_Y_PIECES, TYPED_WORDS, X_PIECES, Y_PIECES
 from runtime.train.cell_vision import KEY_DIMS, row_layout
 from runtime.train.codes import spread_codes
 from runtime.train.grounding import Grounding, design, frozen_lookup, piece_ids
@@ -87,23 +87,28 @@ class Designs:
 
 def agent_designs(tokens: Sequence[str], classes: Sequence[str], n_embd: int, *, seed: int,
                   scaffold_weight: float, menu_flag: bool = False,
-                  flags_in_base: bool = False, key_row: bool = False) -> Designs:
+                  flags_in_base: bool = False, key_row: bool = False,
+                  sub_cell: bool = False) -> Designs:
     """The designs for a vocabulary's ``tokens`` and the recogniser's ``classes`` (in its
     order), for agents ``n_embd`` wide; ``menu_flag``: with the menu flag; ``flags_in_base``:
     ``apply`` designs the instruction flags too; ``key_row``: the key row carries the text
     flag (``typed_flag.KEY_PIECES``) and the key pieces read the flags
-    (``instruction_flags.KEY_READS``)."""
+    (``instruction_flags.KEY_READS``); ``sub_cell``: the sub-cell pieces are coordinates too
+    (a vocabulary and projector made with them: ``agent_vocab(sub_cell=True)``)."""
     codes = spread_codes(len(classes), KEY_DIMS, seed)
-    grounding = Grounding(row_layout(n_embd), {c: codes[i] for i, c in enumerate(classes)},
+    sub_x = piece_ids(tokens, SUB_X_PIECES) if sub_cell else ()
+    sub_y = piece_ids(tokens, SUB_Y_PIECES) if sub_cell else ()
+    grounding = Grounding(row_layout(n_embd, sub_cell=sub_cell),
+                          {c: codes[i] for i, c in enumerate(classes)},
                           piece_ids(tokens, X_PIECES), piece_ids(tokens, Y_PIECES),
-                          weight=scaffold_weight)
+                          weight=scaffold_weight, x_sub_ids=sub_x, y_sub_ids=sub_y)
     words = WordCopy(grounding.layout, piece_ids(tokens, TYPED_WORDS),
                      piece_ids(tokens, ASK_PIECES), seed=seed)
-    typed = typed_flag(tokens, words, seed=seed, key_row=key_row)
+    typed = typed_flag(tokens, words, seed=seed, key_row=key_row, sub_cell=sub_cell)
     labels = label_copy(tokens, grounding.layout, grounding.codes, typed.text_flag, seed=seed)
     menu = MenuFlag(grounding.layout) if menu_flag else None
     flags = instruction_flags(tokens, labels, key_row=key_row)
-    readout = Readout(grounding.layout, grounding.x_ids, grounding.y_ids)
+    readout = Readout(grounding.layout, grounding.x_ids, grounding.y_ids, sub_x, sub_y)
     taken = {*flags.dims, typed.typed, typed.text_flag, labels.label_flag, readout.kind_x,
              readout.kind_y, *range(words.code_dims.start, words.code_dims.stop)}
     if menu is not None and menu.dim in taken:  # RowLayout.menu's offset is fixed by hand

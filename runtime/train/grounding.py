@@ -20,6 +20,12 @@ rest afterwards; measured in docs/training.md "Designed keys"):
   embedding holds it) — so y comes from a cell of the instance x came from when a class has
   two on screen (the Terminal's two launchers); its value / output copy the row one-hot.
 
+With the sub-cell pieces (``agents.SUB_X_PIECES``; a layout with the sub-cell dims) each
+head also copies its column's (row's) sub-cell dims, where the projector wrote each cell's
+step only in its own column's (row's) dim (``cell_vision``): a piece 8 px before or after a
+cell's centre holds the cell's one-hot a little smaller (``SUB_MARGIN``) and ``∓SUB_READ`` in
+that dim, so it wins over the centre piece exactly where the copied step says so.
+
 The **query scaffold** (training only, nothing of it is exported): at the rows whose next
 token is a coordinate of a click, the lookup layer's input should carry the clicked
 widget's code in the ``query`` dims — an auxiliary loss ``weight · (1 − cosine)``
@@ -37,13 +43,19 @@ from cachepolicy.forge import TextSpec
 from cachepolicy.forge.tokenizer import SPACE
 from runtime.train.agents import LLAMA_ROPE_BASE
 from runtime.train.cell_labels import OTHER
-from runtime.train.cell_vision import POS_SCALE, RowLayout, width
+from runtime.train.cell_vision import POS_SCALE, SUB_SCALE, RowLayout, width
 from runtime.train.model import lookup_layer
 
-__all__ = ["Grounding", "HeadSlices", "design", "first_head_of", "frozen_lookup", "piece_ids",
+__all__ = ["SUB_MARGIN", "SUB_READ", "Grounding", "HeadSlices", "design", "first_head_of", "frozen_lookup", "piece_ids",
            "query_targets", "residual_writers", "static_dims"]
 
 Y_CODE = 16  # the class code's projection the row head matches (its other dims: the column)
+#: a sub-cell piece's embedding: its cell's one-hot ``POS_SCALE − SUB_MARGIN`` and ``∓SUB_READ``
+#: in its column's (row's) sub-cell dim, so it outscores its cell's centre piece exactly
+#: where the copied sub-cell value, ``SUB_SCALE`` times the read-out's, is past ±½ of the
+#: copied one-hot's weight: SUB_READ · SUB_SCALE · ½ = POS_SCALE · SUB_MARGIN
+SUB_READ = 1.5
+SUB_MARGIN = SUB_READ * SUB_SCALE * 0.5 / POS_SCALE
 QK_NORM = 2.5  # the q/k norm weights of the lookup dims: how sharp the match starts
 COPY_GAIN = 4.0  # value -> output: the copied one-hot's size (x2 under qwen35's gate)
 LLAMA_Q_GAIN = 3.0  # llama: the query's scale (no q/k norm sets the match's sharpness)
@@ -61,6 +73,15 @@ class Grounding:
     x_ids: tuple[int, ...]
     y_ids: tuple[int, ...]
     weight: float = 10.0
+    #: the sub-cell pieces (``agents.SUB_X_PIECES``: per column its left, then right point;
+    #: likewise per row), with a layout that has the sub-cell dims; empty without them
+    x_sub_ids: tuple[int, ...] = ()
+    y_sub_ids: tuple[int, ...] = ()
+
+    @property
+    def coordinate_ids(self) -> tuple[int, ...]:
+        """Every coordinate piece's id: the cell centres' and the sub-cell points'."""
+        return (*self.x_ids, *self.y_ids, *self.x_sub_ids, *self.y_sub_ids)
 
 
 @attrs.frozen
@@ -107,6 +128,11 @@ def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
                          f"two KV heads; {spec.arch} has {hd - rot} and {spec.n_head_kv}")
     if len(g.x_ids) != lay.cols or len(g.y_ids) != lay.rows:
         raise ValueError("one x piece per column and one y piece per row")
+    sub = bool(g.x_sub_ids)
+    if sub and (len(g.x_sub_ids) != 2 * lay.cols or len(g.y_sub_ids) != 2 * lay.rows
+                or width(lay.sub_x) != lay.cols or width(lay.sub_y) != lay.rows):
+        raise ValueError("two sub-cell pieces per column and row, on a layout with the "
+                         "sub-cell dims")
     p = {k: np.array(v, np.float32) for k, v in params.items()}
     rng = np.random.default_rng(seed)
     e = p["token_embd.weight"]
@@ -115,6 +141,15 @@ def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
             e[tok] = 0.05 * rng.normal(size=spec.n_embd)
             e[tok, dims] = 0.0  # exactly the one-hot there: the dims the mask keeps fixed
             e[tok, dims.start + i] = POS_SCALE
+    for pieces, dims, subs in ((g.x_sub_ids, lay.column, lay.sub_x),
+                               (g.y_sub_ids, lay.row, lay.sub_y)):
+        for i, tok in enumerate(pieces):
+            cell, side = divmod(i, 2)  # side 0: the point before the centre, 1: after it
+            e[tok] = 0.05 * rng.normal(size=spec.n_embd)
+            e[tok, dims] = 0.0
+            e[tok, subs] = 0.0
+            e[tok, dims.start + cell] = POS_SCALE - SUB_MARGIN
+            e[tok, subs.start + cell] = SUB_READ if side else -SUB_READ
     pre = f"blk.{lookup_layer(spec)}"
     q, k = p[f"{pre}.attn_q.weight"], p[f"{pre}.attn_k.weight"]
     v, o = p[f"{pre}.attn_v.weight"], p[f"{pre}.attn_output.weight"]
@@ -128,6 +163,10 @@ def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
     k[h0.kv.start + rot:h0.kv.start + rot + key_w, lay.key] = np.eye(key_w)
     v[h0.kv.start:h0.kv.start + lay.cols, lay.column] = np.eye(lay.cols)
     o[lay.column, h0.out.start:h0.out.start + lay.cols] = copy * np.eye(lay.cols)
+    if sub:  # the column's sub-cell dims ride along, in the value dims after the one-hot
+        v[h0.kv.start + lay.cols:h0.kv.start + 2 * lay.cols, lay.sub_x] = np.eye(lay.cols)
+        o[lay.sub_x, h0.out.start + lay.cols:h0.out.start + 2 * lay.cols] = (
+            copy * np.eye(lay.cols))
     # the first query head of KV head 1: the row, keyed on class and column
     h1 = first_head_of(spec, 1)
     q[h1.q], k[h1.kv], v[h1.kv], o[:, h1.out] = 0.0, 0.0, 0.0, 0.0
@@ -140,6 +179,10 @@ def design(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding,
     k[k0 + Y_CODE:k0 + Y_CODE + lay.cols, lay.column] = np.eye(lay.cols)
     v[h1.kv.start:h1.kv.start + lay.rows, lay.row] = np.eye(lay.rows)
     o[lay.row, h1.out.start:h1.out.start + lay.rows] = copy * np.eye(lay.rows)
+    if sub:
+        v[h1.kv.start + lay.rows:h1.kv.start + 2 * lay.rows, lay.sub_y] = np.eye(lay.rows)
+        o[lay.sub_y, h1.out.start + lay.rows:h1.out.start + 2 * lay.rows] = (
+            copy * np.eye(lay.rows))
     if gated:
         p[f"{pre}.attn_q_norm.weight"][rot:] = QK_NORM
         p[f"{pre}.attn_k_norm.weight"][rot:] = QK_NORM
@@ -177,12 +220,17 @@ def frozen_lookup(params: Mapping[str, np.ndarray], spec: TextSpec, g: Grounding
         if f"{pre}.{norm}.weight" in masks:
             masks[f"{pre}.{norm}.weight"][:] = 1.0
     norm_in = masks[f"{pre}.attn_norm.weight"]
-    for part in (lay.key, lay.column, lay.row, lay.query):
+    for part in (lay.key, lay.column, lay.row, lay.query, lay.sub_x, lay.sub_y):
         norm_in[part] = 1.0
     e = masks["token_embd.weight"]
     for pieces, dims in ((g.x_ids, lay.column), (g.y_ids, lay.row)):
         for tok in pieces:
             e[tok, dims] = 1.0
+    for pieces, dims, subs in ((g.x_sub_ids, lay.column, lay.sub_x),
+                               (g.y_sub_ids, lay.row, lay.sub_y)):
+        for tok in pieces:
+            e[tok, dims] = 1.0
+            e[tok, subs] = 1.0
     return masks
 
 
@@ -198,7 +246,7 @@ def query_targets(targets: np.ndarray, loss_mask: np.ndarray, clicked: str,
     code = g.codes.get(clicked) if clicked and clicked != OTHER else None
     if code is None:
         return codes, weight
-    coord = np.isin(targets, np.asarray(list(g.x_ids) + list(g.y_ids)))
+    coord = np.isin(targets, np.asarray(g.coordinate_ids))
     rows = coord & (loss_mask > 0)
     codes[rows] = code
     weight[rows] = g.weight

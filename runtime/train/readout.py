@@ -52,11 +52,24 @@ class Readout:
     layout: RowLayout
     x_ids: tuple[int, ...]
     y_ids: tuple[int, ...]
+    #: the sub-cell pieces (``grounding.Grounding.x_sub_ids``), x ones and y ones
+    x_sub_ids: tuple[int, ...] = ()
+    y_sub_ids: tuple[int, ...] = ()
 
     @property
     def coordinate_dims(self) -> np.ndarray:
+        """The column and row one-hots' dims, and the sub-cell dims (if any)."""
         lay = self.layout
-        return np.r_[lay.column.start:lay.column.stop, lay.row.start:lay.row.stop]
+        return np.r_[lay.column.start:lay.column.stop, lay.row.start:lay.row.stop,
+                     lay.sub_x.start:lay.sub_x.stop, lay.sub_y.start:lay.sub_y.stop]
+
+    @property
+    def all_x(self) -> list[int]:
+        return [*self.x_ids, *self.x_sub_ids]
+
+    @property
+    def all_y(self) -> list[int]:
+        return [*self.y_ids, *self.y_sub_ids]
 
     @property
     def kind_x(self) -> int:
@@ -92,11 +105,17 @@ def design_readout(params: Mapping[str, np.ndarray], spec: TextSpec, r: Readout,
             w[np.ix_(dims, keep)] = kept
     e = p["token_embd.weight"]
     lay = r.layout
-    x_ids, y_ids = list(r.x_ids), list(r.y_ids)
-    x_hot, y_hot = e[x_ids, lay.column].copy(), e[y_ids, lay.row].copy()  # the design's
+    x_ids, y_ids = r.all_x, r.all_y
+    # each piece keeps the design's values (grounding) in its own dims only: a cell centre
+    # its one-hot, a sub-cell piece its one-hot and its sub-cell dim
+    own = [(list(r.x_ids), lay.column), (list(r.y_ids), lay.row),
+           (list(r.x_sub_ids), lay.column), (list(r.x_sub_ids), lay.sub_x),
+           (list(r.y_sub_ids), lay.row), (list(r.y_sub_ids), lay.sub_y)]
+    kept = [e[ids, part].copy() for ids, part in own]
     e[:, dims] = 0.0
     e[x_ids + y_ids, :] = 0.0
-    e[x_ids, lay.column], e[y_ids, lay.row] = x_hot, y_hot
+    for (ids, part), values in zip(own, kept, strict=True):
+        e[ids, part] = values
     e[x_ids, r.kind_x] = KIND_READ
     e[y_ids, r.kind_y] = KIND_READ
     return p
@@ -113,7 +132,7 @@ def frozen_readout(params: Mapping[str, np.ndarray], spec: TextSpec, r: Readout,
         masks[name][dims, :] = 1.0
     e = masks["token_embd.weight"]
     e[:, dims] = 1.0
-    e[list(r.x_ids) + list(r.y_ids), :] = 1.0
+    e[r.all_x + r.all_y, :] = 1.0
     masks["output_norm.weight"][dims] = 1.0
     return masks
 

@@ -55,8 +55,9 @@ from runtime.train.gguf_io import export_gguf
 from runtime.train.menu_readout import readout_errors
 from runtime.train.model import Params
 from runtime.train.params import init_params
-from runtime.train.recipe_config import (BASE_DIR, DONE_DATA, MMPROJ_NAME, RecipeConfig,
-                                         model_name)
+from runtime.train.cell_labels import sub_cell_grid
+from runtime.train.recipe_config import (BASE_DIR, DONE_DATA, MMPROJ_NAME, SUB_UNITS,
+                                         RecipeConfig, model_name)
 from runtime.train.recogniser import (Recogniser, cell_data, lookup_accuracy,
                                       train_recogniser)
 from vmenv.simdesk.seeds import eval_seeds, train_seeds
@@ -83,14 +84,15 @@ def train_agents(config: RecipeConfig, out: Path, *,
     if unknown or not config.arches:
         raise ValueError(f"unknown arch(es) {unknown}; expected some of {AGENT_ARCHES}")
     out.mkdir(parents=True, exist_ok=True)
-    vocab = agent_vocab()
-    hybrid = agent_shape("qwen35")
+    vocab = agent_vocab(config.sub_cell)
+    hybrid = agent_shape("qwen35", config.sub_cell)
     rec, rec_record = _recogniser(config, progress)
     mmproj = write_cell_mmproj(hybrid.spec, out / MMPROJ_NAME, rec, seed=config.seed)
     designs = agent_designs(vocab.tokens, rec.classes, hybrid.spec.n_embd, seed=config.seed,
                             scaffold_weight=config.scaffold_weight,
                             menu_flag=config.menu_flag,
-                            flags_in_base=config.flags_in_base, key_row=config.key_row)
+                            flags_in_base=config.flags_in_base, key_row=config.key_row,
+                            sub_cell=config.sub_cell)
     if not all(np.array_equal(designs.grounding.codes[c], rec.codes[i])
                for i, c in enumerate(rec.classes)):  # designs' invariant
         raise AssertionError("the recogniser's class codes are not spread_codes(classes, seed)")
@@ -104,7 +106,7 @@ def train_agents(config: RecipeConfig, out: Path, *,
     _datasets(out, [(config.dataset(), "dataset", data), *_done_dataset(config, done_data)],
               mmproj, config.threads, progress, record)
     for arch in config.arches:
-        shape = agent_shape(arch)
+        shape = agent_shape(arch, config.sub_cell)
         progress(f"{arch}: training {config.fit.steps} steps")
         def keep(step: int, params: Params, arch: str = arch, spec: TextSpec = shape.spec) -> None:
             # intermediate models, to evaluate a long run while it trains
@@ -140,12 +142,13 @@ def train_done_from(config: RecipeConfig, base: Path, out: Path, *,
     mmproj = out / MMPROJ_NAME
     if mmproj.resolve() != (base / MMPROJ_NAME).resolve():
         write_durably(mmproj, (base / MMPROJ_NAME).read_bytes())
-    vocab = agent_vocab()
+    vocab = agent_vocab(config.sub_cell)
     designs = agent_designs(vocab.tokens, made["mmproj"]["recogniser"]["classes"],
                             agent_shape("qwen35").spec.n_embd, seed=config.seed,
                             scaffold_weight=config.scaffold_weight,
                             menu_flag=config.menu_flag,
-                            flags_in_base=config.flags_in_base, key_row=config.key_row)
+                            flags_in_base=config.flags_in_base, key_row=config.key_row,
+                            sub_cell=config.sub_cell)
     record: dict[str, Any] = {
         "config": attrs.asdict(config), "from": str(base), "mmproj": made["mmproj"],
         "dataset": made.get("dataset"), "models": {}, "environment": environment(),
@@ -182,9 +185,10 @@ def _datasets(out: Path, wanted: list[tuple[DatasetConfig, str, Path]], mmproj: 
     for both arches; exported once); a rerun keeps finished shards."""
     if not wanted:
         return
-    hybrid, seed = agent_shape("qwen35"), wanted[0][0].seed
+    sub_cell = wanted[0][0].sub_cell
+    hybrid, seed = agent_shape("qwen35", sub_cell), wanted[0][0].seed
     init = export_gguf(out / "init" / model_name("qwen35"), hybrid.spec,
-                       init_params(hybrid.spec, seed=seed), vocab=agent_vocab())
+                       init_params(hybrid.spec, seed=seed), vocab=agent_vocab(sub_cell))
     with load_engine(ModelFiles(init.path, mmproj),
                      EngineConfig(n_seq_max=1, n_threads=threads)) as engine:
         for dataset, key, data in wanted:
@@ -224,17 +228,22 @@ def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
     n, m = config.recogniser_episodes, config.recogniser_dialog_episodes
     progress(f"recogniser: cells of {n} + {m} expert episodes")
     entries = config.menu_entries
-    data = cell_data(train_seeds(config.seed), n, kinds=config.kinds, entries=entries)
+    grid = sub_cell_grid(entries) if config.sub_cell else None
+    data = cell_data(train_seeds(config.seed), n, kinds=config.kinds, entries=entries,
+                     grid=grid)
     if m:  # other training seeds than the first part's, read in its classes
+        dialogs = DIALOG_KINDS + tuple(f"dense-{k}" for k in DIALOG_KINDS
+                                       if f"dense-{k}" in config.kinds)
         data = data.concat(cell_data(train_seeds(config.seed + DIALOG_SEEDS), m, data.classes,
-                                     DIALOG_KINDS, entries))
+                                     dialogs, entries, grid))
     rec = train_recogniser(data, key_dims=KEY_DIMS, updates=config.recogniser_updates,
                            seed=config.seed, menu=config.menu_flag,
+                           sub_units=SUB_UNITS if config.sub_cell else 0,
                            progress=lambda t, loss: progress(
                                f"recogniser: update {t}/{config.recogniser_updates}, loss "
                                f"{loss:.3f}"))
     held_out = cell_data(iter(eval_seeds(10 * n)), max(8, n // 10), rec.classes,
-                         kinds=config.kinds, entries=entries)
+                         kinds=config.kinds, entries=entries, grid=grid)
     lookup = lookup_accuracy(rec, held_out)
     record: dict[str, Any] = {"classes": list(rec.classes), "screens": int(len(data.features)),
                               "held_out_lookup": round(lookup, 4)}

@@ -17,7 +17,7 @@ from runtime.train.fit import FitConfig
 from vmenv.simdesk.kinds import task_kinds
 
 __all__ = ["BASE_DIR", "CLICK_WEIGHTS", "DONE_CLICK_WEIGHTS", "DONE_DATA", "RECIPE_KINDS",
-           "HYBRID_DONE_CLICK_WEIGHTS", "MMPROJ_NAME", "RecipeConfig", "format_click_weights",
+           "HYBRID_DONE_CLICK_WEIGHTS", "MMPROJ_NAME", "SUB_UNITS", "RecipeConfig", "format_click_weights",
            "model_name", "parse_arches", "parse_click_weights"]
 
 MMPROJ_NAME = "mmproj.gguf"
@@ -64,6 +64,8 @@ HYBRID_DONE_CLICK_WEIGHTS: tuple[tuple[str, float], ...] = (
     *DONE_CLICK_WEIGHTS, ("save-note/", 1.0), ("switch-window/", 1.0))
 
 
+#: The sub-cell read-out's units per axis (``RecipeConfig.sub_cell``).
+SUB_UNITS = 16
 #: The kinds the shipped agents were trained on: the default mix and ``marked-launch``.
 RECIPE_KINDS: tuple[str, ...] = (*task_kinds(), "marked-launch")
 
@@ -127,6 +129,11 @@ class RecipeConfig:
     #: a slipped typing step may type a wrong word (``DatasetConfig.word_slips``); off, no
     #: demonstration presses backspace after typing, the habit that undid correct words
     word_slips: bool = False
+    #: agents that click 8 px off a cell's centre where the centre reaches no target
+    #: (``cell_labels.sub_cell_grid``): the sub-cell pieces in their vocabulary
+    #: (``agents.agent_vocab``), the recogniser's sub-cell read-out in the projector
+    #: (``sub_readout``, ``SUB_UNITS`` units per axis), demonstrations on that grid
+    sub_cell: bool = False
     #: the done stage (``done_stage``): after the base training, each agent continues from
     #: its base file on the demonstrations ending in ``done()``; ``updates`` 0 ships the base
     #: agents (they never say done())
@@ -141,7 +148,7 @@ class RecipeConfig:
                              with_done=self.with_done, kinds=self.kinds,
                              pin_share=self.pin_share, pin_look_back=self.pin_share > 0,
                              menu_entries=self.menu_entries, enter_key=self.enter_key,
-                             word_slips=self.word_slips)
+                             word_slips=self.word_slips, sub_cell=self.sub_cell)
 
     def done_dataset(self) -> DatasetConfig:
         """The done stage's dataset: the same demonstrations, each ending in ``done()``."""

@@ -47,7 +47,7 @@ import attrs
 import numpy as np
 
 from cachepolicy.forge import TextSpec
-from runtime.train.agents import X_PIECES
+from runtime.train.agents import SUB_X_PIECES, X_PIECES
 from runtime.train.cell_vision import POS_SCALE, RowLayout
 from runtime.train.grounding import first_head_of, piece_ids
 from runtime.train.word_copy import ASK_PIECES, WordCopy, copy_layer, match_flags
@@ -92,10 +92,11 @@ class TypedFlag:
 
 
 def typed_flag(tokens: Sequence[str], words: WordCopy, seed: int = 0, *,
-               key_row: bool = False) -> TypedFlag:
+               key_row: bool = False, sub_cell: bool = False) -> TypedFlag:
     """The agents' typed flag for a vocabulary's ``tokens`` and their word copy;
-    ``key_row``: the key row carries the text flag too (module docstring)."""
-    query = QUERY_PIECES + KEY_PIECES if key_row else QUERY_PIECES
+    ``key_row``: the key row carries the text flag too (module docstring); ``sub_cell``:
+    the sub-cell x pieces are x pieces too (``agents.SUB_X_PIECES``)."""
+    query = QUERY_PIECES + (SUB_X_PIECES if sub_cell else ()) + (KEY_PIECES if key_row else ())
     return TypedFlag(words.layout, words.ask_flag, piece_ids(tokens, CLICK_PIECES),
                      piece_ids(tokens, ASK_PIECES), piece_ids(tokens, query), seed=seed)
 
