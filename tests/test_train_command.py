@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 from cachepolicy.engine import Engine, EngineConfig
@@ -306,3 +307,40 @@ def test_the_recipe_before_its_defaults_changed_still_runs(tmp_path: Path,
     assert not np.array_equal(base[:, list(flags.dims)], want)  # the base never had them
     assert np.array_equal(done[:, list(flags.dims)], want) and not flags.key_reads
     assert loaded.vocab.tokens.index('press("') not in set(np.flatnonzero(done[:, typed.text_flag]))
+
+
+def test_the_sub_cell_recipe_makes_an_agent_that_clicks_off_centre(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--sub-cell`` on a toy budget: the agent's vocabulary holds the sub-cell pieces, its
+    projector the sub-cell read-out (a cell's row has a value in its column's sub-cell dim),
+    its demonstrations click points off the cell centres on the dense kinds, and the
+    recorded recipe says so (test_recipe_base: the done stage refuses to mix the two)."""
+    from runtime.train.agents import N_VOCAB_SUB, SUB_X_PIECES
+    from runtime.train.cell_vision import row_layout
+    from runtime.train.dataset import DatasetConfig, rollout
+    from vmenv.actions import Click
+    from vmenv.simdesk.render import render_png
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    out = tmp_path / "sub"
+    kinds = "click-ok,dense-click-ok,dense-save-note,save-note"
+    assert main([*ARGS, "--sub-cell", "--kinds", kinds, "--done-updates", "0",
+                 "--out", str(out)]) == 0
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["config"]["sub_cell"] is True
+    model = out / "agent-qwen35.gguf"
+    with Engine(model, out / "mmproj.gguf", EngineConfig(n_seq_max=1, n_threads=2)) as engine:
+        assert engine.n_vocab == N_VOCAB_SUB
+        # click( 408 , 200 ): one piece per coordinate, off-centre ones too
+        assert len(engine.tokenize(f"click({SUB_X_PIECES[25]}, 200)")) == 4
+        lay = row_layout(192, sub_cell=True)
+        data = DatasetConfig(kinds=tuple(kinds.split(",")), sub_cell=True)
+        episode = rollout(data, 1)
+        rows = np.asarray(engine.encode_image(render_png(episode.steps[0].state)).embeddings)
+        cols = np.tile(np.arange(lay.cols), lay.rows)
+        others = rows[:, lay.sub_x].copy()
+        others[np.arange(len(rows)), cols] = 0.0
+        assert np.abs(others).max() < 0.05  # each value only in its own column's dim
+    clicks = [s.action for e in range(8) for s in rollout(data, e).steps
+              if isinstance(s.action, Click)]
+    assert any((c.x - 16) % 32 or (c.y - 16) % 32 for c in clicks)
