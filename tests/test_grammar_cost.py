@@ -202,6 +202,26 @@ def test_what_llama_cpp_accepts_and_never_finishes_is_refused(llama) -> None:
     assert out.returncode != 0 and "true" not in out.stdout
 
 
+#: a name defined twice keeps its last rule; llama.cpp's rules are a vector up to the last
+#: defined id, so a gap below it is refused and a name only an overwritten rule used, past
+#: it, is not (hypothesis found the first: ``root ::= x`` then ``root ::= ``)
+REDEFINED = ['root ::= x\nroot ::= ', 'root ::= x\nroot ::= y\ny ::= "a"',
+             'root ::= x\nroot ::= "a"\ny ::= "b"', 'root ::= x y\nroot ::= "a"\nx ::= "b"',
+             'root ::= x y\nroot ::= "a"\ny ::= "b"', 'root ::= "a"\nx ::= y',
+             'root ::= ("a" x)*\nroot ::= "b"', 'root ::= ("a" x){2,3}\nx ::= "c"']
+
+
+@pytest.mark.parametrize("text", REDEFINED)
+def test_rules_defined_twice_and_unused_names_as_llama_cpp_reads_them(llama, text) -> None:
+    assert _reader_accepts(text) == llama.accepts(text), text
+
+
+def test_the_check_for_undefined_names_costs_nothing_of_a_repetition() -> None:
+    """A billion copies of a chunk are read once for the names they use."""
+    with pytest.raises(GrammarRejected, match="'x' is not defined"):
+        measure('root ::= (("a"{1000}){1000}){1000} x', max_elements=10**12)
+
+
 # -- hypothesis: small random grammars, llama.cpp's verdict against the reader's --------------
 
 _PIECES = ['"a"', '"bc"', '""', "[a-c]", "[^x]", "[]", ".", "x", "y", "root", "(", ")",

@@ -352,7 +352,18 @@ class GrammarParser:
         return n_prev_rules * total
 
     def validate(self, root: str) -> None:
-        undefined = [i for i in self.symbols.values() if i not in self.rules]
+        """llama.cpp's check: its rules are a vector up to the last defined id, so a name
+        with an id below it and no rule is refused, and so is a reference, in the rules as
+        they stand (a name defined twice keeps its last rule), to a name without one; a
+        name only an overwritten rule used, with an id past every defined one, is not."""
+        # only a name can lack a rule: a generated id (a group, a repetition's family) gets
+        # its rule as it is made — so no id range is walked (a family may hold millions)
+        size = max(max(self.rules, default=-1),
+                   max((f.first + f.count - 1 for f in self.families), default=-1)) + 1
+        chunks = [*self.rules.values(), *(f.chunk for f in self.families)]
+        refs = {e >> 4 for items in chunks for e in _distinct(items) if e & 15 == RULE_REF}
+        undefined = [i for i in self.symbols.values()
+                     if i not in self.rules and (i < size or i in refs)]
         if undefined:
             first = min(undefined, key=lambda i: self.first_use[i])
             name = next(n for n, i in self.symbols.items() if i == first)
@@ -394,6 +405,18 @@ def _flatten(items: tuple[int | _Rep, ...] | list[int | _Rep]) -> Iterator[int]:
                 break
         else:
             todo.pop()
+
+
+def _distinct(items: tuple[int | _Rep, ...] | list[int | _Rep]) -> Iterator[int]:
+    """The elements of ``items``, each ``_Rep``'s chunk read once (not its copies: what
+    elements occur, at no cost of the repetition's size)."""
+    todo: list[tuple[int | _Rep, ...] | list[int | _Rep]] = [items]
+    while todo:
+        for item in todo.pop():
+            if isinstance(item, int):
+                yield item
+            else:
+                todo.append(item.chunk)
 
 
 def _where(src: bytes, pos: int) -> str:
