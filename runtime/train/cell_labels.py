@@ -14,9 +14,10 @@ body — is ``other``.  One class is named for how it is drawn: ``marked``, the 
 launcher while it carries the first screen's mark (``marked-launch``: the task names no app,
 the mark says which; ``DeskState.mark``, gone after the first action — from then on the
 same cells are ``launch.<app>`` again, and a click there needs the mark's cells on the first
-screenshot: ``query_class``).  On simdesk laid out on the encoder's grid (640x384: unit 16 px) every
-scripted click lands in a cell whose centre reaches the clicked widget, so a cell is the
-unit the agent clicks.
+screenshot: ``query_class``).  On simdesk laid out on the encoder's grid (640x384: unit
+16 px) every scripted click lands in a cell whose centre reaches the clicked widget, so a
+cell is the unit the agent clicks; on a dense layout a cell's *point* may lie 8 px off its
+centre (``sub_cell_grid``; ``cell_targets``: its class and where the point is).
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def cell_targets(state: DeskState, entries: MenuEntries = "menu",
             offsets[r, c] = ((x - c * CELL - CELL // 2) // (CELL // 4),
                              (y - r * CELL - CELL // 2) // (CELL // 4))
     return classes, offsets
+
 
 def sub_cell_grid(entries: MenuEntries = "menu") -> ClickGrid:
     """The grid of cell points 8 px either side of a cell's centre (``grid_clicks``): an

@@ -5,7 +5,10 @@ and positions are drawn in whole cells, so one seed gives the same picture at ev
 size, scaled.  Legibility (what a small vision model needs, at 640x360): text is one cell
 (15 px) high, codes two; every target an agent clicks is at least three cells (45 px; the
 window close button 41 px) on its short side — title bars, fields, buttons, taskbar
-launchers, menu entries — and desktop icons are 5x4 to 6x5 cells.
+launchers, menu entries — and desktop icons are 5x4 to 6x5 cells.  A dense scene
+(``Scene.dense``, the ``dense-*`` kinds) is the small case: cells of ``dense_unit`` (half),
+half of them compact (bars two cells tall), windows and dialogs off the cells by less than
+one (``Layout.jitter``).
 
 Invariants of ``place_scene`` (tested over many seeds): launchers and the menu button never
 overlap each other; desktop icons keep a cell of space between them and are not covered by
@@ -50,6 +53,7 @@ def unit_for(width: int, height: int) -> int:
 
 
 def _jitter(rng: random.Random, r: Rect, bound: Rect, unit: int) -> Rect:
+    """``r`` moved right and down by 0 .. unit - 1 px each, as far as ``bound`` leaves room."""
     dx = rng.randrange(max(min(unit, bound.x1 - r.x1 + 1), 1))
     dy = rng.randrange(max(min(unit, bound.y1 - r.y1 + 1), 1))
     return Rect(r.x0 + dx, r.y0 + dy, r.x1 + dx, r.y1 + dy)
