@@ -82,7 +82,10 @@ async def test_24_chat_clients_at_a_budget_that_shrinks_the_image_cache(forged,
                 # being encoded into it...
                 assert now["image_cache_shrinks"] > events["image_cache_shrinks"], now
                 # ...and its counts agree: the ledger holds its capacity, its entries fit
-                assert cache["ledger"] == cache["capacity"] < target, cache
+                # (the capacity may be back at its target already: each release regrows it
+                # by up to half the free bytes — ``regrow_image_cache`` — and how much the
+                # round's last releases freed depends on which conversations rung 0 evicted)
+                assert cache["ledger"] == cache["capacity"] <= target, cache
                 assert cache["entries"] <= cache["capacity"], cache
                 # the pressure gone (the conversations closed), the capacity is back
                 listed = (await c.get("/v1/episodes")).json()["data"]
