@@ -110,8 +110,8 @@ def agent_shape(arch: str, sub_cell: bool = False) -> AgentShape:
     """The shipped shape of ``arch`` ("qwen35": 2 Gated DeltaNet + 2 attention layers;
     "llama": 4 attention layers), ``sub_cell``: over ``agent_vocab(sub_cell=True)``;
     ValueError for another arch."""
-    common = dict(size="agent", n_vocab=N_VOCAB_SUB if sub_cell else N_VOCAB, n_embd=192, n_layer=4, n_head=4, n_head_kv=2,
-                  head_dim=48, n_ff=512, n_ctx_train=8192)
+    common = dict(size="agent", n_vocab=N_VOCAB_SUB if sub_cell else N_VOCAB, n_embd=192,
+                  n_layer=4, n_head=4, n_head_kv=2, head_dim=48, n_ff=512, n_ctx_train=8192)
     if arch == "qwen35":
         return AgentShape(TextSpec(arch="qwen35", **common, full_attention_interval=2,
                                    ssm_state=32, ssm_groups=2, ssm_v_heads=4))

@@ -128,11 +128,7 @@ def position_readout(axis: str, n_patches: int) -> tuple[np.ndarray, float]:
     over the cell's 4 patches of ``(f[+] − f[−]) / 2 · SIGMA / K`` is ``2u − 1``, with u the
     patch's grid position; a patch's index is ``u (n − 1)`` and a cell's is its patches' mean
     index (``2 cell + 0.5``) less 0.5, halved."""
-    first = {"x": X, "y": Y}[axis]
-    w = np.zeros(MERGED_FEATURES, np.float64)
-    for slot in range(4):
-        w[slot * VISION_EMBD + first] += 1.0 / 8.0
-        w[slot * VISION_EMBD + first + 1] -= 1.0 / 8.0
+    w = _pair_mean({"x": X, "y": Y}[axis])
     # 2u - 1 = (SIGMA / K) w·f  ->  cell = ((n - 1) u - 0.5) / 2
     scale = (SIGMA / K) * (n_patches - 1) / 4.0
     return w * scale, ((n_patches - 1) / 2.0 - 0.5) / 2.0
@@ -144,8 +140,14 @@ def unit_readout() -> np.ndarray:
     the position pairs, so ``(c − b) (w_unit · f) − w · f`` is ``(c − p) SIGMA / σ`` — zero
     at the cell c itself whatever σ is, where ``c − (w · f + b)`` is off by up to 0.01
     (the content moves σ by up to 0.1 %)."""
+    return _pair_mean(ANCHOR) * (SIGMA / C)
+
+
+def _pair_mean(first: int) -> np.ndarray:
+    """w such that ``w · features`` is the mean over a cell's 4 patches of
+    ``(f[first] − f[first + 1]) / 2``: a ± pair's value, the LayerNorm's mean cancelled."""
     w = np.zeros(MERGED_FEATURES, np.float64)
     for slot in range(4):
-        w[slot * VISION_EMBD + ANCHOR] += 1.0 / 8.0
-        w[slot * VISION_EMBD + ANCHOR + 1] -= 1.0 / 8.0
-    return w * (SIGMA / C)
+        w[slot * VISION_EMBD + first] += 1.0 / 8.0
+        w[slot * VISION_EMBD + first + 1] -= 1.0 / 8.0
+    return w

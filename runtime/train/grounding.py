@@ -46,8 +46,8 @@ from runtime.train.cell_labels import OTHER
 from runtime.train.cell_vision import POS_SCALE, SUB_SCALE, RowLayout, width
 from runtime.train.model import lookup_layer
 
-__all__ = ["SUB_MARGIN", "SUB_READ", "Grounding", "HeadSlices", "design", "first_head_of", "frozen_lookup", "piece_ids",
-           "query_targets", "residual_writers", "static_dims"]
+__all__ = ["SUB_MARGIN", "SUB_READ", "Grounding", "HeadSlices", "design", "first_head_of",
+           "frozen_lookup", "piece_ids", "query_targets", "residual_writers", "static_dims"]
 
 Y_CODE = 16  # the class code's projection the row head matches (its other dims: the column)
 #: a sub-cell piece's embedding: its cell's one-hot ``POS_SCALE − SUB_MARGIN`` and ``∓SUB_READ``

@@ -17,8 +17,8 @@ from runtime.train.fit import FitConfig
 from vmenv.simdesk.kinds import task_kinds
 
 __all__ = ["BASE_DIR", "CLICK_WEIGHTS", "DONE_CLICK_WEIGHTS", "DONE_DATA", "RECIPE_KINDS",
-           "HYBRID_DONE_CLICK_WEIGHTS", "MMPROJ_NAME", "SUB_UNITS", "RecipeConfig", "format_click_weights",
-           "model_name", "parse_arches", "parse_click_weights"]
+           "HYBRID_DONE_CLICK_WEIGHTS", "MMPROJ_NAME", "SUB_UNITS", "RecipeConfig",
+           "format_click_weights", "model_name", "parse_arches", "parse_click_weights"]
 
 MMPROJ_NAME = "mmproj.gguf"
 BASE_DIR = "base"  # the base agents of a recipe with a done stage

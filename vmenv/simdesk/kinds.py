@@ -51,9 +51,9 @@ def all_kinds() -> tuple[str, ...]:
 
 
 def resolve_kinds(text: str) -> tuple[str, ...]:
-    """The kinds ``text`` names: kind names and selectors (``SELECTORS``: ``look-back``, ``dense``)
-    separated by commas, in order, a selector expanded in place (ValueError for anything
-    else).  The one reading of ``--task``'s kinds."""
+    """The kinds ``text`` names: kind names and selectors (``SELECTORS``: ``look-back``,
+    ``dense``) separated by commas, in order, a selector expanded in place (ValueError for
+    anything else).  The one reading of ``--task``'s kinds."""
     out: list[str] = []
     for name in text.split(","):
         if name in KINDS:
