@@ -16,10 +16,12 @@ from vmenv.osworld_vm.machine import SimMachine
 from vmenv.simdesk.apply import apply_action
 from vmenv.simdesk.demos import demonstration
 from vmenv.simdesk.expert import RECOVERY_STEPS
-from vmenv.simdesk.drafts import DENSE
+from vmenv.simdesk.drafts import CLASSIC, DENSE
+from vmenv.simdesk.geometry import Metrics
 from vmenv.simdesk.grid_clicks import on_grid
 from vmenv.simdesk.kinds import (all_kinds, parse_sampled_name, resolve_kinds, sample_task,
                                  task_kinds)
+from vmenv.simdesk.layout import classic_layout
 from vmenv.simdesk.perturb import PERTURBATIONS
 from vmenv.simdesk.render import render_png
 from vmenv.simdesk.seeds import eval_seeds, is_eval_seed, seed_split, train_seeds
@@ -34,7 +36,9 @@ SMALL = (640, 360)
 STEPS = {"open-terminal": {1}, "type-in-field": {2}, "click-ok": {1}, "save-note": {4},
          "menu-launch": {3, 4}, "dialog-button": {1}, "remember-code": {5, 6},
          "switch-window": {4}, "marked-launch": {5}}
-STEPS |= {k: STEPS[k.removeprefix("dense-")] for k in KINDS if k.startswith("dense-")}
+STEPS |= {k: STEPS[k.split("-", 1)[1]] for k in KINDS if k.startswith(("dense-", "classic-"))}
+#: kinds in the classic layout's sizes or half-size cells: targets as small as the classic's
+SMALL_KINDS = tuple(k for k in KINDS if k.startswith(("dense-", "classic-")))
 #: At 640x360: the shortest side of a click target, and the margin around a click point
 #: that must still hit the same target.
 MIN_TARGET_PX, CLICK_MARGIN_PX = 40, 12
@@ -132,7 +136,7 @@ def test_every_kind_is_solved_by_its_expert_from_the_start(kind: str) -> None:
         for action in solution:
             assert not task.check(state), (task.name, "solved early")
             if isinstance(action, Click):
-                _assert_legible_click(state, action, kind.startswith("dense-"))
+                _assert_legible_click(state, action, kind in SMALL_KINDS)
             assert task.next_action(state) == action  # solve is the expert, step by step
             state = apply_action(state, action)
         assert task.check(state), task.name
@@ -163,7 +167,7 @@ def test_instructions_say_what_the_task_needs() -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_targets_are_large_separate_and_uncovered(kind: str) -> None:
     """(On a dense layout: fonts half as large, targets at least two of its cells.)"""
-    half = 2 if kind.startswith("dense-") else 1
+    half = 2 if kind in SMALL_KINDS else 1
     min_px = DENSE_MIN_TARGET_PX if half == 2 else MIN_TARGET_PX
     for seed in range(60):
         state = _start(sample_task(kind, seed))
@@ -464,3 +468,39 @@ def test_dense_kinds_are_their_kinds_in_half_size_cells_off_the_encoder_grid() -
                         g = on_grid(step.state, a, 32)
                         off_grid[name] += bool((g.x - 16) % 32 or (g.y - 16) % 32)
     assert off_grid["plain"] == 0 and off_grid["dense"] >= 10, off_grid
+
+
+# ---------------------------------------------------------------- classic-style layouts
+
+
+def test_classic_kinds_are_the_classic_arrangement_never_the_classic_screens() -> None:
+    """A classic-style instance keeps the classic layout's sizes, taskbar and tile spacing
+    (its target's tile among them), its windows within a unit of the classic places; its
+    desktop colour is never the classic one, so none of its screens is a classic task's."""
+    assert resolve_kinds("classic") == CLASSIC and not set(CLASSIC) & set(task_kinds())
+    size = (640, 384)
+    classic = classic_layout(Metrics(*size))
+    classic_screens = {render_png(t.setup(DeskState.empty(*size))) for t in
+                       default_tasks().values()}
+    tiles = [x.rect for x in classic.launchers]
+    for kind in CLASSIC:
+        goal_app = {"classic-open-terminal": "terminal", "classic-click-ok": None}.get(
+            kind, "notes")
+        for seed in range(20):
+            task = sample_task(kind, seed)
+            state = _start(task, size)
+            lay = state.layout
+            assert lay.sizes == classic.sizes and lay.taskbar == classic.taskbar
+            assert lay.theme.desktop != classic.theme.desktop
+            step = tiles[1].x0 - tiles[0].x0
+            assert [x.rect.x0 for x in lay.launchers] == [
+                tiles[0].x0 + i * step for i in range(len(lay.launchers))]
+            assert all(x.style == "tile" and x.rect.y0 == tiles[0].y0 for x in lay.launchers)
+            if goal_app is not None:
+                assert lay.launchers_of(goal_app)
+            for app, r in classic.openings:
+                got = lay.opening(app)
+                assert got.width == r.width and got.height == r.height
+                assert max(abs(got.x0 - r.x0), abs(got.y0 - r.y0)) < lay.sizes.unit
+            for step_ in demonstration(task, *size):
+                assert render_png(step_.state) not in classic_screens

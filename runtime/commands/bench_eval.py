@@ -42,9 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "seed; default 40)")
     p.add_argument("--task", default=None, metavar="KIND[,KIND...]",
                    help="only this kind, or these kinds in turn; look-back names "
-                        "remember-code,marked-launch, dense the dense-* kinds (default: the "
-                        "eight kinds of kvagent run's default mix in turn; marked-launch and "
-                        "dense-* only when named)")
+                        "remember-code,marked-launch, dense the dense-* kinds, classic the "
+                        "classic-* kinds (default: the eight kinds of kvagent run's default "
+                        "mix in turn; marked-launch, dense-* and classic-* only when named)")
     p.add_argument("--seeds", default="eval", metavar="eval|A-B",
                    help="seeds of the instances (default eval: held out from training)")
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),

@@ -80,9 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"the recogniser's updates (default {d.recogniser_updates}, ~3 min; "
                         "its screens take 1.5 min more)")
     p.add_argument("--kinds", default=",".join(d.kinds),
-                   help="comma-separated task kinds (or the selectors look-back, dense) the "
-                        "recogniser and the dataset draw from, in turn (default: the default "
-                        "mix and the look-back kind marked-launch)")
+                   help="comma-separated task kinds (or the selectors look-back, dense, "
+                        "classic) the recogniser and the dataset draw from, in turn (default: "
+                        "the default mix and the look-back kind marked-launch)")
     p.add_argument("--pin-share", type=float, default=d.pin_share,
                    help="share of the terminal layouts (K >= 2) with the first screenshot "
                         f"pinned, as --pin-first 1 lays them out; above 0, a look-back step "

@@ -22,6 +22,9 @@ Steps of the expert's solution from the start (what must be read from the screen
 * ``dense-<kind>`` — the kind's draft laid out in half-size cells (``DENSE``, 8 px at
   640x384 as the classic layout's): widgets as small as the classic tasks', most of them
   off the encoder's 32-px grid.
+* ``classic-<kind>`` — one of the classic tasks' kinds laid out classic-style (``CLASSIC``,
+  ``classic_style``): the classic layout's taskbar tiles, sizes and window places in a
+  random theme, windows off their places by less than a unit, the kind's own words.
 
 ``LOOK_BACK`` names the kinds whose need is shown only on a screenshot that has left a K = 3
 window by the step that needs it.  ``OPT_IN`` kinds are reached by name (or a selector,
@@ -301,7 +304,21 @@ DENSE: tuple[str, ...] = tuple(f"dense-{k}" for k in (
     "open-terminal", "type-in-field", "click-ok", "save-note", "menu-launch", "dialog-button",
     "switch-window"))
 KINDS |= {d: _dense(KINDS[d.removeprefix("dense-")]) for d in DENSE}
+
+
+def _classic(kind: Callable[[random.Random, Sequence[str]], Draft],
+             ) -> Callable[[random.Random, Sequence[str]], Draft]:
+    def draft(rng: random.Random, pool: Sequence[str]) -> Draft:
+        d = kind(rng, pool)
+        return attrs.evolve(d, scene=attrs.evolve(d.scene, classic=True))
+    return draft
+
+
+#: The classic tasks' kinds laid out classic-style (``Scene.classic``, ``classic_style``).
+CLASSIC: tuple[str, ...] = tuple(f"classic-{k}" for k in (
+    "open-terminal", "type-in-field", "click-ok", "save-note"))
+KINDS |= {c: _classic(KINDS[c.removeprefix("classic-")]) for c in CLASSIC}
 #: Kinds whose need is on a screenshot a K = 3 window has lost (see the module docstring).
 LOOK_BACK: tuple[str, ...] = ("remember-code", "marked-launch")
 #: Kinds outside the default mix (see the module docstring).
-OPT_IN: frozenset[str] = frozenset({"marked-launch", *DENSE})
+OPT_IN: frozenset[str] = frozenset({"marked-launch", *DENSE, *CLASSIC})

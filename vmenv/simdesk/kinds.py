@@ -21,7 +21,8 @@ import random
 import attrs
 import structlog
 
-from vmenv.simdesk.drafts import DENSE, KINDS, LOOK_BACK, OPT_IN, Draft
+from vmenv.simdesk.classic_style import place_classic_style
+from vmenv.simdesk.drafts import CLASSIC, DENSE, KINDS, LOOK_BACK, OPT_IN, Draft
 from vmenv.simdesk.placement import PlacementError, place_scene
 from vmenv.simdesk.seeds import MAX_SEED, seed_split
 from vmenv.simdesk.state import DeskState
@@ -36,7 +37,8 @@ SEPARATOR = "@"
 
 
 #: Names ``resolve_kinds`` takes for several kinds at once.
-SELECTORS: dict[str, tuple[str, ...]] = {"look-back": LOOK_BACK, "dense": DENSE}
+SELECTORS: dict[str, tuple[str, ...]] = {"look-back": LOOK_BACK, "dense": DENSE,
+                                         "classic": CLASSIC}
 
 
 def task_kinds() -> tuple[str, ...]:
@@ -52,8 +54,8 @@ def all_kinds() -> tuple[str, ...]:
 
 def resolve_kinds(text: str) -> tuple[str, ...]:
     """The kinds ``text`` names: kind names and selectors (``SELECTORS``: ``look-back``,
-    ``dense``) separated by commas, in order, a selector expanded in place (ValueError for
-    anything else).  The one reading of ``--task``'s kinds."""
+    ``dense``, ``classic``) separated by commas, in order, a selector expanded in place
+    (ValueError for anything else).  The one reading of ``--task``'s kinds."""
     out: list[str] = []
     for name in text.split(","):
         if name in KINDS:
@@ -86,7 +88,8 @@ def _setup(kind: str, seed: int, draft: Draft, empty: DeskState) -> DeskState:
     w, h = empty.metrics.width, empty.metrics.height
     for attempt in range(MAX_PLACEMENT_ATTEMPTS):
         try:
-            placed = place_scene(rng, w, h, draft.scene)
+            place = place_classic_style if draft.scene.classic else place_scene
+            placed = place(rng, w, h, draft.scene)
             d = placed.layout.desktop
             pointer = (rng.randrange(d.width), rng.randrange(d.height))
             state = attrs.evolve(empty, layout=placed.layout, windows=placed.windows,

@@ -101,6 +101,10 @@ class Scene:
     #: layout's, at any pixel as the classic layout's are, most of them off the encoder's
     #: 32-px grid (the ``dense-*`` kinds)
     dense: bool = False
+    #: laid out as the classic layout is (``classic_style``): its taskbar tiles, sizes and
+    #: window places, in a random theme, off the cells by less than one (the
+    #: ``classic-*`` kinds)
+    classic: bool = False
 
 
 @attrs.frozen
@@ -109,7 +113,11 @@ class Placed:
     windows: tuple[Window, ...]
 
 
-class _Grid:
+class CellGrid:
+    """The screen in cells of ``unit`` px: the taskbar (three cells and two margins tall),
+    the desktop above it, and rectangles drawn in whole cells (moved off them by less than
+    a cell with ``jitter``)."""
+
     def __init__(self, rng: random.Random, width: int, height: int, unit: int,
                  jitter: bool = False) -> None:
         self.rng, self.w, self.h = rng, width, height
@@ -139,7 +147,7 @@ class _Grid:
         return self.random_rect(self.rng.randint(w0, w1), self.rng.randint(h0, h1))
 
 
-def _taskbar_items(g: _Grid, sz: Sizes, scene: Scene,
+def _taskbar_items(g: CellGrid, sz: Sizes, scene: Scene,
                    rng: random.Random) -> tuple[tuple[Launcher, ...], MenuSpec | None, Rect]:
     """Taskbar launchers, the menu (button and panel) and the clock.  ``rng`` is the
     taskbar's own: its draws depend on pixel widths of labels, and must not shift the draws
@@ -180,7 +188,7 @@ def _taskbar_items(g: _Grid, sz: Sizes, scene: Scene,
     return tuple(launchers), menu, clock
 
 
-def _menu(g: _Grid, sz: Sizes, scene: Scene, button: Rect, label: str,
+def _menu(g: CellGrid, sz: Sizes, scene: Scene, button: Rect, label: str,
           left: bool) -> MenuSpec:
     u, m = g.u, g.m
     assert scene.menu is not None
@@ -201,7 +209,7 @@ def _menu(g: _Grid, sz: Sizes, scene: Scene, button: Rect, label: str,
     return MenuSpec(button, label, panel, entries)
 
 
-def _free_spots(g: _Grid, taken: Sequence[Rect], w: int, h: int) -> list[tuple[int, int]]:
+def _free_spots(g: CellGrid, taken: Sequence[Rect], w: int, h: int) -> list[tuple[int, int]]:
     """Cells (cx, cy) where a w x h block overlaps none of ``taken`` (rectangles aligned to
     cells, so overlapping means sharing a cell): a prefix sum over the occupied cells."""
     cols, rows, u = g.cols, g.rows, g.u
@@ -218,7 +226,7 @@ def _free_spots(g: _Grid, taken: Sequence[Rect], w: int, h: int) -> list[tuple[i
             if acc[cy + h][cx + w] - acc[cy][cx + w] - acc[cy + h][cx] + acc[cy][cx] == 0]
 
 
-def _desktop_icons(g: _Grid, scene: Scene, blocked: Sequence[Rect]) -> tuple[Launcher, ...]:
+def _desktop_icons(g: CellGrid, scene: Scene, blocked: Sequence[Rect]) -> tuple[Launcher, ...]:
     """Icons in free cells: off every start window, a cell apart from each other."""
     rng, u = g.rng, g.u
     cw, ch = rng.choice(ICON_CELLS)
@@ -233,7 +241,7 @@ def _desktop_icons(g: _Grid, scene: Scene, blocked: Sequence[Rect]) -> tuple[Lau
     return tuple(out)
 
 
-def _recall(g: _Grid, sz: Sizes) -> RecallSpec:
+def recall_spec(g: CellGrid, sz: Sizes) -> RecallSpec:
     u, m = g.u, g.m
     w, h = min(18 * u, g.w - 2 * m), 3 * u + 2 * m
     corner = g.rng.randrange(4)
@@ -247,7 +255,7 @@ def _recall(g: _Grid, sz: Sizes) -> RecallSpec:
 def place_scene(rng: random.Random, width: int, height: int, scene: Scene) -> Placed:
     """A random layout for ``scene`` at this screen size (raises ``PlacementError`` when the
     drawn windows leave no room for a required icon; callers draw again)."""
-    g = _Grid(rng, width, height,
+    g = CellGrid(rng, width, height,
               dense_unit(width, height) if scene.dense else unit_for(width, height),
               jitter=scene.dense)
     # a dense scene's one extra draw comes first, and only for it: the other scenes' layouts
@@ -264,7 +272,7 @@ def place_scene(rng: random.Random, width: int, height: int, scene: Scene) -> Pl
                                       *(where[a] for a in scene.clear_of)])
     layout = Layout(width=width, height=height, sizes=sz, theme=theme, taskbar=g.taskbar,
                     clock=clock, launchers=(*launchers, *icons), menu=menu, openings=openings,
-                    recall=_recall(g, sz) if scene.recall else None, keep_inside=True,
+                    recall=recall_spec(g, sz) if scene.recall else None, keep_inside=True,
                     short_clock=True, jitter=scene.dense)
     return Placed(layout, windows)
 
