@@ -317,7 +317,8 @@ def test_the_sub_cell_recipe_makes_an_agent_that_clicks_off_centre(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--sub-cell`` on a toy budget: the agent's vocabulary holds the sub-cell pieces, its
     projector the sub-cell read-out (a cell's row has a value in its column's sub-cell dim),
-    its demonstrations click points off the cell centres on the dense kinds, and the
+    its demonstrations click points off the cell centres on the dense and classic-style
+    kinds (whose dialogs the recogniser also learns from), and the
     recorded recipe says so (test_recipe_base: the done stage refuses to mix the two)."""
     from runtime.train.agents import N_VOCAB_SUB, SUB_X_PIECES
     from runtime.train.cell_vision import row_layout
@@ -327,11 +328,13 @@ def test_the_sub_cell_recipe_makes_an_agent_that_clicks_off_centre(
 
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     out = tmp_path / "sub"
-    kinds = "click-ok,dense-click-ok,dense-save-note,save-note"
+    kinds = "click-ok,dense-click-ok,dense-save-note,classic-click-ok,save-note"
     assert main([*ARGS, "--sub-cell", "--kinds", kinds, "--done-updates", "0",
                  "--out", str(out)]) == 0
     record = json.loads((out / "recipe.json").read_text())
     assert record["config"]["sub_cell"] is True
+    assert record["mmproj"]["recogniser"]["dialog_kinds"] == [
+        "dialog-button", "click-ok", "dense-click-ok", "classic-click-ok"]
     model = out / "agent-qwen35.gguf"
     with Engine(model, out / "mmproj.gguf", EngineConfig(n_seq_max=1, n_threads=2)) as engine:
         assert engine.n_vocab == N_VOCAB_SUB

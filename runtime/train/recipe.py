@@ -226,14 +226,16 @@ def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
     it), trained on training seeds and measured on held-out ones."""
     t0 = time.perf_counter()
     n, m = config.recogniser_episodes, config.recogniser_dialog_episodes
-    progress(f"recogniser: cells of {n} + {m} expert episodes")
+    # the dialog kinds again, in each layout style the recipe's kinds name
+    dialogs = DIALOG_KINDS + tuple(f"{style}-{k}" for style in ("dense", "classic")
+                                   for k in DIALOG_KINDS if f"{style}-{k}" in config.kinds)
+    progress(f"recogniser: cells of {n} + {m} expert episodes (the second part: "
+             f"{', '.join(dialogs)})")
     entries = config.menu_entries
     grid = sub_cell_grid(entries) if config.sub_cell else None
     data = cell_data(train_seeds(config.seed), n, kinds=config.kinds, entries=entries,
                      grid=grid)
     if m:  # other training seeds than the first part's, read in its classes
-        dialogs = DIALOG_KINDS + tuple(f"dense-{k}" for k in DIALOG_KINDS
-                                       if f"dense-{k}" in config.kinds)
         data = data.concat(cell_data(train_seeds(config.seed + DIALOG_SEEDS), m, data.classes,
                                      dialogs, entries, grid))
     rec = train_recogniser(data, key_dims=KEY_DIMS, updates=config.recogniser_updates,
@@ -246,7 +248,8 @@ def _recogniser(config: RecipeConfig, progress: Callable[[str], None],
                          kinds=config.kinds, entries=entries, grid=grid)
     lookup = lookup_accuracy(rec, held_out)
     record: dict[str, Any] = {"classes": list(rec.classes), "screens": int(len(data.features)),
-                              "held_out_lookup": round(lookup, 4)}
+                              "held_out_lookup": round(lookup, 4),
+                              "dialog_kinds": list(dialogs) if m else []}
     if rec.menu is not None:
         missed, forged = readout_errors(rec.menu, rec.hidden_units(held_out.features),
                                         held_out.menu)
