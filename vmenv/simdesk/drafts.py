@@ -290,11 +290,12 @@ KINDS: dict[str, Callable[[random.Random, Sequence[str]], Draft]] = {
 }
 
 
-def _dense(kind: Callable[[random.Random, Sequence[str]], Draft],
-           ) -> Callable[[random.Random, Sequence[str]], Draft]:
+def _laid_out(kind: Callable[[random.Random, Sequence[str]], Draft], style: str,
+              ) -> Callable[[random.Random, Sequence[str]], Draft]:
+    """``kind``'s draft, its scene laid out in ``style`` (a ``Scene`` flag: dense, classic)."""
     def draft(rng: random.Random, pool: Sequence[str]) -> Draft:
         d = kind(rng, pool)
-        return attrs.evolve(d, scene=attrs.evolve(d.scene, dense=True))
+        return attrs.evolve(d, scene=attrs.evolve(d.scene, **{style: True}))
     return draft
 
 
@@ -303,21 +304,11 @@ def _dense(kind: Callable[[random.Random, Sequence[str]], Draft],
 DENSE: tuple[str, ...] = tuple(f"dense-{k}" for k in (
     "open-terminal", "type-in-field", "click-ok", "save-note", "menu-launch", "dialog-button",
     "switch-window"))
-KINDS |= {d: _dense(KINDS[d.removeprefix("dense-")]) for d in DENSE}
-
-
-def _classic(kind: Callable[[random.Random, Sequence[str]], Draft],
-             ) -> Callable[[random.Random, Sequence[str]], Draft]:
-    def draft(rng: random.Random, pool: Sequence[str]) -> Draft:
-        d = kind(rng, pool)
-        return attrs.evolve(d, scene=attrs.evolve(d.scene, classic=True))
-    return draft
-
-
 #: The classic tasks' kinds laid out classic-style (``Scene.classic``, ``classic_style``).
 CLASSIC: tuple[str, ...] = tuple(f"classic-{k}" for k in (
     "open-terminal", "type-in-field", "click-ok", "save-note"))
-KINDS |= {c: _classic(KINDS[c.removeprefix("classic-")]) for c in CLASSIC}
+KINDS |= {d: _laid_out(KINDS[d.removeprefix("dense-")], "dense") for d in DENSE}
+KINDS |= {c: _laid_out(KINDS[c.removeprefix("classic-")], "classic") for c in CLASSIC}
 #: Kinds whose need is on a screenshot a K = 3 window has lost (see the module docstring).
 LOOK_BACK: tuple[str, ...] = ("remember-code", "marked-launch")
 #: Kinds outside the default mix (see the module docstring).
