@@ -504,3 +504,15 @@ def test_classic_kinds_are_the_classic_arrangement_never_the_classic_screens() -
                 assert max(abs(got.x0 - r.x0), abs(got.y0 - r.y0)) < lay.sizes.unit
             for step_ in demonstration(task, *size):
                 assert render_png(step_.state) not in classic_screens
+
+
+def test_a_classic_style_layout_refuses_a_target_it_has_no_tile_for() -> None:
+    from vmenv.simdesk.classic_style import place_classic_style
+    from vmenv.simdesk.placement import Scene
+
+    scene = Scene(taskbar=("calculator",), required=frozenset({"calculator"}), classic=True)
+    with pytest.raises(ValueError, match="launches only terminal, notes"):
+        place_classic_style(random.Random(0), 640, 384, scene)
+    ok = place_classic_style(random.Random(0), 640, 384,
+                             attrs.evolve(scene, required=frozenset({"notes"})))
+    assert {x.app for x in ok.layout.launchers} >= {"terminal", "notes"}

@@ -4,10 +4,12 @@ around a randomized kind's scene — what the ``classic-*`` kinds are laid out i
 The classic layout is one fixed picture; an agent that never saw its arrangement reads it
 badly (its taskbar tiles at the screen's left edge, its sizes of 8-px units at 640x384, its
 step counter).  A classic-style layout keeps that arrangement and draws the rest: the
-theme, which tiles the taskbar holds (the target's, the Terminal's and the Notes', and up
-to two of the scene's decoys, in a random order, spaced as the classic tiles are), the
-windows moved off the classic places by less than a unit, decoy windows anywhere.  Dialogs
-come from the kind's ``finish`` (``placement.place_dialog``) in the classic sizes.
+theme, which tiles the taskbar holds (the Terminal's and the Notes' — every classic kind's
+target is one of them — and up to two of the scene's decoys, in a random order, spaced as
+the classic tiles are), the windows moved off the classic places by less than a unit,
+decoy windows anywhere.  Dialogs come from the kind's ``finish``
+(``placement.place_dialog``) in the classic sizes.  No menu and no desktop icons, as the
+classic layout has none: a scene whose required apps are not the classic two is refused.
 
 Invariant (tested): the classic instances of ``tasks.default_tasks`` are not among these
 pictures — the theme is never one with the classic desktop colour (drawn again), and the
@@ -49,6 +51,9 @@ def place_classic_style(rng: random.Random, width: int, height: int, scene: Scen
     theme = random_theme(rng)
     while theme.desktop == CLASSIC_THEME.desktop:
         theme = random_theme(rng)
+    if scene.required - set(CLASSIC_APPS):  # its target would have no launcher
+        raise ValueError(f"a classic-style layout launches only {', '.join(CLASSIC_APPS)} "
+                         f"from its tiles; the scene requires {sorted(scene.required)}")
     decoys = [a for a in dict.fromkeys((*scene.taskbar, *scene.desktop))
               if a not in CLASSIC_APPS]
     apps = [*CLASSIC_APPS, *rng.sample(decoys, min(len(decoys), rng.randint(0, MAX_DECOY_TILES)))]
