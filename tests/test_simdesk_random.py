@@ -36,9 +36,9 @@ SMALL = (640, 360)
 STEPS = {"open-terminal": {1}, "type-in-field": {2}, "click-ok": {1}, "save-note": {4},
          "menu-launch": {3, 4}, "dialog-button": {1}, "remember-code": {5, 6},
          "switch-window": {4}, "marked-launch": {5}}
-STEPS |= {k: STEPS[k.split("-", 1)[1]] for k in KINDS if k.startswith(("dense-", "classic-"))}
 #: kinds in the classic layout's sizes or half-size cells: targets as small as the classic's
 SMALL_KINDS = tuple(k for k in KINDS if k.startswith(("dense-", "classic-")))
+STEPS |= {k: STEPS[k.split("-", 1)[1]] for k in SMALL_KINDS}
 #: At 640x360: the shortest side of a click target, and the margin around a click point
 #: that must still hit the same target.
 MIN_TARGET_PX, CLICK_MARGIN_PX = 40, 12
@@ -483,6 +483,7 @@ def test_classic_kinds_are_the_classic_arrangement_never_the_classic_screens() -
     classic_screens = {render_png(t.setup(DeskState.empty(*size))) for t in
                        default_tasks().values()}
     tiles = [x.rect for x in classic.launchers]
+    step = tiles[1].x0 - tiles[0].x0
     for kind in CLASSIC:
         goal_app = {"classic-open-terminal": "terminal", "classic-click-ok": None}.get(
             kind, "notes")
@@ -492,7 +493,6 @@ def test_classic_kinds_are_the_classic_arrangement_never_the_classic_screens() -
             lay = state.layout
             assert lay.sizes == classic.sizes and lay.taskbar == classic.taskbar
             assert lay.theme.desktop != classic.theme.desktop
-            step = tiles[1].x0 - tiles[0].x0
             assert [x.rect.x0 for x in lay.launchers] == [
                 tiles[0].x0 + i * step for i in range(len(lay.launchers))]
             assert all(x.style == "tile" and x.rect.y0 == tiles[0].y0 for x in lay.launchers)

@@ -45,21 +45,21 @@ def _tiles(m: Metrics, apps: list[str]) -> tuple[Launcher, ...]:
 
 def place_classic_style(rng: random.Random, width: int, height: int, scene: Scene) -> Placed:
     """A classic-style layout for ``scene`` (see the module docstring)."""
+    if scene.required - set(CLASSIC_APPS):  # its target would have no launcher
+        raise ValueError(f"a classic-style layout launches only {', '.join(CLASSIC_APPS)} "
+                         f"from its tiles; the scene requires {sorted(scene.required)}")
     m = Metrics(width, height)
     u = m.unit
     grid = CellGrid(rng, width, height, u, jitter=True)
     theme = random_theme(rng)
     while theme.desktop == CLASSIC_THEME.desktop:
         theme = random_theme(rng)
-    if scene.required - set(CLASSIC_APPS):  # its target would have no launcher
-        raise ValueError(f"a classic-style layout launches only {', '.join(CLASSIC_APPS)} "
-                         f"from its tiles; the scene requires {sorted(scene.required)}")
     decoys = [a for a in dict.fromkeys((*scene.taskbar, *scene.desktop))
               if a not in CLASSIC_APPS]
     apps = [*CLASSIC_APPS, *rng.sample(decoys, min(len(decoys), rng.randint(0, MAX_DECOY_TILES)))]
     rng.shuffle(apps)
-    desk = Rect(0, 0, width, geo.taskbar(m).y0)
-    openings = {app: _moved(rng, geo.default_window(m, app), desk, u) for app in CLASSIC_APPS}
+    openings = {app: _moved(rng, geo.default_window(m, app), m.desktop, u)
+                for app in CLASSIC_APPS}
     for app in scene.windows:
         if app not in openings:
             openings[app] = grid.window_rect(app)

@@ -86,9 +86,9 @@ def parse_sampled_name(name: str) -> tuple[str, int] | None:
 def _setup(kind: str, seed: int, draft: Draft, empty: DeskState) -> DeskState:
     rng = random.Random(f"simdesk-layout:{kind}:{seed}")
     w, h = empty.metrics.width, empty.metrics.height
+    place = place_classic_style if draft.scene.classic else place_scene
     for attempt in range(MAX_PLACEMENT_ATTEMPTS):
         try:
-            place = place_classic_style if draft.scene.classic else place_scene
             placed = place(rng, w, h, draft.scene)
             d = placed.layout.desktop
             pointer = (rng.randrange(d.width), rng.randrange(d.height))
